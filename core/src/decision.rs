@@ -1,0 +1,543 @@
+//! The per-request decision (DESIGN §4): one pure function from a request head and a routing
+//! table to what Envoy must do. The filter and `skewgate explain` both call [`decide`].
+
+use crate::accept::{DiscoveryAccept, negotiate_discovery};
+use crate::identity::{self, Identity};
+use crate::request_info::{RequestInfo, decode_path, split_target};
+use crate::table::{Gvr, RoutingTable, Serving};
+
+/// Media type of the merged `/apis` answer.
+pub const DISCOVERY_V2_JSON: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// What the decision needs to know about a request: the few headers it reads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestHead<'r> {
+    pub method: &'r str,
+    /// `:path`: path and query, as received.
+    pub target: &'r str,
+    pub accept: Option<&'r str>,
+    pub if_none_match: Option<&'r str>,
+    /// Subject of the verified downstream client certificate (Envoy's RFC 2253 rendering).
+    pub client_subject: Option<&'r str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision<'t, 'r> {
+    pub action: Action<'t>,
+    pub reason: Reason,
+    /// The table's entry for the requested GVR, when it has one.
+    pub gvr: Option<&'t Gvr>,
+    /// Who serves what the request asks for (GVR, group/version or group), when the table knows.
+    pub serving: Option<Serving>,
+    /// Identity to assert upstream (from the client certificate), after stripping the client's.
+    pub identity: Option<Identity<'r>>,
+    strip_peer_proxied: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action<'t> {
+    Route(Route<'t>),
+    Respond(Reply<'t>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route<'t> {
+    pub cluster: &'t str,
+    /// Sent to a subset of apiservers: stamp `x-kubernetes-peer-proxied: true`.
+    pub rerouted: bool,
+    /// Watches, exec, logs and the like (kube-apiserver's long-running check): no route timeout.
+    pub long_running: bool,
+}
+
+/// An answer the filter gives itself: the merged discovery document or a 304.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply<'t> {
+    pub status: u16,
+    /// Quoted, as sent in the `ETag` header.
+    pub etag: &'t str,
+    /// Empty for 304.
+    pub body: &'t str,
+}
+
+impl Reply<'_> {
+    /// Response headers besides `:status`.
+    pub fn headers(&self) -> [(&'static str, &str); 4] {
+        let content_type = if self.status == 200 { DISCOVERY_V2_JSON } else { "" };
+        [("content-type", content_type), ("etag", self.etag), ("vary", "Accept"), ("cache-control", "public")]
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Not a resource request and not a discovery path skewgate routes: any apiserver answers.
+    NonResource,
+    /// The path does not decode (bad `%` escape); every apiserver rejects it alike.
+    UndecodablePath,
+    /// The apiserver's own parser rejects this path too; any apiserver answers the error.
+    InvalidResourcePath,
+    ServedByAll,
+    /// Nobody lists it: any apiserver answers 404, or serves a CRD newer than the table.
+    ServedByNone,
+    ServedBySubset,
+    MergedDiscovery,
+    MergedDiscoveryNotModified,
+    /// `/apis` asked for one apiserver's own view (`profile=nopeer`, legacy, v2beta1, protobuf).
+    LocalDiscovery,
+    /// `/apis` in v2 with no merged document in the table.
+    NoMergedDocument,
+    LegacyGroupDiscovery,
+    LegacyGroupVersionDiscovery,
+    OpenApiGroupVersion,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::NonResource => "non-resource request: any apiserver",
+            Reason::UndecodablePath => "path has an invalid %-escape: any apiserver rejects it",
+            Reason::InvalidResourcePath => {
+                "resource path the apiserver cannot parse: any apiserver answers the error"
+            }
+            Reason::ServedByAll => "GVR served by every apiserver",
+            Reason::ServedByNone => {
+                "GVR served by no apiserver in the table: any apiserver answers (404, or a CRD newer than the table)"
+            }
+            Reason::ServedBySubset => "GVR served by a subset of apiservers: rerouted to them",
+            Reason::MergedDiscovery => "aggregated discovery v2: answered with the peer-aggregated document",
+            Reason::MergedDiscoveryNotModified => {
+                "aggregated discovery v2: If-None-Match matches the peer-aggregated document"
+            }
+            Reason::LocalDiscovery => {
+                "discovery without peer aggregation (nopeer, legacy, v2beta1 or protobuf): any apiserver"
+            }
+            Reason::NoMergedDocument => {
+                "aggregated discovery v2 but the table has no merged document: any apiserver"
+            }
+            Reason::LegacyGroupDiscovery => "legacy group discovery: apiservers that list the group",
+            Reason::LegacyGroupVersionDiscovery => {
+                "legacy group/version discovery: apiservers that list the group/version"
+            }
+            Reason::OpenApiGroupVersion => "OpenAPI v3 of a group/version: apiservers that serve it",
+        }
+    }
+}
+
+impl<'t> Decision<'t, '_> {
+    /// Whether the filter must remove this downstream request header before anything else.
+    pub fn strips(&self, header_name: &str) -> bool {
+        identity::is_identity_header(header_name)
+            || (self.strip_peer_proxied && header_name.eq_ignore_ascii_case(identity::PEER_PROXIED))
+    }
+
+    pub fn route(&self) -> Option<&Route<'t>> {
+        match &self.action {
+            Action::Route(r) => Some(r),
+            Action::Respond(_) => None,
+        }
+    }
+}
+
+/// Decides what to do with a request. Allocates nothing unless the path or the certificate
+/// subject carries escapes.
+pub fn decide<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>) -> Decision<'t, 'r> {
+    let (raw_path, query) = split_target(head.target);
+    match decode_path(raw_path) {
+        Ok(path) => decide_parsed(table, head, &RequestInfo::parse(head.method, &path, query)),
+        Err(_) => finish(table, head, pool(table, Reason::UndecodablePath)),
+    }
+}
+
+/// [`decide`] for a request already parsed, so `skewgate explain` can show the parse too.
+pub fn decide_parsed<'t, 'r>(
+    table: &'t RoutingTable,
+    head: &RequestHead<'r>,
+    info: &RequestInfo<'_>,
+) -> Decision<'t, 'r> {
+    let outcome =
+        if info.is_resource_request { resource(table, info) } else { non_resource(table, head, info.path) };
+    finish(table, head, outcome)
+}
+
+struct Outcome<'t> {
+    action: Action<'t>,
+    reason: Reason,
+    gvr: Option<&'t Gvr>,
+    serving: Option<Serving>,
+}
+
+fn finish<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>, o: Outcome<'t>) -> Decision<'t, 'r> {
+    let policy = table.policy();
+    let identity = match (&o.action, policy.client_cert_identity) {
+        (Action::Route(_), true) => head.client_subject.and_then(identity::from_subject),
+        _ => None,
+    };
+    Decision {
+        action: o.action,
+        reason: o.reason,
+        gvr: o.gvr,
+        serving: o.serving,
+        identity,
+        strip_peer_proxied: policy.strip_downstream_peer_proxied,
+    }
+}
+
+fn pool(table: &RoutingTable, reason: Reason) -> Outcome<'_> {
+    let route = Route { cluster: table.pool_cluster(), rerouted: false, long_running: false };
+    Outcome { action: Action::Route(route), reason, gvr: None, serving: None }
+}
+
+fn to_serving(table: &RoutingTable, serving: Serving, long_running: bool) -> Route<'_> {
+    Route { cluster: table.cluster(serving), rerouted: matches!(serving, Serving::Set(_)), long_running }
+}
+
+fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>) -> Outcome<'t> {
+    if info.error.is_some() {
+        return pool(table, Reason::InvalidResourcePath);
+    }
+    let long_running = is_long_running(info);
+    // The subresource never matters (spec §2.1 step 5): the apiserver serving `pods` answers
+    // `pods/resize` too, or 404s it, as upstream does.
+    let Some(gvr) = table.gvr(info.api_group, info.api_version, info.resource) else {
+        let mut o = pool(table, Reason::ServedByNone);
+        o.action = Action::Route(Route { cluster: table.pool_cluster(), rerouted: false, long_running });
+        return o;
+    };
+    let reason = match gvr.serving {
+        Serving::All => Reason::ServedByAll,
+        Serving::Set(_) => Reason::ServedBySubset,
+    };
+    Outcome {
+        action: Action::Route(to_serving(table, gvr.serving, long_running)),
+        reason,
+        gvr: Some(gvr),
+        serving: Some(gvr.serving),
+    }
+}
+
+/// kube-apiserver's `BasicLongRunningRequestCheck`: these requests outlive its request timeout.
+fn is_long_running(info: &RequestInfo<'_>) -> bool {
+    matches!(&*info.verb, "watch" | "proxy")
+        || matches!(info.subresource, "attach" | "exec" | "proxy" | "log" | "portforward")
+}
+
+fn non_resource<'t>(table: &'t RoutingTable, head: &RequestHead<'_>, path: &str) -> Outcome<'t> {
+    let mut segments = path.trim_matches('/').split('/');
+    let first = [segments.next(), segments.next(), segments.next(), segments.next(), segments.next()];
+    let more = segments.next().is_some();
+    let served = |serving: Option<Serving>, reason: Reason| match serving {
+        Some(s) => Outcome {
+            action: Action::Route(to_serving(table, s, false)),
+            reason,
+            gvr: None,
+            serving: Some(s),
+        },
+        None => pool(table, Reason::NonResource),
+    };
+    match (first, more) {
+        ([Some("apis"), None, ..], _) if path == "/apis" && head.method == "GET" => discovery(table, head),
+        ([Some("apis"), Some(g), None, ..], _) => served(table.group(g), Reason::LegacyGroupDiscovery),
+        ([Some("apis"), Some(g), Some(v), None, _], _) => {
+            served(table.group_version(g, v), Reason::LegacyGroupVersionDiscovery)
+        }
+        ([Some("openapi"), Some("v3"), Some("apis"), Some(g), Some(v)], false) => {
+            served(table.group_version(g, v), Reason::OpenApiGroupVersion)
+        }
+        _ => pool(table, Reason::NonResource),
+    }
+}
+
+fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t> {
+    match negotiate_discovery(head.accept) {
+        DiscoveryAccept::MergedV2 => {}
+        DiscoveryAccept::NoPeerV2 | DiscoveryAccept::Local => return pool(table, Reason::LocalDiscovery),
+    }
+    let Some(merged) = table.merged_discovery() else {
+        return pool(table, Reason::NoMergedDocument);
+    };
+    let etag = merged.quoted_etag.as_str();
+    let (status, body, reason) = if head.if_none_match == Some(etag) {
+        (304, "", Reason::MergedDiscoveryNotModified)
+    } else {
+        (200, merged.document.as_str(), Reason::MergedDiscovery)
+    };
+    let reply = Reply { status, etag, body };
+    Outcome { action: Action::Respond(reply), reason, gvr: None, serving: None }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+    use crate::table::tests::sample;
+
+    const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    const NOPEER: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
+
+    fn table() -> RoutingTable {
+        RoutingTable::from_json(sample().to_string().as_bytes()).unwrap()
+    }
+
+    fn head<'a>(method: &'a str, target: &'a str) -> RequestHead<'a> {
+        RequestHead { method, target, ..Default::default() }
+    }
+
+    /// (method, target, cluster or "respond:<status>", rerouted, long-running, reason)
+    #[test]
+    fn routes() {
+        let t = table();
+        let cases = [
+            ("GET", "/api/v1/namespaces/default/pods", "pool", false, false, Reason::ServedByAll),
+            ("GET", "/api/v1/nodes", "pool", false, false, Reason::ServedByNone),
+            ("GET", "/apis/resource.k8s.io/v1/resourceclaims", "set-c", true, false, Reason::ServedBySubset),
+            (
+                "POST",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims",
+                "set-c",
+                true,
+                false,
+                Reason::ServedBySubset,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims?watch=true",
+                "set-c",
+                true,
+                true,
+                Reason::ServedBySubset,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/watch/namespaces/ns/resourceclaims",
+                "set-c",
+                true,
+                true,
+                Reason::ServedBySubset,
+            ),
+            (
+                "PUT",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/x/status",
+                "set-c",
+                true,
+                false,
+                Reason::ServedBySubset,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta1/resourceclaims",
+                "pool",
+                false,
+                false,
+                Reason::ServedByAll,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu",
+                "set-a-b",
+                true,
+                false,
+                Reason::ServedBySubset,
+            ),
+            (
+                "DELETE",
+                "/apis/resource.k8s.io/v1alpha3/deviceclasses",
+                "set-a-b",
+                true,
+                false,
+                Reason::ServedBySubset,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/x/log",
+                "set-c",
+                true,
+                true,
+                Reason::ServedBySubset,
+            ),
+            (
+                "POST",
+                "/api/v1/namespaces/ns/pods/p/exec?command=ls",
+                "pool",
+                false,
+                true,
+                Reason::ServedByAll,
+            ),
+            ("GET", "/api/v1/watch", "pool", false, false, Reason::InvalidResourcePath),
+            (
+                "GET",
+                "/apis/resource.k8s.io%2Fv1/resourceclaims",
+                "set-c",
+                true,
+                false,
+                Reason::ServedBySubset,
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/resourceclaims%zz",
+                "pool",
+                false,
+                false,
+                Reason::UndecodablePath,
+            ),
+            ("GET", "/healthz", "pool", false, false, Reason::NonResource),
+            ("GET", "/version", "pool", false, false, Reason::NonResource),
+            ("GET", "/api", "pool", false, false, Reason::NonResource),
+            ("GET", "/api/v1", "pool", false, false, Reason::NonResource),
+            ("GET", "/apis/lifecycle.k8s.io", "set-c", true, false, Reason::LegacyGroupDiscovery),
+            ("GET", "/apis/resource.k8s.io", "pool", false, false, Reason::LegacyGroupDiscovery),
+            ("GET", "/apis/resource.k8s.io/v1", "set-c", true, false, Reason::LegacyGroupVersionDiscovery),
+            ("GET", "/apis/resource.k8s.io/v1/", "set-c", true, false, Reason::LegacyGroupVersionDiscovery),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1beta1",
+                "pool",
+                false,
+                false,
+                Reason::LegacyGroupVersionDiscovery,
+            ),
+            ("GET", "/apis/unknown.example.com/v1", "pool", false, false, Reason::NonResource),
+            (
+                "GET",
+                "/openapi/v3/apis/resource.k8s.io/v1?hash=ABC",
+                "set-c",
+                true,
+                false,
+                Reason::OpenApiGroupVersion,
+            ),
+            ("GET", "/openapi/v3/apis/resource.k8s.io/v1/extra", "pool", false, false, Reason::NonResource),
+            ("GET", "/openapi/v3", "pool", false, false, Reason::NonResource),
+            ("GET", "/openapi/v2", "pool", false, false, Reason::NonResource),
+            ("GET", "/apis", "pool", false, false, Reason::LocalDiscovery),
+            ("", "", "pool", false, false, Reason::NonResource),
+        ];
+        for (method, target, cluster, rerouted, long_running, reason) in cases {
+            let d = decide(&t, &head(method, target));
+            let r = d.route().unwrap_or_else(|| panic!("{method} {target}: {d:?}"));
+            assert_eq!(
+                (r.cluster, r.rerouted, r.long_running, d.reason),
+                (cluster, rerouted, long_running, reason),
+                "{method} {target}"
+            );
+        }
+    }
+
+    #[test]
+    fn gvr_and_serving_are_reported() {
+        let t = table();
+        let d = decide(&t, &head("GET", "/apis/resource.k8s.io/v1/resourceclaims"));
+        let gvr = d.gvr.unwrap();
+        assert_eq!(
+            (gvr.group.as_str(), gvr.version.as_str(), gvr.resource.as_str()),
+            ("resource.k8s.io", "v1", "resourceclaims")
+        );
+        assert_eq!(t.members(d.serving.unwrap()).collect::<Vec<_>>(), ["c"]);
+        let d = decide(&t, &head("GET", "/api/v1/nodes"));
+        assert!(d.gvr.is_none() && d.serving.is_none());
+    }
+
+    #[test]
+    fn merged_discovery() {
+        let t = table();
+        let mut h = head("GET", "/apis");
+        h.accept = Some(V2);
+        let d = decide(&t, &h);
+        let Action::Respond(reply) = d.action else { panic!("{d:?}") };
+        assert_eq!(
+            (reply.status, reply.etag, reply.body),
+            (200, "\"ABC123\"", "{\"kind\":\"APIGroupDiscoveryList\"}")
+        );
+        assert_eq!(reply.headers()[0], ("content-type", DISCOVERY_V2_JSON));
+        assert_eq!(reply.headers()[2], ("vary", "Accept"));
+        assert_eq!(d.reason, Reason::MergedDiscovery);
+
+        h.if_none_match = Some("\"ABC123\"");
+        let Action::Respond(reply) = decide(&t, &h).action else { panic!() };
+        assert_eq!((reply.status, reply.body), (304, ""));
+
+        h.if_none_match = Some("\"OLD\"");
+        let Action::Respond(reply) = decide(&t, &h).action else { panic!() };
+        assert_eq!(reply.status, 200);
+
+        for (method, target, accept) in [
+            ("GET", "/apis", NOPEER),
+            ("GET", "/apis", "application/json"),
+            ("HEAD", "/apis", V2),
+            ("GET", "/apis/", V2),
+            ("GET", "/api", V2),
+        ] {
+            let mut h = head(method, target);
+            h.accept = Some(accept);
+            assert_eq!(decide(&t, &h).route().map(|r| r.cluster), Some("pool"), "{method} {target} {accept}");
+        }
+
+        let mut v = sample();
+        v.as_object_mut().unwrap().remove("discovery");
+        let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
+        let mut h = head("GET", "/apis");
+        h.accept = Some(V2);
+        assert_eq!(decide(&t, &h).reason, Reason::NoMergedDocument);
+    }
+
+    #[test]
+    fn identity_and_stripping() {
+        let t = table();
+        let mut h = head("GET", "/api/v1/pods");
+        h.client_subject = Some("CN=alice,O=devs");
+        let d = decide(&t, &h);
+        let id = d.identity.clone().unwrap();
+        assert_eq!((id.user.as_ref(), id.groups.len()), ("alice", 1));
+        assert!(
+            d.strips("X-Remote-User")
+                && d.strips("x-remote-extra-foo")
+                && d.strips("x-kubernetes-peer-proxied")
+        );
+        assert!(!d.strips("authorization") && !d.strips("accept"));
+
+        let mut v = sample();
+        v["policy"] = serde_json::json!({"stripDownstreamPeerProxied": false, "clientCertIdentity": false});
+        let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
+        let d = decide(&t, &h);
+        assert!(d.identity.is_none());
+        assert!(!d.strips("x-kubernetes-peer-proxied") && d.strips("x-remote-group"));
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod prop {
+    use super::*;
+    use crate::table::tests::sample;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Every request gets a decision, and a rerouted request only ever goes to a set whose
+        /// members all serve the GVR the apiserver itself will parse out of the same path.
+        #[test]
+        fn total_and_never_misroutes(
+            method in "(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS|[A-Z]{0,8})",
+            path in "(/(api|apis|openapi|v3|v1|v1alpha3|resource\\.k8s\\.io|lifecycle\\.k8s\\.io|namespaces|ns|watch|proxy|resourceclaims|deviceclasses|evictions|pods|status|%2F|%zz|\\.\\.|)){0,9}",
+            query in "(watch=(true|false|0|1|)|fieldSelector=metadata\\.name%3Dx|[a-z=&%]{0,12}){0,3}",
+            subject in proptest::option::of("(CN|O)=[a-z\\\\,]{0,6}(,(CN|O)=[a-z]{0,4}){0,2}"),
+        ) {
+            let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
+            let target = format!("{path}?{query}");
+            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref() };
+            let d = decide(&t, &h);
+            if let (Action::Route(r), Some(gvr)) = (&d.action, d.gvr) {
+                prop_assert_eq!(r.cluster, t.cluster(gvr.serving));
+                let (raw, q) = split_target(&target);
+                let decoded = decode_path(raw).unwrap();
+                let info = RequestInfo::parse(&method, &decoded, q);
+                prop_assert_eq!((info.api_group, info.api_version, info.resource), (gvr.group.as_str(), gvr.version.as_str(), gvr.resource.as_str()));
+            }
+        }
+
+        #[test]
+        fn arbitrary_input_never_panics(method in ".{0,10}", target in ".{0,200}", accept in proptest::option::of(".{0,80}"), subject in proptest::option::of(".{0,60}")) {
+            let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
+            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref() };
+            let _ = decide(&t, &h);
+        }
+    }
+}

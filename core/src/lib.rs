@@ -1,0 +1,12 @@
+//! skewgate's routing logic, shared by the proxy-wasm filter, `skewgate explain` and the sidecar.
+//!
+//! Nothing here does I/O or knows about proxy-wasm: the data flows request → parse
+//! ([`request_info`]) → decide ([`decision`], against a [`table`]) and the caller acts.
+
+pub mod accept;
+pub mod decision;
+pub mod discovery;
+pub mod identity;
+pub mod request_info;
+pub mod status;
+pub mod table;

@@ -1,0 +1,133 @@
+//! Kubernetes `meta/v1 Status` bodies: what clients (client-go, kubectl, kube-rs) parse out of an
+//! error response.
+
+use serde::Serialize;
+
+/// `metav1.Status`, fields in Go's order so the JSON reads like an apiserver's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Status<'a> {
+    pub kind: &'static str,
+    pub api_version: &'static str,
+    pub metadata: Empty,
+    pub status: &'static str,
+    pub message: String,
+    pub reason: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<StatusDetails<'a>>,
+    pub code: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Empty {}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusDetails<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub group: &'a str,
+    /// Kubernetes puts the resource (plural) here for resource errors.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub kind: &'a str,
+}
+
+impl Status<'_> {
+    pub fn to_json(&self) -> String {
+        // Serialising these plain fields cannot fail; keep a valid body regardless.
+        serde_json::to_string(self).unwrap_or_else(|_| {
+            String::from(r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"ServiceUnavailable","code":503}"#)
+        })
+    }
+}
+
+/// What Envoy could not do, for the 503 that replaces its own reply.
+#[derive(Debug, Clone, Copy)]
+pub struct Unavailable<'a> {
+    /// (group, version, resource) when the request was for a resource.
+    pub gvr: Option<(&'a str, &'a str, &'a str)>,
+    pub cluster: &'a str,
+    /// The apiservers behind `cluster`.
+    pub members: &'a [&'a str],
+    /// Envoy's `response.code_details`, e.g. `no_healthy_upstream`.
+    pub envoy_detail: &'a str,
+}
+
+/// 503 ServiceUnavailable naming what could not be reached, so `kubectl` prints something an
+/// operator can act on instead of Envoy's plain-text reply.
+pub fn service_unavailable(u: &Unavailable<'_>) -> Status<'static> {
+    let servers = u.members.join(",");
+    let what = match u.gvr {
+        Some((group, version, resource)) => {
+            let gvr = if group.is_empty() {
+                format!("{resource}.{version}")
+            } else {
+                format!("{resource}.{version}.{group}")
+            };
+            format!("{gvr} is served by [{servers}] and none of them answered")
+        }
+        None => format!("no apiserver of [{servers}] answered"),
+    };
+    let detail: String = u.envoy_detail.chars().take(200).collect();
+    Status {
+        kind: "Status",
+        api_version: "v1",
+        metadata: Empty {},
+        status: "Failure",
+        message: format!(
+            "the server is currently unable to handle the request: skewgate: {what} (cluster {}; {detail})",
+            u.cluster
+        ),
+        reason: "ServiceUnavailable",
+        details: None,
+        code: 503,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+
+    #[test]
+    fn names_the_gvr_and_the_servers() {
+        let s = service_unavailable(&Unavailable {
+            gvr: Some(("resource.k8s.io", "v1", "resourceclaims")),
+            cluster: "skewgate-set-c",
+            members: &["c"],
+            envoy_detail: "no_healthy_upstream",
+        });
+        let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(v["kind"], "Status");
+        assert_eq!(v["apiVersion"], "v1");
+        assert_eq!(v["status"], "Failure");
+        assert_eq!(v["reason"], "ServiceUnavailable");
+        assert_eq!(v["code"], 503);
+        assert_eq!(
+            v["message"],
+            "the server is currently unable to handle the request: skewgate: resourceclaims.v1.resource.k8s.io is served by [c] and none of them answered (cluster skewgate-set-c; no_healthy_upstream)"
+        );
+        assert!(s.to_json().starts_with(
+            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"#
+        ));
+    }
+
+    #[test]
+    fn core_and_non_resource() {
+        let core = service_unavailable(&Unavailable {
+            gvr: Some(("", "v1", "pods")),
+            cluster: "pool",
+            members: &["a", "b"],
+            envoy_detail: "x",
+        });
+        assert!(core.message.contains("pods.v1 is served by [a,b]"));
+        let nr = service_unavailable(&Unavailable {
+            gvr: None,
+            cluster: "pool",
+            members: &["a"],
+            envoy_detail: &"y".repeat(1000),
+        });
+        assert!(nr.message.contains("no apiserver of [a] answered"));
+        assert!(nr.message.len() < 400);
+    }
+}

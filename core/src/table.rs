@@ -1,0 +1,748 @@
+//! The routing table (filter configuration, schema v1): its JSON form, its validation and the
+//! compiled form that answers "who serves this GVR?" with hash look-ups that borrow the request's
+//! strings.
+//!
+//! The sidecar writes the JSON form; the filter's `on_configure` and `skewgate explain` compile it.
+//! Compilation is the validation: a table that compiles is safe to route with.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The only schema this build understands.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Each apiserver is one bit of a `u64` membership mask.
+pub const MAX_APISERVERS: usize = 64;
+
+/// The routing table as JSON (what the sidecar writes and `ecds.json` carries).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TableConfig {
+    pub schema: u32,
+    /// Free-form label of this table (the sidecar puts a content hash here); shown in logs.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub generation: String,
+    pub apiservers: Vec<ApiserverConfig>,
+    /// The Envoy cluster holding every apiserver.
+    pub pool_cluster: String,
+    /// One Envoy cluster per proper subset of apiservers that serves something.
+    #[serde(default)]
+    pub sets: Vec<SetConfig>,
+    /// Every group/version some apiserver serves, with its resources.
+    #[serde(default)]
+    pub group_versions: Vec<GroupVersionConfig>,
+    /// The peer-aggregated `/apis` document, served by the filter itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoveryConfig>,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApiserverConfig {
+    pub id: String,
+    /// The Envoy cluster that holds only this apiserver.
+    pub cluster: String,
+    /// What the apiserver reports as its version (informational).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetConfig {
+    pub cluster: String,
+    pub members: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct GroupVersionConfig {
+    /// "" for the core group.
+    pub group: String,
+    pub version: String,
+    /// The apiservers whose discovery lists this group/version.
+    pub served_by: Vec<String>,
+    /// Resource (plural) → the apiservers that serve it.
+    pub resources: BTreeMap<String, Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DiscoveryConfig {
+    /// Upper-case hex, without quotes.
+    pub etag: String,
+    /// The serialised `APIGroupDiscoveryList`, answered as is.
+    pub document: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// Remove a downstream `x-kubernetes-peer-proxied` header. Upstream does not authenticate it,
+    /// so any client could otherwise switch off an apiserver's own peer proxying for its request.
+    #[serde(default = "yes")]
+    pub strip_downstream_peer_proxied: bool,
+    /// Map a verified downstream client certificate to `X-Remote-User`/`X-Remote-Group`.
+    #[serde(default = "yes")]
+    pub client_cert_identity: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self { strip_downstream_peer_proxied: true, client_cert_identity: true }
+    }
+}
+
+/// Why a table was refused: the JSON path of the offending field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TableError {
+    pub field: String,
+    pub reason: String,
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid routing table: {}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for TableError {}
+
+fn err(field: impl Into<String>, reason: impl Into<String>) -> TableError {
+    TableError { field: field.into(), reason: reason.into() }
+}
+
+/// Which apiservers serve something, as the cluster that reaches exactly them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Serving {
+    /// Every apiserver: the pool.
+    All,
+    /// A proper subset: index into [`RoutingTable::sets`].
+    Set(usize),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Apiserver {
+    pub id: String,
+    pub cluster: String,
+    pub version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServingSet {
+    pub cluster: String,
+    /// Apiserver ids, in table order.
+    pub members: Vec<String>,
+    mask: u64,
+}
+
+/// One (group, version, resource) the table knows, with a dense id for per-GVR metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gvr {
+    pub id: usize,
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub serving: Serving,
+}
+
+#[derive(Debug)]
+struct GroupEntry {
+    serving: Serving,
+    versions: HashMap<String, VersionEntry>,
+}
+
+#[derive(Debug)]
+struct VersionEntry {
+    serving: Serving,
+    /// Resource → index into `RoutingTable::gvrs`.
+    resources: HashMap<String, usize>,
+}
+
+/// A validated table, ready for per-request look-ups.
+#[derive(Debug)]
+pub struct RoutingTable {
+    generation: String,
+    apiservers: Vec<Apiserver>,
+    pool_cluster: String,
+    sets: Vec<ServingSet>,
+    gvrs: Vec<Gvr>,
+    groups: HashMap<String, GroupEntry>,
+    merged: Option<MergedDiscovery>,
+    policy: PolicyConfig,
+}
+
+/// The peer-aggregated `/apis` answer, ready to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MergedDiscovery {
+    /// With the quotes the `ETag` header and `If-None-Match` carry.
+    pub quoted_etag: String,
+    pub document: String,
+}
+
+impl RoutingTable {
+    /// Parses and validates a table; the error names the field and the reason.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, TableError> {
+        let config: TableConfig = serde_json::from_slice(bytes).map_err(|e| {
+            let field = if e.is_syntax() || e.is_eof() { "(document)" } else { "(schema)" };
+            err(field, e.to_string())
+        })?;
+        Self::compile(config)
+    }
+
+    /// Validates a parsed table and builds the look-up maps.
+    pub fn compile(config: TableConfig) -> Result<Self, TableError> {
+        if config.schema != SCHEMA_VERSION {
+            return Err(err(
+                "schema",
+                format!("unsupported schema {} (this build reads schema {SCHEMA_VERSION})", config.schema),
+            ));
+        }
+        let apiservers = compile_apiservers(&config.apiservers)?;
+        let mut clusters: HashMap<&str, String> = HashMap::new();
+        for (i, a) in config.apiservers.iter().enumerate() {
+            claim_cluster(&mut clusters, &a.cluster, format!("apiservers[{i}].cluster"))?;
+        }
+        claim_cluster(&mut clusters, &config.pool_cluster, "poolCluster".to_string())?;
+        let all_mask = full_mask(apiservers.len());
+        let ids: HashMap<&str, usize> =
+            config.apiservers.iter().enumerate().map(|(i, a)| (a.id.as_str(), i)).collect();
+
+        let mut sets = Vec::with_capacity(config.sets.len());
+        let mut set_by_mask: HashMap<u64, usize> = HashMap::new();
+        for (i, s) in config.sets.iter().enumerate() {
+            let field = format!("sets[{i}]");
+            claim_cluster(&mut clusters, &s.cluster, format!("{field}.cluster"))?;
+            let mask = member_mask(&ids, &s.members, &format!("{field}.members"))?;
+            if mask == all_mask {
+                return Err(err(
+                    format!("{field}.members"),
+                    "names every apiserver: that is the pool, use poolCluster",
+                ));
+            }
+            if let Some(prev) = set_by_mask.insert(mask, i) {
+                return Err(err(format!("{field}.members"), format!("same members as sets[{prev}]")));
+            }
+            sets.push(ServingSet { cluster: s.cluster.clone(), members: s.members.clone(), mask });
+        }
+        let serving_for = |mask: u64, field: &str| -> Result<Serving, TableError> {
+            if mask == all_mask {
+                return Ok(Serving::All);
+            }
+            set_by_mask.get(&mask).map(|&i| Serving::Set(i)).ok_or_else(|| {
+                err(
+                    field,
+                    format!("no set cluster has exactly the members {}", describe_mask(&apiservers, mask)),
+                )
+            })
+        };
+
+        let mut gvrs = Vec::new();
+        let mut groups: HashMap<String, (u64, HashMap<String, VersionEntry>)> = HashMap::new();
+        for (i, gv) in config.group_versions.iter().enumerate() {
+            let field = format!("groupVersions[{i}]");
+            check_group(&gv.group, &format!("{field}.group"))?;
+            check_segment(&gv.version, &format!("{field}.version"))?;
+            let gv_mask = member_mask(&ids, &gv.served_by, &format!("{field}.servedBy"))?;
+            let mut resources = HashMap::with_capacity(gv.resources.len());
+            for (resource, served_by) in &gv.resources {
+                let rfield = format!("{field}.resources[{resource:?}]");
+                check_segment(resource, &rfield)?;
+                let mask = member_mask(&ids, served_by, &rfield)?;
+                if mask & !gv_mask != 0 {
+                    return Err(err(
+                        rfield,
+                        format!(
+                            "served by {} but the group/version is only served by {}",
+                            describe_mask(&apiservers, mask),
+                            describe_mask(&apiservers, gv_mask)
+                        ),
+                    ));
+                }
+                let serving = serving_for(mask, &rfield)?;
+                resources.insert(resource.clone(), gvrs.len());
+                gvrs.push(Gvr {
+                    id: gvrs.len(),
+                    group: gv.group.clone(),
+                    version: gv.version.clone(),
+                    resource: resource.clone(),
+                    serving,
+                });
+            }
+            let entry =
+                VersionEntry { serving: serving_for(gv_mask, &format!("{field}.servedBy"))?, resources };
+            let (group_mask, versions) = groups.entry(gv.group.clone()).or_default();
+            *group_mask |= gv_mask;
+            if versions.insert(gv.version.clone(), entry).is_some() {
+                return Err(err(
+                    format!("{field}.version"),
+                    format!("{}/{} is listed twice", display_group(&gv.group), gv.version),
+                ));
+            }
+        }
+        let groups = groups
+            .into_iter()
+            .map(|(name, (mask, versions))| {
+                let field = format!("groupVersions (group {})", display_group(&name));
+                Ok((name, GroupEntry { serving: serving_for(mask, &field)?, versions }))
+            })
+            .collect::<Result<HashMap<_, _>, TableError>>()?;
+
+        let merged = match config.discovery {
+            Some(d) => {
+                check_etag(&d.etag)?;
+                if serde_json::from_str::<serde::de::IgnoredAny>(&d.document).is_err() {
+                    return Err(err("discovery.document", "is not a JSON document"));
+                }
+                Some(MergedDiscovery { quoted_etag: format!("\"{}\"", d.etag), document: d.document })
+            }
+            None => None,
+        };
+
+        Ok(Self {
+            generation: config.generation,
+            apiservers,
+            pool_cluster: config.pool_cluster,
+            sets,
+            gvrs,
+            groups,
+            merged,
+            policy: config.policy,
+        })
+    }
+
+    pub fn generation(&self) -> &str {
+        &self.generation
+    }
+
+    pub fn apiservers(&self) -> &[Apiserver] {
+        &self.apiservers
+    }
+
+    pub fn pool_cluster(&self) -> &str {
+        &self.pool_cluster
+    }
+
+    pub fn sets(&self) -> &[ServingSet] {
+        &self.sets
+    }
+
+    /// Every GVR in the table, indexed by [`Gvr::id`].
+    pub fn gvrs(&self) -> &[Gvr] {
+        &self.gvrs
+    }
+
+    pub fn merged_discovery(&self) -> Option<&MergedDiscovery> {
+        self.merged.as_ref()
+    }
+
+    pub fn policy(&self) -> PolicyConfig {
+        self.policy
+    }
+
+    /// The GVR entry, if any apiserver serves it.
+    pub fn gvr(&self, group: &str, version: &str, resource: &str) -> Option<&Gvr> {
+        let id = *self.groups.get(group)?.versions.get(version)?.resources.get(resource)?;
+        self.gvrs.get(id)
+    }
+
+    /// Who lists `/apis/<group>/<version>` in discovery.
+    pub fn group_version(&self, group: &str, version: &str) -> Option<Serving> {
+        Some(self.groups.get(group)?.versions.get(version)?.serving)
+    }
+
+    /// Who lists `/apis/<group>` in discovery (the union over its versions).
+    pub fn group(&self, group: &str) -> Option<Serving> {
+        Some(self.groups.get(group)?.serving)
+    }
+
+    /// The cluster that reaches exactly the apiservers of `serving`.
+    pub fn cluster(&self, serving: Serving) -> &str {
+        match serving {
+            Serving::All => &self.pool_cluster,
+            Serving::Set(i) => self.sets.get(i).map_or(&self.pool_cluster, |s| &s.cluster),
+        }
+    }
+
+    /// The apiserver ids of `serving`, in table order.
+    pub fn members(&self, serving: Serving) -> impl Iterator<Item = &str> {
+        let mask = match serving {
+            Serving::All => full_mask(self.apiservers.len()),
+            Serving::Set(i) => self.sets.get(i).map_or(0, |s| s.mask),
+        };
+        self.apiservers
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| mask & (1u64 << i) != 0)
+            .map(|(_, a)| a.id.as_str())
+    }
+}
+
+impl TableConfig {
+    /// Member lists (in apiserver order) of every proper subset of apiservers that some entry of
+    /// the table is served by: each needs a set cluster. Resources, group/versions and the
+    /// union over each group's versions (for `/apis/<group>`) all count.
+    pub fn needed_sets(&self) -> Vec<Vec<String>> {
+        let index: HashMap<&str, usize> =
+            self.apiservers.iter().enumerate().map(|(i, a)| (a.id.as_str(), i)).collect();
+        let mask_of = |ids: &[String]| {
+            ids.iter().filter_map(|id| index.get(id.as_str())).fold(0u64, |m, &i| m | (1u64 << (i % 64)))
+        };
+        let all = full_mask(self.apiservers.len());
+        let mut masks = std::collections::BTreeSet::new();
+        let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
+        for gv in &self.group_versions {
+            let gv_mask = mask_of(&gv.served_by);
+            masks.insert(gv_mask);
+            *groups.entry(gv.group.as_str()).or_default() |= gv_mask;
+            masks.extend(gv.resources.values().map(|ids| mask_of(ids)));
+        }
+        masks.extend(groups.into_values());
+        masks
+            .into_iter()
+            .filter(|&m| m != 0 && m != all)
+            .map(|m| {
+                self.apiservers
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| m & (1u64 << i) != 0)
+                    .map(|(_, a)| a.id.clone())
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Replaces `sets` with exactly the needed ones, named by `cluster_name(members)`.
+    pub fn assign_sets(&mut self, cluster_name: impl Fn(&[String]) -> String) {
+        self.sets = self
+            .needed_sets()
+            .into_iter()
+            .map(|members| SetConfig { cluster: cluster_name(&members), members })
+            .collect();
+    }
+}
+
+fn compile_apiservers(configs: &[ApiserverConfig]) -> Result<Vec<Apiserver>, TableError> {
+    if configs.is_empty() {
+        return Err(err("apiservers", "must name at least one apiserver"));
+    }
+    if configs.len() > MAX_APISERVERS {
+        return Err(err("apiservers", format!("at most {MAX_APISERVERS} apiservers are supported")));
+    }
+    let mut seen = HashMap::new();
+    for (i, a) in configs.iter().enumerate() {
+        let field = format!("apiservers[{i}].id");
+        if a.id.is_empty() || a.id.chars().any(|c| c.is_control() || c == ',') {
+            return Err(err(field, "must be non-empty, without commas or control characters"));
+        }
+        if let Some(prev) = seen.insert(a.id.as_str(), i) {
+            return Err(err(field, format!("{:?} is also apiservers[{prev}].id", a.id)));
+        }
+    }
+    Ok(configs
+        .iter()
+        .map(|a| Apiserver { id: a.id.clone(), cluster: a.cluster.clone(), version: a.version.clone() })
+        .collect())
+}
+
+/// Cluster names travel in a request header and name Envoy clusters: keep them to Envoy's
+/// conventional charset and make sure no two roles share one.
+fn claim_cluster<'a>(
+    clusters: &mut HashMap<&'a str, String>,
+    name: &'a str,
+    field: String,
+) -> Result<(), TableError> {
+    let valid = !name.is_empty()
+        && name.len() <= 200
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !valid {
+        return Err(err(field, format!("{name:?} is not a cluster name (1-200 of [A-Za-z0-9._-])")));
+    }
+    if let Some(prev) = clusters.insert(name, field.clone()) {
+        return Err(err(field, format!("cluster {name:?} is already used by {prev}")));
+    }
+    Ok(())
+}
+
+fn member_mask(ids: &HashMap<&str, usize>, members: &[String], field: &str) -> Result<u64, TableError> {
+    if members.is_empty() {
+        return Err(err(field, "must name at least one apiserver"));
+    }
+    let mut mask = 0u64;
+    for m in members {
+        let bit = ids
+            .get(m.as_str())
+            .map(|&i| 1u64 << i)
+            .ok_or_else(|| err(field, format!("unknown apiserver {m:?}")))?;
+        if mask & bit != 0 {
+            return Err(err(field, format!("apiserver {m:?} is named twice")));
+        }
+        mask |= bit;
+    }
+    Ok(mask)
+}
+
+fn full_mask(n: usize) -> u64 {
+    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+}
+
+fn describe_mask(apiservers: &[Apiserver], mask: u64) -> String {
+    let ids: Vec<&str> = apiservers
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mask & (1u64 << i) != 0)
+        .map(|(_, a)| a.id.as_str())
+        .collect();
+    format!("[{}]", ids.join(","))
+}
+
+fn display_group(group: &str) -> &str {
+    if group.is_empty() { "core" } else { group }
+}
+
+/// A path segment as it can appear in a request path: non-empty, no '/', nothing to escape.
+fn check_segment(value: &str, field: &str) -> Result<(), TableError> {
+    let valid = !value.is_empty()
+        && value.len() <= 253
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    if valid { Ok(()) } else { Err(err(field, format!("{value:?} is not a valid path segment"))) }
+}
+
+fn check_group(group: &str, field: &str) -> Result<(), TableError> {
+    if group.is_empty() { Ok(()) } else { check_segment(group, field) }
+}
+
+fn check_etag(etag: &str) -> Result<(), TableError> {
+    let valid = !etag.is_empty() && etag.len() <= 256 && etag.bytes().all(|b| b.is_ascii_hexdigit());
+    if valid { Ok(()) } else { Err(err("discovery.etag", "must be hex digits, without quotes")) }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    use super::*;
+    use serde_json::{Value, json};
+
+    pub(crate) fn sample() -> Value {
+        json!({
+            "schema": 1,
+            "generation": "t1",
+            "apiservers": [
+                {"id": "a", "cluster": "apiserver-a", "version": "v1.33.4"},
+                {"id": "b", "cluster": "apiserver-b", "version": "v1.33.4"},
+                {"id": "c", "cluster": "apiserver-c", "version": "v1.36.0"}
+            ],
+            "poolCluster": "pool",
+            "sets": [
+                {"cluster": "set-c", "members": ["c"]},
+                {"cluster": "set-a-b", "members": ["a", "b"]}
+            ],
+            "groupVersions": [
+                {"group": "", "version": "v1", "servedBy": ["a", "b", "c"],
+                 "resources": {"pods": ["a", "b", "c"], "configmaps": ["a", "b", "c"]}},
+                {"group": "resource.k8s.io", "version": "v1", "servedBy": ["c"],
+                 "resources": {"resourceclaims": ["c"]}},
+                {"group": "resource.k8s.io", "version": "v1beta1", "servedBy": ["a", "b", "c"],
+                 "resources": {"resourceclaims": ["a", "b", "c"]}},
+                {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b", "c"],
+                 "resources": {"deviceclasses": ["a", "b"], "devicetaintrules": ["a", "b", "c"]}},
+                {"group": "lifecycle.k8s.io", "version": "v1alpha1", "servedBy": ["c"],
+                 "resources": {"evictions": ["c"]}}
+            ],
+            "discovery": {"etag": "ABC123", "document": "{\"kind\":\"APIGroupDiscoveryList\"}"}
+        })
+    }
+
+    fn compile(v: &Value) -> Result<RoutingTable, TableError> {
+        RoutingTable::from_json(v.to_string().as_bytes())
+    }
+
+    #[test]
+    fn sample_compiles_and_answers_lookups() {
+        let t = compile(&sample()).unwrap();
+        assert_eq!(t.gvrs().len(), 7);
+        let rc = t.gvr("resource.k8s.io", "v1", "resourceclaims").unwrap();
+        assert_eq!(t.cluster(rc.serving), "set-c");
+        let dc = t.gvr("resource.k8s.io", "v1alpha3", "deviceclasses").unwrap();
+        assert_eq!(t.cluster(dc.serving), "set-a-b");
+        assert_eq!(t.members(dc.serving).collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(t.gvr("", "v1", "pods").unwrap().serving, Serving::All);
+        assert!(t.gvr("", "v1", "nodes").is_none());
+        assert!(t.gvr("nope", "v1", "pods").is_none());
+        assert_eq!(t.group("resource.k8s.io"), Some(Serving::All));
+        assert_eq!(t.group("lifecycle.k8s.io").map(|s| t.cluster(s)), Some("set-c"));
+        assert_eq!(t.group_version("resource.k8s.io", "v1").map(|s| t.cluster(s)), Some("set-c"));
+        assert_eq!(t.members(Serving::All).collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert!(t.policy().strip_downstream_peer_proxied && t.policy().client_cert_identity);
+        for (i, g) in t.gvrs().iter().enumerate() {
+            assert_eq!(g.id, i);
+        }
+    }
+
+    /// Each malformed field is refused with its own field path and reason.
+    #[test]
+    fn validation_names_the_field() {
+        type Edit = fn(&mut Value);
+        let cases: Vec<(&str, Edit, &str, &str)> = vec![
+            ("schema", |v| v["schema"] = json!(2), "schema", "unsupported schema 2"),
+            ("no apiservers", |v| v["apiservers"] = json!([]), "apiservers", "at least one"),
+            ("dup id", |v| v["apiservers"][1]["id"] = json!("a"), "apiservers[1].id", "also apiservers[0]"),
+            ("empty id", |v| v["apiservers"][0]["id"] = json!(""), "apiservers[0].id", "non-empty"),
+            (
+                "bad cluster",
+                |v| v["apiservers"][0]["cluster"] = json!("a b"),
+                "apiservers[0].cluster",
+                "not a cluster name",
+            ),
+            (
+                "pool clash",
+                |v| v["poolCluster"] = json!("apiserver-a"),
+                "poolCluster",
+                "already used by apiservers[0].cluster",
+            ),
+            (
+                "set clash",
+                |v| v["sets"][0]["cluster"] = json!("pool"),
+                "sets[0].cluster",
+                "already used by poolCluster",
+            ),
+            (
+                "set unknown",
+                |v| v["sets"][0]["members"] = json!(["z"]),
+                "sets[0].members",
+                "unknown apiserver \"z\"",
+            ),
+            ("set empty", |v| v["sets"][0]["members"] = json!([]), "sets[0].members", "at least one"),
+            ("set twice", |v| v["sets"][1]["members"] = json!(["a", "a"]), "sets[1].members", "named twice"),
+            (
+                "set all",
+                |v| v["sets"][1]["members"] = json!(["a", "b", "c"]),
+                "sets[1].members",
+                "that is the pool",
+            ),
+            (
+                "set dup",
+                |v| v["sets"][1]["members"] = json!(["c"]),
+                "sets[1].members",
+                "same members as sets[0]",
+            ),
+            (
+                "missing set",
+                |v| v["sets"] = json!([{"cluster": "set-c", "members": ["c"]}]),
+                "groupVersions[3].resources[\"deviceclasses\"]",
+                "no set cluster has exactly the members [a,b]",
+            ),
+            (
+                "bad group",
+                |v| v["groupVersions"][1]["group"] = json!("resource/k8s"),
+                "groupVersions[1].group",
+                "not a valid path segment",
+            ),
+            (
+                "bad version",
+                |v| v["groupVersions"][1]["version"] = json!(""),
+                "groupVersions[1].version",
+                "not a valid path segment",
+            ),
+            (
+                "bad resource",
+                |v| v["groupVersions"][1]["resources"] = json!({"a b": ["c"]}),
+                "groupVersions[1].resources[\"a b\"]",
+                "not a valid path segment",
+            ),
+            (
+                "resource outside gv",
+                |v| v["groupVersions"][1]["resources"]["resourceclaims"] = json!(["a"]),
+                "groupVersions[1].resources[\"resourceclaims\"]",
+                "only served by [c]",
+            ),
+            (
+                "gv twice",
+                |v| v["groupVersions"][2]["version"] = json!("v1"),
+                "groupVersions[2].version",
+                "listed twice",
+            ),
+            (
+                "gv unknown",
+                |v| v["groupVersions"][0]["servedBy"] = json!(["x"]),
+                "groupVersions[0].servedBy",
+                "unknown apiserver",
+            ),
+            ("etag quoted", |v| v["discovery"]["etag"] = json!("\"AB\""), "discovery.etag", "hex digits"),
+            (
+                "doc garbage",
+                |v| v["discovery"]["document"] = json!("{nope"),
+                "discovery.document",
+                "not a JSON document",
+            ),
+            ("unknown field", |v| v["surprise"] = json!(1), "(schema)", "unknown field `surprise`"),
+            ("wrong type", |v| v["schema"] = json!("one"), "(schema)", "invalid type"),
+            (
+                "missing pool",
+                |v| {
+                    v.as_object_mut().unwrap().remove("poolCluster");
+                },
+                "(schema)",
+                "missing field `poolCluster`",
+            ),
+        ];
+        for (name, edit, field, reason) in cases {
+            let mut v = sample();
+            edit(&mut v);
+            let e = compile(&v).expect_err(name);
+            assert_eq!(e.field, field, "{name}: {e}");
+            assert!(e.reason.contains(reason), "{name}: {e}");
+        }
+        let e = RoutingTable::from_json(b"{\"schema\": 1,").unwrap_err();
+        assert_eq!(e.field, "(document)");
+        assert!(e.to_string().starts_with("invalid routing table: (document): "));
+    }
+
+    #[test]
+    fn group_union_needs_a_set() {
+        let mut v = sample();
+        // lifecycle.k8s.io now spans a and c: that union needs its own set.
+        v["groupVersions"][4]["servedBy"] = json!(["a", "c"]);
+        v["groupVersions"][4]["resources"]["evictions"] = json!(["a", "c"]);
+        let e = compile(&v).unwrap_err();
+        assert!(e.reason.contains("[a,c]"), "{e}");
+        v["sets"].as_array_mut().unwrap().push(json!({"cluster": "set-a-c", "members": ["a", "c"]}));
+        let t = compile(&v).unwrap();
+        assert_eq!(t.group("lifecycle.k8s.io").map(|s| t.cluster(s)), Some("set-a-c"));
+    }
+
+    #[test]
+    fn needed_sets_cover_resources_versions_and_groups() {
+        let mut config: TableConfig = serde_json::from_value(sample()).unwrap();
+        config.sets.clear();
+        assert_eq!(config.needed_sets(), [vec!["a", "b"], vec!["c"]]);
+        config.group_versions[4].served_by = vec!["a".into(), "c".into()];
+        config.group_versions[4].resources.insert("evictions".into(), vec!["a".into(), "c".into()]);
+        config.assign_sets(|m| format!("set-{}", m.join("_")));
+        let clusters: Vec<&str> = config.sets.iter().map(|s| s.cluster.as_str()).collect();
+        assert_eq!(clusters, ["set-a_b", "set-c", "set-a_c"]);
+        RoutingTable::compile(config).unwrap();
+    }
+
+    #[test]
+    fn policy_defaults_and_round_trip() {
+        let mut v = sample();
+        v["policy"] = json!({"stripDownstreamPeerProxied": false});
+        let t = compile(&v).unwrap();
+        assert!(!t.policy().strip_downstream_peer_proxied);
+        assert!(t.policy().client_cert_identity);
+        let config: TableConfig = serde_json::from_value(sample()).unwrap();
+        let again: TableConfig = serde_json::from_str(&serde_json::to_string(&config).unwrap()).unwrap();
+        assert_eq!(config, again);
+    }
+}

@@ -1,0 +1,164 @@
+//! One HTTP stream: request → parse → decide → act, then the 503 rewrite of Envoy's own
+//! upstream-failure replies.
+
+use std::borrow::Cow;
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+use skewgate_core::decision::{self, RequestHead};
+use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
+use skewgate_core::status::{self, Unavailable};
+use skewgate_core::table::Serving;
+
+use crate::host;
+use crate::root::Active;
+
+/// Read by the route's `cluster_header`.
+pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
+/// Selects the route: `long-running` has no timeout (watches, exec, logs).
+pub const ROUTE_HEADER: &str = "x-skewgate-route";
+
+pub struct Http {
+    active: Option<Rc<Active>>,
+    /// Where the request went, for the 503 body if Envoy cannot get it there.
+    serving: Option<Serving>,
+    gvr_id: Option<usize>,
+    /// The response is ours (merged discovery or a rewritten 503): leave it alone.
+    replied: bool,
+}
+
+impl Http {
+    pub fn new(active: Option<Rc<Active>>) -> Self {
+        Self { active, serving: None, gvr_id: None, replied: false }
+    }
+
+    fn reply(&mut self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
+        self.replied = true;
+        host::send_response(status, headers, body);
+        Action::Pause
+    }
+}
+
+impl Context for Http {}
+
+impl HttpContext for Http {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let Some(active) = self.active.clone() else {
+            let body = unavailable_body(None, "skewgate-unconfigured", &[], "skewgate has no routing table");
+            return self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()));
+        };
+        let table = &active.table;
+        let headers = host::request_headers();
+        let mut head = RequestHead::default();
+        let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
+        for (name, value) in &headers {
+            match name.as_str() {
+                ":method" => method = Some(String::from_utf8_lossy(value)),
+                ":path" => target = Some(String::from_utf8_lossy(value)),
+                "accept" => accept = Some(String::from_utf8_lossy(value)),
+                "if-none-match" => if_none_match = Some(String::from_utf8_lossy(value)),
+                _ => {}
+            }
+        }
+        head.method = method.as_deref().unwrap_or("");
+        head.target = target.as_deref().unwrap_or("");
+        head.accept = accept.as_deref();
+        head.if_none_match = if_none_match.as_deref();
+        let subject = match table.policy().client_cert_identity {
+            true => host::property(&["connection", "subject_peer_certificate"]),
+            false => None,
+        };
+        let subject = subject.as_deref().map(String::from_utf8_lossy);
+        head.client_subject = subject.as_deref().filter(|s| !s.is_empty());
+
+        let decision = decision::decide(table, &head);
+        for (name, _) in &headers {
+            if decision.strips(name) {
+                host::set_request_header(name, None);
+            }
+        }
+        self.serving = decision.serving;
+        self.gvr_id = decision.gvr.map(|g| g.id);
+        match decision.action {
+            decision::Action::Respond(reply) => {
+                active.metrics.merged_discovery(reply.status);
+                let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
+                let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
+                self.reply(u32::from(reply.status), headers, body)
+            }
+            decision::Action::Route(route) => {
+                host::set_request_header(CLUSTER_HEADER, Some(route.cluster));
+                let class = if route.long_running { "long-running" } else { "default" };
+                host::set_request_header(ROUTE_HEADER, Some(class));
+                if route.rerouted {
+                    host::set_request_header(PEER_PROXIED, Some("true"));
+                    if let Some(id) = self.gvr_id {
+                        active.metrics.rerouted(id);
+                    }
+                }
+                if let Some(identity) = &decision.identity {
+                    host::set_request_header(REMOTE_USER, Some(&identity.user));
+                    for group in &identity.groups {
+                        host::add_request_header(REMOTE_GROUP, group);
+                    }
+                }
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        if self.replied {
+            return Action::Continue;
+        }
+        let status = host::response_header(":status")
+            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+            .unwrap_or(0);
+        if status < 500 {
+            return Action::Continue;
+        }
+        let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        if details == b"via_upstream" {
+            // The apiserver's own answer: never rewritten.
+            return Action::Continue;
+        }
+        let Some(active) = self.active.clone() else { return Action::Continue };
+        let table = &active.table;
+        active.metrics.unavailable(self.serving);
+        let serving = self.serving.unwrap_or(Serving::All);
+        let members: Vec<&str> = table.members(serving).collect();
+        let gvr = self.gvr_id.and_then(|id| table.gvrs().get(id));
+        let details = String::from_utf8_lossy(&details);
+        let body = match gvr {
+            Some(g) => unavailable_body(
+                Some((&g.group, &g.version, &g.resource)),
+                table.cluster(serving),
+                &members,
+                &details,
+            ),
+            // Not in the table: name the GVR the path asks for, if it is a resource request.
+            None => {
+                let target = host::property(&["request", "path"]).unwrap_or_default();
+                let target = String::from_utf8_lossy(&target);
+                let (raw, query) = split_target(&target);
+                let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
+                let info = RequestInfo::parse("GET", &path, query);
+                let gvr =
+                    info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
+                unavailable_body(gvr, table.cluster(serving), &members, &details)
+            }
+        };
+        self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+    }
+}
+
+fn unavailable_body(
+    gvr: Option<(&str, &str, &str)>,
+    cluster: &str,
+    members: &[&str],
+    envoy_detail: &str,
+) -> String {
+    status::service_unavailable(&Unavailable { gvr, cluster, members, envoy_detail }).to_json()
+}

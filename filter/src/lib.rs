@@ -1,0 +1,20 @@
+//! skewgate's proxy-wasm filter: glue between Envoy and `skewgate-core`.
+//!
+//! The root context compiles the routing table that arrives as plugin configuration (through
+//! ECDS); each HTTP context reads the request head, asks `core::decision::decide`, and applies
+//! the answer with as few host calls as the decision needs.
+
+mod host;
+mod http;
+mod metrics;
+mod root;
+
+use proxy_wasm::traits::RootContext;
+use proxy_wasm::types::LogLevel;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    // A panic traps the VM; leave a line in Envoy's log saying where before it does.
+    std::panic::set_hook(Box::new(|info| log::error!("skewgate filter panicked: {info}")));
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::default()) });
+}}

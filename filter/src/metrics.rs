@@ -1,0 +1,87 @@
+//! Counters, named so that Envoy's `stats_tags` (shipped in envoy-config/) turn the `name=value;`
+//! segments into Prometheus labels: `skewgate_rerouted_requests_total{group,version,resource}`.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::MetricType;
+use skewgate_core::table::{RoutingTable, Serving};
+
+/// Metric ids for one table. Envoy returns the same id for the same name, so redefining them on
+/// every `on_configure` keeps counting where the previous table left off.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Indexed by `Gvr::id`; only GVRs served by a subset get one.
+    rerouted: Vec<Option<u32>>,
+    /// Indexed like `RoutingTable::sets`, pool last.
+    unavailable: Vec<Option<u32>>,
+    merged_ok: Option<u32>,
+    merged_not_modified: Option<u32>,
+}
+
+pub fn counter(name: &str) -> Option<u32> {
+    match hostcalls::define_metric(MetricType::Counter, name) {
+        Ok(id) => Some(id),
+        Err(e) => {
+            log::warn!("skewgate: defining metric {name}: {e:?}");
+            None
+        }
+    }
+}
+
+pub fn increment(id: Option<u32>) {
+    if let Some(id) = id {
+        if let Err(e) = hostcalls::increment_metric(id, 1) {
+            log::warn!("skewgate: incrementing metric {id}: {e:?}");
+        }
+    }
+}
+
+/// Counts configurations, by outcome, on each VM (the main thread's and every worker's).
+pub fn count_config(accepted: bool) {
+    let result = if accepted { "accepted" } else { "rejected" };
+    increment(counter(&format!("skewgate.configs_total.result={result};")));
+}
+
+impl Metrics {
+    pub fn define(table: &RoutingTable) -> Self {
+        let rerouted = table
+            .gvrs()
+            .iter()
+            .map(|g| match g.serving {
+                Serving::Set(_) => counter(&format!(
+                    "skewgate.rerouted_requests_total.group={};version={};resource={};",
+                    g.group, g.version, g.resource
+                )),
+                Serving::All => None,
+            })
+            .collect();
+        let unavailable = table
+            .sets()
+            .iter()
+            .map(|s| s.cluster.as_str())
+            .chain([table.pool_cluster()])
+            .map(|c| counter(&format!("skewgate.unavailable_replies_total.cluster={c};")))
+            .collect();
+        Self {
+            rerouted,
+            unavailable,
+            merged_ok: counter("skewgate.merged_discovery_total.code=200;"),
+            merged_not_modified: counter("skewgate.merged_discovery_total.code=304;"),
+        }
+    }
+
+    pub fn rerouted(&self, gvr_id: usize) {
+        increment(self.rerouted.get(gvr_id).copied().flatten());
+    }
+
+    pub fn unavailable(&self, serving: Option<Serving>) {
+        let index = match serving {
+            Some(Serving::Set(i)) => i,
+            _ => self.unavailable.len().saturating_sub(1),
+        };
+        increment(self.unavailable.get(index).copied().flatten());
+    }
+
+    pub fn merged_discovery(&self, status: u16) {
+        increment(if status == 304 { self.merged_not_modified } else { self.merged_ok });
+    }
+}

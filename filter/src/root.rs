@@ -1,0 +1,64 @@
+//! The root context: turns plugin configuration into a routing table, or refuses it so that Envoy
+//! keeps serving with the previous one.
+
+use std::rc::Rc;
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::ContextType;
+use skewgate_core::table::RoutingTable;
+
+use crate::host;
+use crate::http::Http;
+use crate::metrics::{self, Metrics};
+
+/// A compiled table and the metric ids that go with it; shared by every HTTP context that
+/// started while it was current.
+pub struct Active {
+    pub table: RoutingTable,
+    pub metrics: Metrics,
+}
+
+#[derive(Default)]
+pub struct Root {
+    active: Option<Rc<Active>>,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let Some(bytes) = host::plugin_configuration() else {
+            log::error!("skewgate: no plugin configuration: a routing table is required");
+            metrics::count_config(false);
+            return false;
+        };
+        match RoutingTable::from_json(&bytes) {
+            Ok(table) => {
+                log::info!(
+                    "skewgate: routing table {:?} accepted: {} apiservers, {} sets, {} GVRs",
+                    table.generation(),
+                    table.apiservers().len(),
+                    table.sets().len(),
+                    table.gvrs().len()
+                );
+                let metrics = Metrics::define(&table);
+                self.active = Some(Rc::new(Active { table, metrics }));
+                metrics::count_config(true);
+                true
+            }
+            Err(e) => {
+                log::error!("skewgate: {e}; keeping the previous table");
+                metrics::count_config(false);
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Http::new(self.active.clone())))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}

@@ -1,0 +1,199 @@
+//! A real Envoy process running skewgate's bootstrap from `envoy-config/`, with its CDS and ECDS
+//! files in a private directory.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use skewgate::envoy::write_atomic;
+
+use crate::paths;
+
+/// What the bootstrap template needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub dir: PathBuf,
+    pub listen_port: u16,
+    pub admin_port: u16,
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    pub client_ca: PathBuf,
+    /// Route timeout for requests that are not long-running, e.g. "65s".
+    pub route_timeout: String,
+    pub concurrency: u32,
+}
+
+impl Settings {
+    pub fn cds_path(&self) -> PathBuf {
+        self.dir.join("cds/cds.json")
+    }
+
+    pub fn ecds_path(&self) -> PathBuf {
+        self.dir.join("ecds/ecds.json")
+    }
+}
+
+/// A port free right now on 127.0.0.1.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Fills `{{NAME}}` placeholders; a placeholder left unfilled is an error.
+pub fn render(template: &str, values: &BTreeMap<&str, String>) -> Result<String> {
+    let mut out = template.to_string();
+    for (name, value) in values {
+        out = out.replace(&format!("{{{{{name}}}}}"), value);
+    }
+    if let Some(start) = out.find("{{") {
+        let end = out[start..].find("}}").map_or(out.len(), |e| start + e + 2);
+        bail!("bootstrap template: no value for {}", &out[start..end]);
+    }
+    Ok(out)
+}
+
+pub fn render_bootstrap(s: &Settings) -> Result<String> {
+    let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
+    let p = |p: &Path| p.display().to_string();
+    let values = BTreeMap::from([
+        ("ADMIN_PORT", s.admin_port.to_string()),
+        ("LISTEN_ADDRESS", "127.0.0.1".to_string()),
+        ("LISTEN_PORT", s.listen_port.to_string()),
+        ("CDS_DIR", p(&s.dir.join("cds"))),
+        ("ECDS_DIR", p(&s.dir.join("ecds"))),
+        ("SERVING_CERT", p(&s.serving_cert)),
+        ("SERVING_KEY", p(&s.serving_key)),
+        ("CLIENT_CA", p(&s.client_ca)),
+        ("ROUTE_TIMEOUT", s.route_timeout.clone()),
+    ]);
+    render(&template, &values)
+}
+
+/// Runs `envoy --mode validate` on a bootstrap.
+pub fn validate(bootstrap: &Path) -> Result<()> {
+    let out = Command::new(paths::envoy_binary()?)
+        .args(["--mode", "validate", "-c"])
+        .arg(bootstrap)
+        .output()
+        .context("running envoy --mode validate")?;
+    if !out.status.success() {
+        bail!(
+            "envoy --mode validate {} failed:\n{}{}",
+            bootstrap.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// A running Envoy; killed when dropped.
+pub struct Envoy {
+    pub settings: Settings,
+    child: Child,
+    log: PathBuf,
+    http: reqwest::Client,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    /// Writes the bootstrap, `cds` and `ecds`, starts Envoy and waits until it is live.
+    pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
+        std::fs::create_dir_all(settings.dir.join("cds"))?;
+        std::fs::create_dir_all(settings.dir.join("ecds"))?;
+        write_atomic(&settings.cds_path(), cds.to_string().as_bytes())?;
+        write_atomic(&settings.ecds_path(), ecds.to_string().as_bytes())?;
+        let bootstrap = settings.dir.join("bootstrap.yaml");
+        std::fs::write(&bootstrap, render_bootstrap(&settings)?)?;
+        let log = settings.dir.join("envoy.log");
+        let child = Command::new(paths::envoy_binary()?)
+            .arg("-c")
+            .arg(&bootstrap)
+            .args(["--concurrency", &settings.concurrency.to_string()])
+            .args(["--use-dynamic-base-id", "--log-level", "warn", "--component-log-level", "wasm:info"])
+            .args(["--drain-time-s", "1"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .context("starting envoy")?;
+        let mut envoy = Self { settings, child, log, http: reqwest::Client::new() };
+        envoy.wait_live(Duration::from_secs(20)).await?;
+        Ok(envoy)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.settings.admin_port)
+    }
+
+    async fn wait_live(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("envoy exited ({status}):\n{}", self.log());
+            }
+            if let Ok(r) = self.http.get(self.admin_url("/ready")).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("envoy not live after {timeout:?}:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Counters and gauges from the admin API, by full name.
+    pub async fn stats(&self) -> Result<BTreeMap<String, u64>> {
+        let text = self.http.get(self.admin_url("/stats")).send().await?.text().await?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.rsplit_once(": "))
+            .filter_map(|(k, v)| v.trim().parse().ok().map(|v| (k.to_string(), v)))
+            .collect())
+    }
+
+    pub async fn stat(&self, name: &str) -> Result<u64> {
+        Ok(self.stats().await?.get(name).copied().unwrap_or(0))
+    }
+
+    pub async fn prometheus(&self) -> Result<String> {
+        Ok(self.http.get(self.admin_url("/stats/prometheus")).send().await?.text().await?)
+    }
+
+    /// Waits until `name` reaches at least `value`.
+    pub async fn wait_stat(&self, name: &str, value: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.stat(name).await?;
+            if now >= value {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{name} = {now}, wanted ≥ {value} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub fn write_cds(&self, cds: &Value) -> Result<()> {
+        Ok(write_atomic(&self.settings.cds_path(), cds.to_string().as_bytes())?)
+    }
+
+    pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
+        Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?)
+    }
+}

@@ -1,0 +1,36 @@
+//! Where the project's built and installed parts are. Missing parts are errors that say how to
+//! get them: tests must fail loudly, never skip.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// The Envoy 1.40 binary from the project's venv (`scripts/bootstrap.sh`), or `$SKEWGATE_ENVOY`.
+pub fn envoy_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("SKEWGATE_ENVOY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/envoy"));
+    if !path.exists() {
+        bail!("Envoy not found at {}: run `make setup` (scripts/bootstrap.sh) first", path.display());
+    }
+    Ok(path)
+}
+
+/// The filter built for wasm32-wasip1 in release mode, or `$SKEWGATE_WASM`.
+pub fn filter_wasm() -> Result<PathBuf> {
+    let path = std::env::var_os("SKEWGATE_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/wasm32-wasip1/release/skewgate_filter.wasm"));
+    if !path.exists() {
+        bail!("filter not built at {}: run `make wasm` first", path.display());
+    }
+    path.canonicalize().with_context(|| format!("resolving {}", path.display()))
+}
+
+pub fn envoy_config_dir() -> PathBuf {
+    workspace_root().join("envoy-config")
+}

@@ -1,0 +1,252 @@
+//! Envoy's dynamic resources for skewgate: the clusters (CDS) that reach the apiservers and the
+//! filter configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS
+//! reads it.
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+use skewgate_core::table::TableConfig;
+
+/// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
+pub const FILTER_NAME: &str = "skewgate";
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// Where an apiserver listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub id: String,
+    pub address: String,
+    pub port: u16,
+}
+
+/// Envoy's side of the apiservers' TLS: it checks their serving certificates against the peer
+/// CA and presents the front-proxy client certificate (spec §7).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    pub peer_ca: String,
+    pub client_cert: String,
+    pub client_key: String,
+    /// SNI and the DNS SAN required in every apiserver's serving certificate.
+    pub server_name: String,
+}
+
+/// How Envoy watches the apiservers' health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self { interval_ms: 2000, timeout_ms: 1000, connect_timeout_ms: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdsError(pub String);
+
+impl std::fmt::Display for CdsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CdsError {}
+
+/// `cds.json`: the pool, one cluster per apiserver and one per serving set of `table`.
+pub fn cds(
+    table: &TableConfig,
+    endpoints: &[Endpoint],
+    tls: &UpstreamTls,
+    health: Health,
+) -> Result<Value, CdsError> {
+    let endpoint_of = |id: &str| {
+        endpoints
+            .iter()
+            .find(|e| e.id == id)
+            .ok_or_else(|| CdsError(format!("apiserver {id:?} of the table has no endpoint")))
+    };
+    let all: Vec<&Endpoint> =
+        table.apiservers.iter().map(|a| endpoint_of(&a.id)).collect::<Result<_, _>>()?;
+    let mut resources = vec![cluster(&table.pool_cluster, &all, tls, health)];
+    for (a, e) in table.apiservers.iter().zip(&all) {
+        resources.push(cluster(&a.cluster, &[*e], tls, health));
+    }
+    for set in &table.sets {
+        let members: Vec<&Endpoint> = set.members.iter().map(|m| endpoint_of(m)).collect::<Result<_, _>>()?;
+        resources.push(cluster(&set.cluster, &members, tls, health));
+    }
+    Ok(json!({ "resources": resources }))
+}
+
+fn cluster(name: &str, members: &[&Endpoint], tls: &UpstreamTls, health: Health) -> Value {
+    let is_ip = members.iter().all(|e| e.address.parse::<std::net::IpAddr>().is_ok());
+    let lb_endpoints: Vec<Value> = members
+        .iter()
+        .map(|e| {
+            json!({
+                "endpoint": {"address": {"socket_address": {"address": e.address, "port_value": e.port}}},
+                "metadata": {"filter_metadata": {"skewgate": {"apiserver": e.id}}}
+            })
+        })
+        .collect();
+    json!({
+        "@type": CLUSTER_TYPE,
+        "name": name,
+        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": duration(health.connect_timeout_ms),
+        "lb_policy": "RANDOM",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]},
+        // Never fall back to an unhealthy apiserver: a 503 Status beats a request to a server
+        // that is down or was never meant to get it.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0.0}},
+        "health_checks": [{
+            "timeout": duration(health.timeout_ms),
+            "interval": duration(health.interval_ms),
+            "no_traffic_interval": duration(health.interval_ms),
+            "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
+            "http_health_check": {"path": "/readyz"}
+        }],
+        // Eject on connection-level failures only; apiservers' own 5xx answers are the client's.
+        "outlier_detection": {
+            "split_external_local_origin_errors": true,
+            "consecutive_local_origin_failure": 2,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "enforcing_consecutive_5xx": 0,
+            "enforcing_consecutive_gateway_failure": 0,
+            "enforcing_success_rate": 0,
+            "enforcing_local_origin_success_rate": 0,
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100
+        },
+        // Each watch holds an HTTP/1.1 connection (upgrades need HTTP/1.1 upstream); Envoy's
+        // default of 1024 would turn the 1025th watch into a 503.
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": 1_000_000, "max_pending_requests": 1_000_000,
+            "max_requests": 1_000_000, "max_retries": 1000
+        }]},
+        "transport_socket": {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": tls.server_name,
+                "common_tls_context": {
+                    "tls_certificates": [{
+                        "certificate_chain": {"filename": tls.client_cert},
+                        "private_key": {"filename": tls.client_key}
+                    }],
+                    "validation_context": {
+                        "trusted_ca": {"filename": tls.peer_ca},
+                        "match_typed_subject_alt_names": [
+                            {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+                        ]
+                    }
+                }
+            }
+        }
+    })
+}
+
+fn duration(ms: u64) -> String {
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// `ecds.json`: the skewgate filter with `table_json` as its plugin configuration.
+pub fn ecds(table_json: &str, wasm: &Path) -> Value {
+    json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": FILTER_NAME,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": FILTER_NAME,
+                "root_id": FILTER_NAME,
+                // A trapped VM is replaced on the next request instead of failing every request
+                // until the next table push.
+                "failure_policy": "FAIL_RELOAD",
+                "vm_config": {
+                    "vm_id": FILTER_NAME,
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm.display().to_string()}}
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": table_json
+                }
+            }
+        }
+    }]})
+}
+
+/// Replaces `path` so that a watcher sees either the old or the new content, never a mix: Envoy
+/// reloads a watched directory on rename.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The routing table inside an `ecds.json`, so tools accept either file.
+pub fn table_from_ecds(ecds: &Value) -> Option<&str> {
+    ecds.get("resources")?.get(0)?.pointer("/typed_config/config/configuration/value")?.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> TableConfig {
+        serde_json::from_value(json!({
+            "schema": 1,
+            "apiservers": [{"id": "a", "cluster": "ap-a"}, {"id": "b", "cluster": "ap-b"}],
+            "poolCluster": "pool",
+            "sets": [{"cluster": "set-b", "members": ["b"]}]
+        }))
+        .unwrap()
+    }
+
+    fn tls() -> UpstreamTls {
+        UpstreamTls {
+            peer_ca: "/ca.crt".into(),
+            client_cert: "/c.crt".into(),
+            client_key: "/c.key".into(),
+            server_name: "kubernetes.default.svc".into(),
+        }
+    }
+
+    #[test]
+    fn clusters_for_pool_apiservers_and_sets() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "apiserver-b".into(), port: 6443 },
+        ];
+        let v = cds(&table(), &endpoints, &tls(), Health::default()).unwrap();
+        let names: Vec<&str> =
+            v["resources"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["pool", "ap-a", "ap-b", "set-b"]);
+        assert_eq!(v["resources"][1]["type"], "STATIC");
+        assert_eq!(v["resources"][3]["type"], "STRICT_DNS");
+        assert_eq!(
+            v["resources"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(v["resources"][0]["connect_timeout"], "1.000s");
+        let e = cds(&table(), &endpoints[..1], &tls(), Health::default()).unwrap_err();
+        assert!(e.0.contains("\"b\""), "{e}");
+    }
+
+    #[test]
+    fn ecds_round_trips_the_table() {
+        let v = ecds("{\"schema\":1}", Path::new("/x/skewgate.wasm"));
+        assert_eq!(table_from_ecds(&v), Some("{\"schema\":1}"));
+        assert_eq!(v["resources"][0]["name"], FILTER_NAME);
+        assert_eq!(v["resources"][0]["typed_config"]["config"]["failure_policy"], "FAIL_RELOAD");
+    }
+}

@@ -1,0 +1,125 @@
+//! `skewgate explain`: what the filter does with one request, and why. It runs the very code the
+//! filter runs (`core::decision`), on a table file.
+
+use std::borrow::Cow;
+
+use serde_json::{Map, Value, json};
+use skewgate_core::decision::{self, Action, Reason, RequestHead};
+use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
+use skewgate_core::table::RoutingTable;
+
+use crate::envoy::table_from_ecds;
+
+/// A request as the filter would see it.
+#[derive(Debug, Clone, Default)]
+pub struct Request {
+    pub method: String,
+    pub target: String,
+    /// Downstream headers, names as given.
+    pub headers: Vec<(String, String)>,
+    pub client_cert_subject: Option<String>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads a routing table, or an `ecds.json` that carries one.
+pub fn load_table(bytes: &[u8]) -> Result<RoutingTable, String> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+    if value.get("resources").is_some() {
+        let inner = table_from_ecds(&value)
+            .ok_or("an ecds.json without a filter configuration at resources[0].typed_config.config.configuration.value")?;
+        return RoutingTable::from_json(inner.as_bytes()).map_err(|e| e.to_string());
+    }
+    RoutingTable::from_json(bytes).map_err(|e| e.to_string())
+}
+
+pub fn explain(table: &RoutingTable, req: &Request) -> Value {
+    let head = RequestHead {
+        method: &req.method,
+        target: &req.target,
+        accept: req.header("accept"),
+        if_none_match: req.header("if-none-match"),
+        client_subject: req.client_cert_subject.as_deref(),
+    };
+    let (raw_path, query) = split_target(&req.target);
+    let decoded = decode_path(raw_path);
+    let (info, decision) = match &decoded {
+        Ok(path) => {
+            let info = RequestInfo::parse(&req.method, path, query);
+            let decision = decision::decide_parsed(table, &head, &info);
+            (serde_json::to_value(&info).unwrap_or(Value::Null), decision)
+        }
+        Err(e) => (json!({"error": e.to_string()}), decision::decide(table, &head)),
+    };
+
+    let mut out = Map::new();
+    out.insert("requestInfo".into(), info);
+    match &decision.action {
+        Action::Route(route) => {
+            let serving: Vec<&str> = match (decision.serving, decision.reason) {
+                (Some(s), _) => table.members(s).collect(),
+                (None, Reason::ServedByNone) => Vec::new(),
+                (None, _) => table.apiservers().iter().map(|a| a.id.as_str()).collect(),
+            };
+            out.insert("action".into(), json!("route"));
+            out.insert("cluster".into(), json!(route.cluster));
+            out.insert("rerouted".into(), json!(route.rerouted));
+            out.insert("longRunning".into(), json!(route.long_running));
+            out.insert("servingSet".into(), json!(serving));
+            out.insert("requestHeaders".into(), header_edits(req, &decision, route));
+        }
+        Action::Respond(reply) => {
+            out.insert("action".into(), json!("respond"));
+            out.insert("status".into(), json!(reply.status));
+            let headers: Map<String, Value> = reply
+                .headers()
+                .iter()
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| ((*k).into(), json!(v)))
+                .collect();
+            out.insert("responseHeaders".into(), Value::Object(headers));
+            out.insert("body".into(), json!(body_summary(reply.body)));
+        }
+    }
+    out.insert("reason".into(), json!(decision.reason.as_str()));
+    Value::Object(out)
+}
+
+/// What the filter removes and sets on the way upstream.
+fn header_edits(req: &Request, d: &decision::Decision<'_, '_>, route: &decision::Route<'_>) -> Value {
+    let removed: Vec<&str> = req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
+    let mut set: Vec<(String, Cow<'_, str>)> = vec![
+        ("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster)),
+        (
+            "x-skewgate-route".into(),
+            Cow::Borrowed(if route.long_running { "long-running" } else { "default" }),
+        ),
+    ];
+    if route.rerouted {
+        set.push((PEER_PROXIED.into(), Cow::Borrowed("true")));
+    }
+    if let Some(identity) = &d.identity {
+        set.push((REMOTE_USER.into(), identity.user.clone()));
+        set.extend(identity.groups.iter().map(|g| (REMOTE_GROUP.to_string(), g.clone())));
+    }
+    let set: Vec<Value> = set.into_iter().map(|(k, v)| json!([k, v])).collect();
+    json!({"remove": removed, "set": set})
+}
+
+fn body_summary(body: &str) -> String {
+    if body.is_empty() {
+        return "(empty)".into();
+    }
+    let groups = serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("items").and_then(Value::as_array).map(Vec::len));
+    match groups {
+        Some(n) => format!("peer-aggregated APIGroupDiscoveryList, {n} groups, {} bytes", body.len()),
+        None => format!("{} bytes", body.len()),
+    }
+}
