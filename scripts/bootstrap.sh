@@ -34,7 +34,7 @@ if [ -n "$want" ]; then
   have=$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{print $2}' || true)
   if [ "$have" != "$want" ]; then
     log "cargo install wasm-bindgen-cli --version $want (takes a few minutes once)"
-    cargo install --quiet --locked wasm-bindgen-cli --version "$want"
+    cargo install --quiet wasm-bindgen-cli --version "$want"
   fi
 fi
 log "ok"

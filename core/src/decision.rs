@@ -2,12 +2,10 @@
 //! table to what Envoy must do. The filter and `skewgate explain` both call [`decide`].
 
 use crate::accept::{DiscoveryAccept, negotiate_discovery};
+use crate::discovery::MEDIA_TYPE_V2_JSON;
 use crate::identity::{self, Identity};
 use crate::request_info::{RequestInfo, decode_path, split_target};
 use crate::table::{Gvr, RoutingTable, Serving};
-
-/// Media type of the merged `/apis` answer.
-pub const DISCOVERY_V2_JSON: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
 /// What the decision needs to know about a request: the few headers it reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -62,7 +60,7 @@ pub struct Reply<'t> {
 impl Reply<'_> {
     /// Response headers besides `:status`.
     pub fn headers(&self) -> [(&'static str, &str); 4] {
-        let content_type = if self.status == 200 { DISCOVERY_V2_JSON } else { "" };
+        let content_type = if self.status == 200 { MEDIA_TYPE_V2_JSON } else { "" };
         [("content-type", content_type), ("etag", self.etag), ("vary", "Accept"), ("cache-control", "public")]
     }
 }
@@ -448,7 +446,7 @@ mod tests {
             (reply.status, reply.etag, reply.body),
             (200, "\"ABC123\"", "{\"kind\":\"APIGroupDiscoveryList\"}")
         );
-        assert_eq!(reply.headers()[0], ("content-type", DISCOVERY_V2_JSON));
+        assert_eq!(reply.headers()[0], ("content-type", MEDIA_TYPE_V2_JSON));
         assert_eq!(reply.headers()[2], ("vary", "Accept"));
         assert_eq!(d.reason, Reason::MergedDiscovery);
 

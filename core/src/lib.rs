@@ -4,6 +4,7 @@
 //! ([`request_info`]) → decide ([`decision`], against a [`table`]) and the caller acts.
 
 pub mod accept;
+pub mod build;
 pub mod decision;
 pub mod discovery;
 pub mod identity;

@@ -979,8 +979,13 @@ mod tests {
         });
     }
 
-    /// (method, url, verb, group, version, namespace, resource, subresource, name, parts): the
-    /// shapes of upstream's TestGetAPIRequestInfo, checked on every field.
+    fn assert_rows(rows: &[(&str, &str, Want)]) {
+        for (method, url, want) in rows {
+            assert_want(method, url, want);
+        }
+    }
+
+    /// (method, url, verb, group, version, namespace, resource, subresource, name, parts).
     type ApiRow = (
         &'static str,
         &'static str,
@@ -994,282 +999,49 @@ mod tests {
         &'static [&'static str],
     );
 
+    /// The shapes of upstream's TestGetAPIRequestInfo, checked on every field.
+    #[rustfmt::skip]
     const API_ROWS: &[ApiRow] = &[
         ("GET", "/api/v1/namespaces", "list", "", "v1", "", "namespaces", "", "", &["namespaces"]),
-        (
-            "GET",
-            "/api/v1/namespaces/other",
-            "get",
-            "",
-            "v1",
-            "other",
-            "namespaces",
-            "",
-            "other",
-            &["namespaces", "other"],
-        ),
+        ("GET", "/api/v1/namespaces/other", "get", "", "v1", "other", "namespaces", "", "other", &["namespaces", "other"]),
         ("GET", "/api/v1/namespaces/other/pods", "list", "", "v1", "other", "pods", "", "", &["pods"]),
-        (
-            "GET",
-            "/api/v1/namespaces/other/pods/foo",
-            "get",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "foo",
-            &["pods", "foo"],
-        ),
-        (
-            "HEAD",
-            "/api/v1/namespaces/other/pods/foo",
-            "get",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "foo",
-            &["pods", "foo"],
-        ),
+        ("GET", "/api/v1/namespaces/other/pods/foo", "get", "", "v1", "other", "pods", "", "foo", &["pods", "foo"]),
+        ("HEAD", "/api/v1/namespaces/other/pods/foo", "get", "", "v1", "other", "pods", "", "foo", &["pods", "foo"]),
         ("GET", "/api/v1/pods", "list", "", "v1", "", "pods", "", "", &["pods"]),
         ("HEAD", "/api/v1/pods", "list", "", "v1", "", "pods", "", "", &["pods"]),
         // An old upstream copy expected namespace "" here, against the code; current upstream dropped the row.
-        (
-            "PATCH",
-            "/api/v1/namespaces/new-namespace",
-            "patch",
-            "",
-            "v1",
-            "new-namespace",
-            "namespaces",
-            "",
-            "new-namespace",
-            &["namespaces", "new-namespace"],
-        ),
-        (
-            "GET",
-            "/api/v1/proxy/namespaces/other/pods/foo",
-            "proxy",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "foo",
-            &["pods", "foo"],
-        ),
-        (
-            "GET",
-            "/api/v1/proxy/namespaces/other/pods/foo/subpath/not/a/subresource",
-            "proxy",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "foo",
-            &["pods", "foo", "subpath", "not", "a", "subresource"],
-        ),
+        ("PATCH", "/api/v1/namespaces/new-namespace", "patch", "", "v1", "new-namespace", "namespaces", "", "new-namespace", &["namespaces", "new-namespace"]),
+        ("GET", "/api/v1/proxy/namespaces/other/pods/foo", "proxy", "", "v1", "other", "pods", "", "foo", &["pods", "foo"]),
+        ("GET", "/api/v1/proxy/namespaces/other/pods/foo/subpath/not/a/subresource", "proxy", "", "v1", "other", "pods", "", "foo", &["pods", "foo", "subpath", "not", "a", "subresource"]),
         ("GET", "/api/v1/watch/pods", "watch", "", "v1", "", "pods", "", "", &["pods"]),
         ("GET", "/api/v1/pods?watch=true", "watch", "", "v1", "", "pods", "", "", &["pods"]),
         ("GET", "/api/v1/pods?watch=false", "list", "", "v1", "", "pods", "", "", &["pods"]),
         ("GET", "/api/v1/watch/namespaces/other/pods", "watch", "", "v1", "other", "pods", "", "", &["pods"]),
-        (
-            "GET",
-            "/api/v1/namespaces/other/pods?watch=1",
-            "watch",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "",
-            &["pods"],
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/other/pods?watch=0",
-            "list",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "",
-            &["pods"],
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/other/pods/foo/status",
-            "get",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "status",
-            "foo",
-            &["pods", "foo", "status"],
-        ),
-        (
-            "GET",
-            "/api/v1/namespaces/other/pods/foo/proxy/subpath",
-            "get",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "proxy",
-            "foo",
-            &["pods", "foo", "proxy", "subpath"],
-        ),
-        (
-            "PUT",
-            "/api/v1/namespaces/other/finalize",
-            "update",
-            "",
-            "v1",
-            "other",
-            "namespaces",
-            "finalize",
-            "other",
-            &["namespaces", "other", "finalize"],
-        ),
-        (
-            "PUT",
-            "/api/v1/namespaces/other/status",
-            "update",
-            "",
-            "v1",
-            "other",
-            "namespaces",
-            "status",
-            "other",
-            &["namespaces", "other", "status"],
-        ),
-        (
-            "PATCH",
-            "/api/v1/namespaces/other/pods/foo",
-            "patch",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "foo",
-            &["pods", "foo"],
-        ),
-        (
-            "DELETE",
-            "/api/v1/namespaces/other/pods/foo",
-            "delete",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "foo",
-            &["pods", "foo"],
-        ),
+        ("GET", "/api/v1/namespaces/other/pods?watch=1", "watch", "", "v1", "other", "pods", "", "", &["pods"]),
+        ("GET", "/api/v1/namespaces/other/pods?watch=0", "list", "", "v1", "other", "pods", "", "", &["pods"]),
+        ("GET", "/api/v1/namespaces/other/pods/foo/status", "get", "", "v1", "other", "pods", "status", "foo", &["pods", "foo", "status"]),
+        ("GET", "/api/v1/namespaces/other/pods/foo/proxy/subpath", "get", "", "v1", "other", "pods", "proxy", "foo", &["pods", "foo", "proxy", "subpath"]),
+        ("PUT", "/api/v1/namespaces/other/finalize", "update", "", "v1", "other", "namespaces", "finalize", "other", &["namespaces", "other", "finalize"]),
+        ("PUT", "/api/v1/namespaces/other/status", "update", "", "v1", "other", "namespaces", "status", "other", &["namespaces", "other", "status"]),
+        ("PATCH", "/api/v1/namespaces/other/pods/foo", "patch", "", "v1", "other", "pods", "", "foo", &["pods", "foo"]),
+        ("DELETE", "/api/v1/namespaces/other/pods/foo", "delete", "", "v1", "other", "pods", "", "foo", &["pods", "foo"]),
         ("POST", "/api/v1/namespaces/other/pods", "create", "", "v1", "other", "pods", "", "", &["pods"]),
         ("DELETE", "/api/v1/nodes", "deletecollection", "", "v1", "", "nodes", "", "", &["nodes"]),
-        (
-            "DELETE",
-            "/api/v1/namespaces",
-            "deletecollection",
-            "",
-            "v1",
-            "",
-            "namespaces",
-            "",
-            "",
-            &["namespaces"],
-        ),
-        (
-            "DELETE",
-            "/api/v1/namespaces/other/pods",
-            "deletecollection",
-            "",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "",
-            &["pods"],
-        ),
-        (
-            "DELETE",
-            "/apis/extensions/v1/namespaces/other/pods",
-            "deletecollection",
-            "extensions",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "",
-            &["pods"],
-        ),
-        (
-            "POST",
-            "/apis/extensions/v1/namespaces/other/pods",
-            "create",
-            "extensions",
-            "v1",
-            "other",
-            "pods",
-            "",
-            "",
-            &["pods"],
-        ),
-        (
-            "POST",
-            "/apis/extensions/v1beta3/namespaces/other/pods",
-            "create",
-            "extensions",
-            "v1beta3",
-            "other",
-            "pods",
-            "",
-            "",
-            &["pods"],
-        ),
-        (
-            "GET",
-            "/apis/batch/v1/job/foo/scale",
-            "get",
-            "batch",
-            "v1",
-            "",
-            "job",
-            "scale",
-            "foo",
-            &["job", "foo", "scale"],
-        ),
+        ("DELETE", "/api/v1/namespaces", "deletecollection", "", "v1", "", "namespaces", "", "", &["namespaces"]),
+        ("DELETE", "/api/v1/namespaces/other/pods", "deletecollection", "", "v1", "other", "pods", "", "", &["pods"]),
+        ("DELETE", "/apis/extensions/v1/namespaces/other/pods", "deletecollection", "extensions", "v1", "other", "pods", "", "", &["pods"]),
+        ("POST", "/apis/extensions/v1/namespaces/other/pods", "create", "extensions", "v1", "other", "pods", "", "", &["pods"]),
+        ("POST", "/apis/extensions/v1beta3/namespaces/other/pods", "create", "extensions", "v1beta3", "other", "pods", "", "", &["pods"]),
+        ("GET", "/apis/batch/v1/job/foo/scale", "get", "batch", "v1", "", "job", "scale", "foo", &["job", "foo", "scale"]),
     ];
-
-    fn row_want(row: &ApiRow) -> Want {
-        let (_, url, verb, group, version, namespace, resource, subresource, name, parts) = *row;
-        let prefix = if url.starts_with("/apis/") { "apis" } else { "api" };
-        Want {
-            resource_request: true,
-            verb,
-            prefix,
-            group,
-            version,
-            namespace,
-            resource,
-            subresource,
-            name,
-            parts,
-            ..NON_RESOURCE
-        }
-    }
 
     #[test]
     fn api_request_shapes() {
-        for row in API_ROWS {
-            assert_want(row.0, row.1, &row_want(row));
+        for &(method, url, verb, group, version, namespace, resource, subresource, name, parts) in API_ROWS {
+            let prefix = if url.starts_with("/apis/") { "apis" } else { "api" };
+            let want =
+                Want { verb, prefix, group, version, namespace, resource, subresource, name, parts, ..CORE };
+            assert_want(method, url, &want);
         }
     }
 
@@ -1319,8 +1091,8 @@ mod tests {
 
     #[test]
     fn methods_to_verbs() {
+        // (method, resource verb, non-resource verb)
         let rows: &[(&str, &str, &str)] = &[
-            // (method, resource verb, non-resource verb)
             ("GET", "get", "get"),
             ("HEAD", "get", "head"),
             ("POST", "create", "post"),
@@ -1345,329 +1117,71 @@ mod tests {
     }
 
     #[test]
+    #[rustfmt::skip]
     fn legacy_path_verbs() {
-        let rows: &[(&str, &str, Want)] = &[
-            (
-                "GET",
-                "/api/v1/watch/namespaces",
-                Want { verb: "watch", resource: "namespaces", parts: &["namespaces"], ..CORE },
-            ),
-            (
-                "GET",
-                "/api/v1/watch/namespaces/ns",
-                Want {
-                    verb: "watch",
-                    namespace: "ns",
-                    resource: "namespaces",
-                    name: "ns",
-                    parts: &["namespaces", "ns"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/watch/pods/p",
-                Want { verb: "watch", resource: "pods", name: "p", parts: &["pods", "p"], ..CORE },
-            ),
-            (
-                "GET",
-                "/api/v1/watch/pods/p/status",
-                Want {
-                    verb: "watch",
-                    resource: "pods",
-                    name: "p",
-                    subresource: "status",
-                    parts: &["pods", "p", "status"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/watch/pods?watch=false&fieldSelector=metadata.name=x",
-                Want { verb: "watch", resource: "pods", parts: &["pods"], ..CORE },
-            ),
-            (
-                "DELETE",
-                "/api/v1/proxy/pods",
-                Want { verb: "proxy", resource: "pods", parts: &["pods"], ..CORE },
-            ),
-            (
-                "POST",
-                "/api/v1/proxy/nodes/n/some/path",
-                Want {
-                    verb: "proxy",
-                    resource: "nodes",
-                    name: "n",
-                    parts: &["nodes", "n", "some", "path"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/apis/g/v/watch/things",
-                Want {
-                    verb: "watch",
-                    group: "g",
-                    prefix: "apis",
-                    version: "v",
-                    resource: "things",
-                    parts: &["things"],
-                    ..CORE
-                },
-            ),
+        assert_rows(&[
+            ("GET", "/api/v1/watch/namespaces", Want { verb: "watch", resource: "namespaces", parts: &["namespaces"], ..CORE }),
+            ("GET", "/api/v1/watch/namespaces/ns", Want { verb: "watch", namespace: "ns", resource: "namespaces", name: "ns", parts: &["namespaces", "ns"], ..CORE }),
+            ("GET", "/api/v1/watch/pods/p", Want { verb: "watch", resource: "pods", name: "p", parts: &["pods", "p"], ..CORE }),
+            ("GET", "/api/v1/watch/pods/p/status", Want { verb: "watch", resource: "pods", name: "p", subresource: "status", parts: &["pods", "p", "status"], ..CORE }),
+            ("GET", "/api/v1/watch/pods?watch=false&fieldSelector=metadata.name=x", Want { verb: "watch", resource: "pods", parts: &["pods"], ..CORE }),
+            ("DELETE", "/api/v1/proxy/pods", Want { verb: "proxy", resource: "pods", parts: &["pods"], ..CORE }),
+            ("POST", "/api/v1/proxy/nodes/n/some/path", Want { verb: "proxy", resource: "nodes", name: "n", parts: &["nodes", "n", "some", "path"], ..CORE }),
+            ("GET", "/apis/g/v/watch/things", Want { verb: "watch", prefix: "apis", group: "g", version: "v", resource: "things", parts: &["things"], ..CORE }),
             // Only the segment right after the version is a verb.
-            (
-                "GET",
-                "/api/v1/pods/watch",
-                Want { verb: "get", resource: "pods", name: "watch", parts: &["pods", "watch"], ..CORE },
-            ),
-            (
-                "GET",
-                "/api/v1/namespaces/ns/watch/pods",
-                Want {
-                    verb: "get",
-                    namespace: "ns",
-                    resource: "watch",
-                    name: "pods",
-                    parts: &["watch", "pods"],
-                    ..CORE
-                },
-            ),
-        ];
-        for (method, url, want) in rows {
-            assert_want(method, url, want);
-        }
+            ("GET", "/api/v1/pods/watch", Want { verb: "get", resource: "pods", name: "watch", parts: &["pods", "watch"], ..CORE }),
+            ("GET", "/api/v1/namespaces/ns/watch/pods", Want { verb: "get", namespace: "ns", resource: "watch", name: "pods", parts: &["watch", "pods"], ..CORE }),
+        ]);
     }
 
     #[test]
+    #[rustfmt::skip]
     fn dangling_path_verb_is_an_error() {
-        let rows: &[(&str, &str, Want)] = &[
+        assert_rows(&[
             ("GET", "/api/v1/watch", Want { error: true, ..CORE }),
             ("GET", "/api/v1/watch/", Want { error: true, ..CORE }),
             ("DELETE", "/api/v1/proxy", Want { error: true, verb: "delete", ..CORE }),
-            (
-                "PROPFIND",
-                "/apis/g/v/watch?watch=1",
-                Want { error: true, verb: "propfind", prefix: "apis", group: "g", version: "v", ..CORE },
-            ),
-        ];
-        for (method, url, want) in rows {
-            assert_want(method, url, want);
-        }
-        with_info("GET", "/api/v1/watch?x=1", |info| {
-            let error = info.error.as_ref().unwrap();
-            assert_eq!(
-                error.to_string(),
-                "unable to determine kind and namespace from url, /api/v1/watch?x=1"
-            );
-        });
-        with_info("GET", "/api/v1/proxy", |info| {
-            let error = info.error.as_ref().unwrap();
-            assert_eq!(error.to_string(), "unable to determine kind and namespace from url, /api/v1/proxy");
-        });
+            ("PROPFIND", "/apis/g/v/watch?watch=1", Want { error: true, verb: "propfind", prefix: "apis", group: "g", version: "v", ..CORE }),
+        ]);
+        let message = |target| with_info("GET", target, |info| info.error.as_ref().map(ToString::to_string));
+        let prefix = "unable to determine kind and namespace from url, ";
+        assert_eq!(message("/api/v1/watch?x=1"), Some(format!("{prefix}/api/v1/watch?x=1")));
+        assert_eq!(message("/api/v1/proxy"), Some(format!("{prefix}/api/v1/proxy")));
     }
 
     #[test]
+    #[rustfmt::skip]
     fn namespaces_and_subresources() {
-        let rows: &[(&str, &str, Want)] = &[
-            (
-                "GET",
-                "/api/v1/namespaces/ns/status",
-                Want {
-                    verb: "get",
-                    namespace: "ns",
-                    resource: "namespaces",
-                    name: "ns",
-                    subresource: "status",
-                    parts: &["namespaces", "ns", "status"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/namespaces/ns/status/extra",
-                Want {
-                    verb: "get",
-                    namespace: "ns",
-                    resource: "namespaces",
-                    name: "ns",
-                    subresource: "status",
-                    parts: &["namespaces", "ns", "status", "extra"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/namespaces/status",
-                Want {
-                    verb: "get",
-                    namespace: "status",
-                    resource: "namespaces",
-                    name: "status",
-                    parts: &["namespaces", "status"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/namespaces/ns/pods/p/status",
-                Want {
-                    verb: "get",
-                    namespace: "ns",
-                    resource: "pods",
-                    name: "p",
-                    subresource: "status",
-                    parts: &["pods", "p", "status"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/namespaces/ns/pods/p/log/extra/segments",
-                Want {
-                    verb: "get",
-                    namespace: "ns",
-                    resource: "pods",
-                    name: "p",
-                    subresource: "log",
-                    parts: &["pods", "p", "log", "extra", "segments"],
-                    ..CORE
-                },
-            ),
-            (
-                "PUT",
-                "/apis/apps/v1/namespaces/ns/deployments/d/scale",
-                Want {
-                    verb: "update",
-                    prefix: "apis",
-                    group: "apps",
-                    namespace: "ns",
-                    resource: "deployments",
-                    name: "d",
-                    subresource: "scale",
-                    parts: &["deployments", "d", "scale"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/apis/apps/v1/namespaces",
-                Want {
-                    verb: "list",
-                    prefix: "apis",
-                    group: "apps",
-                    resource: "namespaces",
-                    parts: &["namespaces"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/namespaces/ns/namespaces/x",
-                Want {
-                    verb: "get",
-                    namespace: "ns",
-                    resource: "namespaces",
-                    name: "x",
-                    parts: &["namespaces", "x"],
-                    ..CORE
-                },
-            ),
-            (
-                "GET",
-                "/api/v1/nodes/n/proxy/a/b",
-                Want {
-                    verb: "get",
-                    resource: "nodes",
-                    name: "n",
-                    subresource: "proxy",
-                    parts: &["nodes", "n", "proxy", "a", "b"],
-                    ..CORE
-                },
-            ),
-        ];
-        for (method, url, want) in rows {
-            assert_want(method, url, want);
-        }
+        assert_rows(&[
+            ("GET", "/api/v1/namespaces/ns/status", Want { verb: "get", namespace: "ns", resource: "namespaces", name: "ns", subresource: "status", parts: &["namespaces", "ns", "status"], ..CORE }),
+            ("GET", "/api/v1/namespaces/ns/status/extra", Want { verb: "get", namespace: "ns", resource: "namespaces", name: "ns", subresource: "status", parts: &["namespaces", "ns", "status", "extra"], ..CORE }),
+            ("GET", "/api/v1/namespaces/status", Want { verb: "get", namespace: "status", resource: "namespaces", name: "status", parts: &["namespaces", "status"], ..CORE }),
+            ("GET", "/api/v1/namespaces/ns/pods/p/status", Want { verb: "get", namespace: "ns", resource: "pods", name: "p", subresource: "status", parts: &["pods", "p", "status"], ..CORE }),
+            ("GET", "/api/v1/namespaces/ns/pods/p/log/extra/segments", Want { verb: "get", namespace: "ns", resource: "pods", name: "p", subresource: "log", parts: &["pods", "p", "log", "extra", "segments"], ..CORE }),
+            ("PUT", "/apis/apps/v1/namespaces/ns/deployments/d/scale", Want { verb: "update", prefix: "apis", group: "apps", namespace: "ns", resource: "deployments", name: "d", subresource: "scale", parts: &["deployments", "d", "scale"], ..CORE }),
+            ("GET", "/apis/apps/v1/namespaces", Want { verb: "list", prefix: "apis", group: "apps", resource: "namespaces", parts: &["namespaces"], ..CORE }),
+            ("GET", "/api/v1/namespaces/ns/namespaces/x", Want { verb: "get", namespace: "ns", resource: "namespaces", name: "x", parts: &["namespaces", "x"], ..CORE }),
+            ("GET", "/api/v1/nodes/n/proxy/a/b", Want { verb: "get", resource: "nodes", name: "n", subresource: "proxy", parts: &["nodes", "n", "proxy", "a", "b"], ..CORE }),
+        ]);
     }
 
     #[test]
+    #[rustfmt::skip]
     fn slashes_are_split_like_go() {
-        let rows: &[(&str, Want)] = &[
-            (
-                "//api//v1/pods",
-                Want {
-                    verb: "get",
-                    version: "",
-                    resource: "v1",
-                    name: "pods",
-                    parts: &["v1", "pods"],
-                    ..CORE
-                },
-            ),
-            ("/api/v1//pods", Want { verb: "get", resource: "", name: "pods", parts: &["", "pods"], ..CORE }),
-            ("///api/v1/pods///", Want { verb: "list", resource: "pods", parts: &["pods"], ..CORE }),
+        assert_rows(&[
+            ("GET", "//api//v1/pods", Want { verb: "get", version: "", resource: "v1", name: "pods", parts: &["v1", "pods"], ..CORE }),
+            ("GET", "/api/v1//pods", Want { verb: "get", resource: "", name: "pods", parts: &["", "pods"], ..CORE }),
+            ("GET", "///api/v1/pods///", Want { verb: "list", resource: "pods", parts: &["pods"], ..CORE }),
             // An empty name is no name: a list with a subresource.
-            (
-                "/api/v1/pods//status",
-                Want {
-                    verb: "list",
-                    resource: "pods",
-                    subresource: "status",
-                    parts: &["pods", "", "status"],
-                    ..CORE
-                },
-            ),
-            (
-                "/api/v1/namespaces//pods",
-                Want { verb: "list", namespace: "", resource: "pods", parts: &["pods"], ..CORE },
-            ),
-            (
-                "/apis//v1/pods",
-                Want {
-                    verb: "list",
-                    prefix: "apis",
-                    group: "",
-                    version: "v1",
-                    resource: "pods",
-                    parts: &["pods"],
-                    ..CORE
-                },
-            ),
+            ("GET", "/api/v1/pods//status", Want { verb: "list", resource: "pods", subresource: "status", parts: &["pods", "", "status"], ..CORE }),
+            ("GET", "/api/v1/namespaces//pods", Want { verb: "list", namespace: "", resource: "pods", parts: &["pods"], ..CORE }),
+            ("GET", "/apis//v1/pods", Want { verb: "list", prefix: "apis", group: "", version: "v1", resource: "pods", parts: &["pods"], ..CORE }),
             // %2F is decoded before splitting, as Go's URL.Path is.
-            (
-                "/api/v1/namespaces/a%2Fb/pods",
-                Want {
-                    verb: "get",
-                    namespace: "a",
-                    resource: "b",
-                    name: "pods",
-                    parts: &["b", "pods"],
-                    ..CORE
-                },
-            ),
-            (
-                "/api/v1/pods/a+b",
-                Want { verb: "get", resource: "pods", name: "a+b", parts: &["pods", "a+b"], ..CORE },
-            ),
-            (
-                "/api/v1/pods/caf%C3%A9",
-                Want { verb: "get", resource: "pods", name: "café", parts: &["pods", "café"], ..CORE },
-            ),
-            (
-                "/api/v1/pods/%FF",
-                Want {
-                    verb: "get",
-                    resource: "pods",
-                    name: "\u{FFFD}",
-                    parts: &["pods", "\u{FFFD}"],
-                    ..CORE
-                },
-            ),
-        ];
-        for (url, want) in rows {
-            assert_want("GET", url, want);
-        }
+            ("GET", "/api/v1/namespaces/a%2Fb/pods", Want { verb: "get", namespace: "a", resource: "b", name: "pods", parts: &["b", "pods"], ..CORE }),
+            ("GET", "/api/v1/pods/a+b", Want { verb: "get", resource: "pods", name: "a+b", parts: &["pods", "a+b"], ..CORE }),
+            ("GET", "/api/v1/pods/caf%C3%A9", Want { verb: "get", resource: "pods", name: "café", parts: &["pods", "café"], ..CORE }),
+            ("GET", "/api/v1/pods/%FF", Want { verb: "get", resource: "pods", name: "\u{FFFD}", parts: &["pods", "\u{FFFD}"], ..CORE }),
+        ]);
     }
 
     #[test]
@@ -1728,12 +1242,10 @@ mod tests {
     #[test]
     fn watch_parameter() {
         for &(query, verb) in WATCH_ROWS {
-            with_info("GET", &format!("/api/v1/pods?{query}"), |info| {
-                assert_eq!(info.verb, verb, "?{query}")
-            });
-            with_info("HEAD", &format!("/api/v1/pods?{query}"), |info| {
-                assert_eq!(info.verb, verb, "HEAD ?{query}")
-            });
+            for method in ["GET", "HEAD"] {
+                let target = format!("/api/v1/pods?{query}");
+                with_info(method, &target, |info| assert_eq!(info.verb, verb, "{method} ?{query}"));
+            }
         }
         // A named get ignores ?watch.
         with_info("GET", "/api/v1/pods/p?watch=1", |info| assert_eq!(info.verb, "get"));
@@ -1750,6 +1262,7 @@ mod tests {
     }
 
     /// (query, name, verb) on `GET /apis/group/version/resource`.
+    #[rustfmt::skip]
     const FIELD_NAME_ROWS: &[(&str, &str, &str)] = &[
         ("fieldSelector=metadata.name=name1", "name1", "list"),
         ("watch=true&fieldSelector=metadata.name=name1", "name1", "watch"),
@@ -1805,11 +1318,7 @@ mod tests {
         ("fieldSelector=metadata.name=foo&timeoutSeconds=30", "foo", "list"),
         ("fieldSelector=metadata.name=foo&timeoutSeconds=", "", "list"),
         ("fieldSelector=metadata.name=foo&timeoutSeconds=1.5&watch=1", "", "watch"),
-        (
-            "fieldSelector=metadata.name=foo&resourceVersion=x&continue=y&resourceVersionMatch=z",
-            "foo",
-            "list",
-        ),
+        ("fieldSelector=metadata.name=foo&resourceVersion=x&continue=y&resourceVersionMatch=z", "foo", "list"),
         ("fieldSelector=metadata.name=foo&sendInitialEvents=maybe&allowWatchBookmarks=x", "foo", "list"),
     ];
 
@@ -1823,114 +1332,39 @@ mod tests {
         }
     }
 
+    /// (method, url, name, verb, fieldSelector, labelSelector): upstream's TestSelectorParsing
+    /// shapes, then more.
+    #[rustfmt::skip]
+    const SELECTOR_ROWS: &[(&str, &str, &str, &str, &str, &str)] = &[
+        ("GET", "/apis/group/version/resource", "", "list", "", ""),
+        ("GET", "/apis/group/version/resource?fieldSelector=metadata.name=name1", "name1", "list", "metadata.name=name1", ""),
+        ("GET", "/apis/group/version/resource?watch=true&fieldSelector=metadata.name=name1", "name1", "watch", "metadata.name=name1", ""),
+        ("GET", "/apis/group/version/resource?fieldSelector=foo=bar&labelSelector=baz=qux", "", "list", "foo=bar", "baz=qux"),
+        ("GET", "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo", "", "list", "metadata.name=name1,foo", ""),
+        ("GET", "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=true", "", "watch", "metadata.name=name1,foo", ""),
+        ("GET", "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=false", "", "list", "metadata.name=name1,foo", ""),
+        ("DELETE", "/apis/group/version/resource?fieldSelector=foo=bar&labelSelector=baz=qux", "", "deletecollection", "foo=bar", "baz=qux"),
+        ("GET", "/apis/group/version/resource?fieldSelector=metadata.name=foo&fieldSelector=metadata.name=bar&labelSelector=foo=bar&labelSelector=foo=baz", "foo", "list", "metadata.name=foo", "foo=bar"),
+        ("GET", "/apis/group/version/resource/name?fieldSelector=foo=bar&labelSelector=foo=bar", "name", "get", "", ""),
+        ("GET", "/apis/group/version/watch/resource?fieldSelector=metadata.name=foo&labelSelector=foo=bar", "", "watch", "", ""),
+        ("GET", "/apis/group/version/watch/resource/name?fieldSelector=metadata.name=foo&labelSelector=foo=bar", "name", "watch", "", ""),
+        // Recorded unescaped, and even when they do not parse.
+        ("GET", "/api/v1/pods?labelSelector=app+in+%28a%2Cb%29", "", "list", "", "app in (a,b)"),
+        ("GET", "/api/v1/pods?labelSelector=!!&fieldSelector=x", "", "list", "x", "!!"),
+        ("GET", "/api/v1/pods?fieldSelector=&labelSelector=", "", "list", "", ""),
+        ("GET", "/api/v1/pods?fieldSelector=%FF", "", "list", "\u{FFFD}", ""),
+        ("GET", "/api/v1/pods?fieldSelector=a%3Db&fieldSelector=c", "", "list", "a=b", ""),
+        ("GET", "/api/v1/pods?fieldSelector;=a&fieldSelector=c", "", "list", "c", ""),
+        ("POST", "/api/v1/pods?fieldSelector=a=b&labelSelector=c", "", "create", "", ""),
+        ("PUT", "/api/v1/pods/p?fieldSelector=a=b", "p", "update", "", ""),
+        ("DELETE", "/api/v1/pods/p?fieldSelector=a=b", "p", "delete", "", ""),
+        ("GET", "/api/v1/proxy/pods/p?fieldSelector=a=b", "p", "proxy", "", ""),
+        ("OPTIONS", "/api/v1/pods?fieldSelector=a=b", "", "", "", ""),
+    ];
+
     #[test]
     fn selectors_are_recorded() {
-        // (method, url, name, verb, fieldSelector, labelSelector): upstream's TestSelectorParsing
-        // shapes, then more.
-        let rows: &[(&str, &str, &str, &str, &str, &str)] = &[
-            ("GET", "/apis/group/version/resource", "", "list", "", ""),
-            (
-                "GET",
-                "/apis/group/version/resource?fieldSelector=metadata.name=name1",
-                "name1",
-                "list",
-                "metadata.name=name1",
-                "",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource?watch=true&fieldSelector=metadata.name=name1",
-                "name1",
-                "watch",
-                "metadata.name=name1",
-                "",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource?fieldSelector=foo=bar&labelSelector=baz=qux",
-                "",
-                "list",
-                "foo=bar",
-                "baz=qux",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo",
-                "",
-                "list",
-                "metadata.name=name1,foo",
-                "",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=true",
-                "",
-                "watch",
-                "metadata.name=name1,foo",
-                "",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource?fieldSelector=metadata.name=name1,foo&watch=false",
-                "",
-                "list",
-                "metadata.name=name1,foo",
-                "",
-            ),
-            (
-                "DELETE",
-                "/apis/group/version/resource?fieldSelector=foo=bar&labelSelector=baz=qux",
-                "",
-                "deletecollection",
-                "foo=bar",
-                "baz=qux",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource?fieldSelector=metadata.name=foo&fieldSelector=metadata.name=bar&labelSelector=foo=bar&labelSelector=foo=baz",
-                "foo",
-                "list",
-                "metadata.name=foo",
-                "foo=bar",
-            ),
-            (
-                "GET",
-                "/apis/group/version/resource/name?fieldSelector=foo=bar&labelSelector=foo=bar",
-                "name",
-                "get",
-                "",
-                "",
-            ),
-            (
-                "GET",
-                "/apis/group/version/watch/resource?fieldSelector=metadata.name=foo&labelSelector=foo=bar",
-                "",
-                "watch",
-                "",
-                "",
-            ),
-            (
-                "GET",
-                "/apis/group/version/watch/resource/name?fieldSelector=metadata.name=foo&labelSelector=foo=bar",
-                "name",
-                "watch",
-                "",
-                "",
-            ),
-            // Recorded unescaped, and even when they do not parse.
-            ("GET", "/api/v1/pods?labelSelector=app+in+%28a%2Cb%29", "", "list", "", "app in (a,b)"),
-            ("GET", "/api/v1/pods?labelSelector=!!&fieldSelector=x", "", "list", "x", "!!"),
-            ("GET", "/api/v1/pods?fieldSelector=&labelSelector=", "", "list", "", ""),
-            ("GET", "/api/v1/pods?fieldSelector=%FF", "", "list", "\u{FFFD}", ""),
-            ("GET", "/api/v1/pods?fieldSelector=a%3Db&fieldSelector=c", "", "list", "a=b", ""),
-            ("GET", "/api/v1/pods?fieldSelector;=a&fieldSelector=c", "", "list", "c", ""),
-            ("POST", "/api/v1/pods?fieldSelector=a=b&labelSelector=c", "", "create", "", ""),
-            ("PUT", "/api/v1/pods/p?fieldSelector=a=b", "p", "update", "", ""),
-            ("DELETE", "/api/v1/pods/p?fieldSelector=a=b", "p", "delete", "", ""),
-            ("GET", "/api/v1/proxy/pods/p?fieldSelector=a=b", "p", "proxy", "", ""),
-            ("OPTIONS", "/api/v1/pods?fieldSelector=a=b", "", "", "", ""),
-        ];
-        for &(method, url, name, verb, field, label) in rows {
+        for &(method, url, name, verb, field, label) in SELECTOR_ROWS {
             with_info(method, url, |info| {
                 let got = (&*info.name, &*info.verb, &*info.field_selector, &*info.label_selector);
                 assert_eq!(got, (name, verb, field, label), "{method} {url}");
@@ -1939,108 +1373,34 @@ mod tests {
         }
     }
 
+    #[rustfmt::skip]
+    const VALID_LABEL_SELECTORS: &[&[u8]] = &[
+        b"", b"   ", b"a", b"a=b", b"a==b", b"a!=b", b"a=", b"a==", b" a = b ", b"a=b,c!=d,e",
+        b"a in (b,c)", b"a notin (b)", b"a in ()", b"a in (,)", b"a in (b,)", b"a in (,b)", b"a in (b,,c)",
+        b"a in(b)", b"x in (in)", b"in", b"notin=x", b"in in (notin)", b"!a", b"! a", b"!a,b", b"a>1",
+        b"a<10", b"a>0", b"a>007", b"example.com/a=b", b"a.b-c_d=E.f-G_h", b"k8s.io/app-name", b"a=b\t",
+        b"A=B", b"a=9223372036854775807", b"a>9223372036854775807",
+        // Go's lexer reads a NUL as the end of input where a token would start, and swallows a
+        // NUL right after a token.
+        b"\0garbage", b"a=b\0\0!!!", b"a\0", b"a,b\0\0,", b"a \0!", b"a,\0b",
+    ];
+
+    #[rustfmt::skip]
+    const INVALID_LABEL_SELECTORS: &[&[u8]] = &[
+        b",", b"a,", b",a", b"!", b"!!a", b"!a=b", b"!a in (b)", b"a=b=c", b"a b", b"a in", b"a in b",
+        b"a in (b", b"a in (b c)", b"a in ((b))", b"a notin", b"a>", b"a>b", b"a>-1", b"a<+1",
+        b"a>9223372036854775808", b"a=>b", b"a<=1", b"a>=1", b"-a", b"a-", b"_a", b"a/b/c", b"/a", b"a/",
+        b"A.B/c", b"a..b/c", b"-a.com/c", b"a=b c", b"(a)", b"a=(b)", b"a=-b", b"a=b-", b"a!b", b"a=b\tc",
+        b"a=\xC3\xA9", b"\xC3\xA9", b"a==b==c", b"a=,", b"a in (b),", b")", b"a=!", b"a in (!)",
+        b"a=b\0!!!", b"a,b\0,", b"a,\0\0b",
+    ];
+
     #[test]
     fn label_selector_grammar() {
-        let valid: &[&[u8]] = &[
-            b"",
-            b"   ",
-            b"a",
-            b"a=b",
-            b"a==b",
-            b"a!=b",
-            b"a=",
-            b"a==",
-            b" a = b ",
-            b"a=b,c!=d,e",
-            b"a in (b,c)",
-            b"a notin (b)",
-            b"a in ()",
-            b"a in (,)",
-            b"a in (b,)",
-            b"a in (,b)",
-            b"a in (b,,c)",
-            b"a in(b)",
-            b"x in (in)",
-            b"in",
-            b"notin=x",
-            b"in in (notin)",
-            b"!a",
-            b"! a",
-            b"!a,b",
-            b"a>1",
-            b"a<10",
-            b"a>0",
-            b"a>007",
-            b"example.com/a=b",
-            b"a.b-c_d=E.f-G_h",
-            b"k8s.io/app-name",
-            b"a=b\t",
-            b"\0garbage",
-            b"a=b\0\0!!!",
-            b"a\0",
-            b"a,b\0\0,",
-            b"a \0!",
-            b"a,\0b",
-            b"A=B",
-            b"a=9223372036854775807",
-            b"a>9223372036854775807",
-        ];
-        for s in valid {
+        for s in VALID_LABEL_SELECTORS {
             assert!(is_valid_label_selector(s), "should parse: {:?}", String::from_utf8_lossy(s));
         }
-        let invalid: &[&[u8]] = &[
-            b",",
-            b"a,",
-            b",a",
-            b"!",
-            b"!!a",
-            b"!a=b",
-            b"!a in (b)",
-            b"a=b=c",
-            b"a b",
-            b"a in",
-            b"a in b",
-            b"a in (b",
-            b"a in (b c)",
-            b"a in ((b))",
-            b"a notin",
-            b"a>",
-            b"a>b",
-            b"a>-1",
-            b"a<+1",
-            b"a>9223372036854775808",
-            b"a=>b",
-            b"a<=1",
-            b"a>=1",
-            b"-a",
-            b"a-",
-            b"_a",
-            b"a/b/c",
-            b"/a",
-            b"a/",
-            b"A.B/c",
-            b"a..b/c",
-            b"-a.com/c",
-            b"a=b c",
-            b"(a)",
-            b"a=(b)",
-            b"a=-b",
-            b"a=b-",
-            b"a!b",
-            b"a=b\tc",
-            b"a=b\0!!!",
-            b"a,b\0,",
-            b"a=\xC3\xA9",
-            b"\xC3\xA9",
-            b"a,\0\0b",
-            b"a==b==c",
-            b"a=,",
-            b"a in (b),",
-            b")",
-            b"a=!",
-            b"a in (!)",
-        ];
-        for s in invalid {
+        for s in INVALID_LABEL_SELECTORS {
             assert!(!is_valid_label_selector(s), "should not parse: {:?}", String::from_utf8_lossy(s));
         }
         let name63 = "a".repeat(63);
@@ -2089,9 +1449,9 @@ mod tests {
         assert_eq!(decode_path("/caf%C3%A9").unwrap(), "/café");
         assert_eq!(decode_path("/%FF%FE").unwrap(), "/\u{FFFD}\u{FFFD}");
         assert_eq!(decode_path("/é").unwrap(), "/é");
-        for (raw, seq) in
-            [("/%zz", "%zz"), ("/%4", "%4"), ("%", "%"), ("/a%2", "%2"), ("/%g1x", "%g1"), ("/%%41", "%%4")]
-        {
+        let bad =
+            [("/%zz", "%zz"), ("/%4", "%4"), ("%", "%"), ("/a%2", "%2"), ("/%g1x", "%g1"), ("/%%41", "%%4")];
+        for (raw, seq) in bad {
             let err = decode_path(raw).unwrap_err();
             assert_eq!(err.to_string(), format!("invalid URL escape {seq:?}"), "{raw}");
         }
@@ -2108,24 +1468,19 @@ mod tests {
     }
 
     #[test]
+    #[rustfmt::skip]
     fn json_shape() {
-        let json = with_info(
-            "GET",
-            "/apis/apps/v1/namespaces/ns/deployments?fieldSelector=metadata.name%3Dd&labelSelector=a",
-            |info| serde_json::to_string(info).unwrap(),
-        );
+        let json = |method, target| with_info(method, target, |info| serde_json::to_string(info).unwrap());
         assert_eq!(
-            json,
+            json("GET", "/apis/apps/v1/namespaces/ns/deployments?fieldSelector=metadata.name%3Dd&labelSelector=a"),
             r#"{"isResourceRequest":true,"path":"/apis/apps/v1/namespaces/ns/deployments","verb":"list","apiPrefix":"apis","apiGroup":"apps","apiVersion":"v1","namespace":"ns","resource":"deployments","subresource":"","name":"d","parts":["deployments"],"fieldSelector":"metadata.name=d","labelSelector":"a"}"#
         );
-        let json = with_info("GET", "/healthz", |info| serde_json::to_string(info).unwrap());
         assert_eq!(
-            json,
+            json("GET", "/healthz"),
             r#"{"isResourceRequest":false,"path":"/healthz","verb":"get","apiPrefix":"","apiGroup":"","apiVersion":"","namespace":"","resource":"","subresource":"","name":"","parts":[],"fieldSelector":"","labelSelector":""}"#
         );
-        let json = with_info("GET", "/api/v1/watch", |info| serde_json::to_string(info).unwrap());
         assert_eq!(
-            json,
+            json("GET", "/api/v1/watch"),
             r#"{"isResourceRequest":true,"path":"/api/v1/watch","verb":"get","apiPrefix":"api","apiGroup":"","apiVersion":"v1","namespace":"","resource":"","subresource":"","name":"","parts":[],"fieldSelector":"","labelSelector":"","error":"unable to determine kind and namespace from url, /api/v1/watch"}"#
         );
     }
@@ -2165,19 +1520,13 @@ mod tests {
         assert!(!equal_fold_false(b""));
         assert!(!lowercases_to_false("fal\u{17F}e".as_bytes()));
         assert!(is_go_int64(b"-0") && is_go_int64(b"+12") && is_go_int64(b"007"));
-        assert!(
-            !is_go_int64(b"")
-                && !is_go_int64(b"+")
-                && !is_go_int64(b"-")
-                && !is_go_int64(b" 1")
-                && !is_go_int64(b"0x1")
-        );
+        for bad in [&b""[..], b"+", b"-", b" 1", b"0x1", b"1 "] {
+            assert!(!is_go_int64(bad), "{bad:?}");
+        }
         assert!(is_valid_path_segment_name("a.b") && is_valid_path_segment_name(""));
-        assert!(
-            !is_valid_path_segment_name(".")
-                && !is_valid_path_segment_name("a/b")
-                && !is_valid_path_segment_name("%")
-        );
+        for bad in [".", "..", "a/b", "%", "a%20"] {
+            assert!(!is_valid_path_segment_name(bad), "{bad}");
+        }
         assert_eq!(Segments("a//b").iter().collect::<Vec<_>>(), ["a", "", "b"]);
         assert_eq!(Segments("").iter().count(), 0);
         assert!(Segments("a/b").has(2) && !Segments("a/b").has(3) && Segments("").has(0));
@@ -2197,76 +1546,73 @@ mod prop {
         is_valid_path_segment_name, split_target, verb_for_method,
     };
 
-    /// Go's structural parse over an owned segment list, to check the zero-copy walk against.
-    fn reference(
-        method: &str,
-        path: &str,
-    ) -> (bool, String, String, String, String, String, String, Vec<String>, bool) {
+    /// What the path alone decides, owned so a reference model can produce it.
+    #[derive(Debug, Default, PartialEq)]
+    struct Shape {
+        resource_request: bool,
+        group: String,
+        version: String,
+        namespace: String,
+        resource: String,
+        subresource: String,
+        name: String,
+        parts: Vec<String>,
+        error: bool,
+    }
+
+    impl Shape {
+        fn of(info: &RequestInfo<'_>) -> Self {
+            Shape {
+                resource_request: info.is_resource_request,
+                group: info.api_group.into(),
+                version: info.api_version.into(),
+                namespace: info.namespace.into(),
+                resource: info.resource.into(),
+                subresource: info.subresource.into(),
+                name: info.name.to_string(),
+                parts: info.parts().map(str::to_owned).collect(),
+                error: info.error.is_some(),
+            }
+        }
+    }
+
+    /// Go's structural parse, written naively over an owned segment list, to check the zero-copy
+    /// walk against.
+    fn reference(method: &str, path: &str) -> Shape {
         let trimmed = path.trim_matches('/');
         let mut parts: Vec<&str> = if trimmed.is_empty() { vec![] } else { trimmed.split('/').collect() };
-        let none = (
-            false,
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            String::new(),
-            vec![],
-            false,
-        );
         if parts.len() < 3 || !(parts[0] == "api" || parts[0] == "apis") {
-            return none;
+            return Shape::default();
         }
         let prefix = parts.remove(0);
-        let mut group = "";
+        let mut shape = Shape { resource_request: true, ..Shape::default() };
         if prefix == "apis" {
             if parts.len() < 3 {
-                return none;
+                return Shape::default();
             }
-            group = parts.remove(0);
+            shape.group = parts.remove(0).into();
         }
-        let version = parts.remove(0);
+        shape.version = parts.remove(0).into();
         let mut verb = verb_for_method(method);
         if parts[0] == "watch" || parts[0] == "proxy" {
             if parts.len() < 2 {
-                return (
-                    true,
-                    group.into(),
-                    version.into(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    vec![],
-                    true,
-                );
+                return Shape { error: true, ..shape };
             }
             verb = if parts[0] == "watch" { "watch" } else { "proxy" };
             parts.remove(0);
         }
-        let mut namespace = "";
         if parts[0] == "namespaces" && parts.len() > 1 {
-            namespace = parts[1];
+            shape.namespace = parts[1].into();
             if parts.len() > 2 && parts[2] != "status" && parts[2] != "finalize" {
                 parts.drain(..2);
             }
         }
-        let resource = parts.first().copied().unwrap_or("");
-        let name = parts.get(1).copied().unwrap_or("");
-        let subresource = if verb == "proxy" { "" } else { parts.get(2).copied().unwrap_or("") };
-        let owned = parts.iter().map(|p| p.to_string()).collect();
-        (
-            true,
-            group.into(),
-            version.into(),
-            namespace.into(),
-            resource.into(),
-            subresource.into(),
-            name.into(),
-            owned,
-            false,
-        )
+        let part = |i: usize| parts.get(i).copied().unwrap_or("").to_owned();
+        shape.resource = part(0);
+        shape.name = part(1);
+        shape.subresource = if verb == "proxy" { String::new() } else { part(2) };
+        shape.parts = parts.iter().map(|p| p.to_string()).collect();
+        shape
     }
 
     const KNOWN_VERBS: &[&str] =
@@ -2408,17 +1754,7 @@ mod prop {
 
         #[test]
         fn path_walk_matches_reference(method in method(), path in path()) {
-            let info = RequestInfo::parse(&method, &path, "");
-            let (resource_request, group, version, namespace, resource, subresource, name, parts, error) = reference(&method, &path);
-            prop_assert_eq!(info.is_resource_request, resource_request);
-            prop_assert_eq!(info.api_group, group);
-            prop_assert_eq!(info.api_version, version);
-            prop_assert_eq!(info.namespace, namespace);
-            prop_assert_eq!(info.resource, resource);
-            prop_assert_eq!(info.subresource, subresource);
-            prop_assert_eq!(&*info.name, name);
-            prop_assert_eq!(info.parts().collect::<Vec<_>>(), parts);
-            prop_assert_eq!(info.error.is_some(), error);
+            prop_assert_eq!(Shape::of(&RequestInfo::parse(&method, &path, "")), reference(&method, &path));
         }
 
         #[test]

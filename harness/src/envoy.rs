@@ -13,9 +13,19 @@ use skewgate::envoy::write_atomic;
 
 use crate::paths;
 
+/// Which shipped bootstrap to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Config {
+    /// `envoy-config/bootstrap.yaml`: the skewgate filter, table from ECDS.
+    Skewgate,
+    /// `envoy-config/plain-lb.yaml`: no filter, every request to this pool cluster.
+    PlainLb { pool_cluster: String },
+}
+
 /// What the bootstrap template needs.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    pub config: Config,
     pub dir: PathBuf,
     pub listen_port: u16,
     pub admin_port: u16,
@@ -56,9 +66,14 @@ pub fn render(template: &str, values: &BTreeMap<&str, String>) -> Result<String>
 }
 
 pub fn render_bootstrap(s: &Settings) -> Result<String> {
-    let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
+    let (file, pool) = match &s.config {
+        Config::Skewgate => ("bootstrap.yaml", String::new()),
+        Config::PlainLb { pool_cluster } => ("plain-lb.yaml", pool_cluster.clone()),
+    };
+    let template = std::fs::read_to_string(paths::envoy_config_dir().join(file))?;
     let p = |p: &Path| p.display().to_string();
     let values = BTreeMap::from([
+        ("POOL_CLUSTER", pool),
         ("ADMIN_PORT", s.admin_port.to_string()),
         ("LISTEN_ADDRESS", "127.0.0.1".to_string()),
         ("LISTEN_PORT", s.listen_port.to_string()),
@@ -93,7 +108,7 @@ pub fn validate(bootstrap: &Path) -> Result<()> {
 /// A running Envoy; killed when dropped.
 pub struct Envoy {
     pub settings: Settings,
-    child: Child,
+    pub child: Child,
     log: PathBuf,
     http: reqwest::Client,
 }

@@ -5,6 +5,7 @@
 //! server ID as local; everything else follows upstream's `peer_aggregated_handler.go`.
 
 mod etag;
+mod legacy;
 mod merge;
 mod model;
 mod order;
@@ -13,6 +14,11 @@ mod order;
 mod fixtures;
 
 pub use etag::etag;
+pub use legacy::{
+    ApiGroup, ApiGroupList, ApiResource, ApiResourceList, ApiVersions, GroupVersionForDiscovery,
+    KIND_API_GROUP_LIST, KIND_API_RESOURCE_LIST, KIND_API_VERSIONS, core_group_list,
+    group_from_resource_lists,
+};
 pub use merge::merge_peer_discovery;
 pub use model::{
     ApiGroupDiscovery, ApiGroupDiscoveryList, ApiResourceDiscovery, ApiSubresourceDiscovery,
