@@ -19,6 +19,7 @@ use crate::root::Active;
 pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
 /// Selects the route: `long-running` has no timeout (watches, exec, logs).
 pub const ROUTE_HEADER: &str = "x-skewgate-route";
+pub const LONG_RUNNING: &str = "long-running";
 
 pub struct Http {
     active: Option<Rc<Active>>,
@@ -90,8 +91,11 @@ impl HttpContext for Http {
             }
             decision::Action::Route(route) => {
                 host::set_request_header(CLUSTER_HEADER, Some(route.cluster));
-                let class = if route.long_running { "long-running" } else { "default" };
-                host::set_request_header(ROUTE_HEADER, Some(class));
+                // Every host call costs a few µs; most requests take the default route, and a
+                // client that names the long-running route itself only drops its own timeout.
+                if route.long_running {
+                    host::set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
+                }
                 if route.rerouted {
                     host::set_request_header(PEER_PROXIED, Some("true"));
                     if let Some(id) = self.gvr_id {

@@ -538,7 +538,8 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
     let f = Fixture::start("hostile").await?;
     let t = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
     let long_path = format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", "n".repeat(16 * 1024));
-    let many_params = format!("{CLAIMS_V1}?{}", (0..1000).map(|i| format!("p{i}=v")).collect::<Vec<_>>().join("&"));
+    let many_params =
+        format!("{CLAIMS_V1}?{}", (0..1000).map(|i| format!("p{i}=v")).collect::<Vec<_>>().join("&"));
     let flood: String = (0..90).map(|i| format!("X-Remote-Extra-K{i}: v\r\n")).collect();
     let paths: Vec<(String, String)> = vec![
         ("/apis/resource.k8s.io/v1/namespaces/../../../api/v1/pods".into(), String::new()),
@@ -552,14 +553,23 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
         (long_path, String::new()),
         (many_params, String::new()),
         (CLAIMS_V1.into(), format!("X-Remote-User: admin\r\n{flood}")),
-        ("/apis/resource.k8s.io/v1/resourceclaims?watch=true&watch=false&fieldSelector=metadata.name%3D..".into(), String::new()),
+        (
+            "/apis/resource.k8s.io/v1/resourceclaims?watch=true&watch=false&fieldSelector=metadata.name%3D.."
+                .into(),
+            String::new(),
+        ),
     ];
     let mut requests: Vec<Vec<u8>> = paths
         .iter()
-        .map(|(p, extra)| format!("GET {p} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").into_bytes())
+        .map(|(p, extra)| {
+            format!("GET {p} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").into_bytes()
+        })
         .collect();
     requests.push(b"GET /apis/resource.k8s.io/v1/\xff\xfe/resourceclaims HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec());
-    requests.push(b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Remote-User: \xc3\x28\r\nConnection: close\r\n\r\n".to_vec());
+    requests.push(
+        b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Remote-User: \xc3\x28\r\nConnection: close\r\n\r\n"
+            .to_vec(),
+    );
     for request in &requests {
         let shown = String::from_utf8_lossy(&request[..request.len().min(120)]).into_owned();
         let (status, body) = raw_request(&f, request).await.with_context(|| shown.clone())?;
@@ -584,7 +594,11 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
     let stats = f.envoy.stats().await?;
     let trouble: Vec<_> = stats
         .iter()
-        .filter(|(k, v)| k.starts_with("wasm.") && (k.contains("fail") || k.contains("reload") || k.contains("crash")) && **v > 0)
+        .filter(|(k, v)| {
+            k.starts_with("wasm.")
+                && (k.contains("fail") || k.contains("reload") || k.contains("crash"))
+                && **v > 0
+        })
         .collect();
     assert!(trouble.is_empty(), "wasm VM trouble: {trouble:?}");
     // Still routing normally afterwards.

@@ -93,13 +93,11 @@ pub fn explain(table: &RoutingTable, req: &Request) -> Value {
 /// What the filter removes and sets on the way upstream.
 fn header_edits(req: &Request, d: &decision::Decision<'_, '_>, route: &decision::Route<'_>) -> Value {
     let removed: Vec<&str> = req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
-    let mut set: Vec<(String, Cow<'_, str>)> = vec![
-        ("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster)),
-        (
-            "x-skewgate-route".into(),
-            Cow::Borrowed(if route.long_running { "long-running" } else { "default" }),
-        ),
-    ];
+    let mut set: Vec<(String, Cow<'_, str>)> =
+        vec![("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster))];
+    if route.long_running {
+        set.push(("x-skewgate-route".into(), Cow::Borrowed("long-running")));
+    }
     if route.rerouted {
         set.push((PEER_PROXIED.into(), Cow::Borrowed("true")));
     }

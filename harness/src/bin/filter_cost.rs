@@ -85,6 +85,17 @@ async fn main() -> Result<()> {
     .await?;
     let skewgate = Envoy::start(settings(Config::Skewgate, "skewgate")?, &cds, &ecds).await?;
     tokio::time::sleep(Duration::from_secs(3)).await; // first health checks
+    // Envoy gets a core of its own, wrk and the upstreams share the other (run this binary under
+    // `taskset -c 0`): contention otherwise moves CPU/request by ±10 µs between runs.
+    if std::env::var_os("SKEWGATE_PIN").is_some() {
+        for envoy in [&plain, &skewgate] {
+            let pid = envoy.child.id().to_string();
+            let ok = Command::new("taskset").args(["-a", "-cp", "1", &pid]).output()?.status.success();
+            if !ok {
+                bail!("taskset failed for pid {pid}");
+            }
+        }
+    }
 
     let cells: [(&str, &Envoy, &str); 3] = [
         ("plain LB, pods", &plain, PODS),
