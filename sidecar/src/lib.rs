@@ -1,5 +1,18 @@
-//! The `skewgate` command: `explain` a routing decision, and the Envoy resources the sidecar
-//! writes.
+//! The `skewgate` command and library: `explain` a routing decision, build and show routing
+//! tables, and `sync` — the discovery sidecar that keeps Envoy's table current.
 
+pub mod admin;
+pub mod config;
+pub mod duration;
 pub mod envoy;
 pub mod explain;
+pub mod fetch;
+pub mod metrics;
+pub mod offline;
+pub mod push;
+pub mod routing;
+pub mod serve;
+pub mod skew;
+pub mod sync;
+#[cfg(test)]
+pub mod testing;

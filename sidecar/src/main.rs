@@ -1,8 +1,15 @@
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
+use serde_json::json;
+use skewgate::config::{Overrides, SyncConfig};
 use skewgate::explain::{self, Request};
+use skewgate::offline::Spec;
+use skewgate::sync::{Standing, SyncReport};
+use skewgate::{envoy, offline, skew, sync};
+use tracing_subscriber::EnvFilter;
 
 /// skewgate: GVR-aware routing for kube-apiservers of mixed versions, at the Envoy edge.
 #[derive(Debug, Parser)]
@@ -10,6 +17,12 @@ use skewgate::explain::{self, Request};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -33,36 +46,284 @@ enum Command {
         /// Path and query, e.g. /apis/resource.k8s.io/v1/namespaces/default/resourceclaims?watch=1
         path: String,
     },
+    /// The discovery sidecar: poll every apiserver's discovery and keep Envoy's cds.json and
+    /// ecds.json current. Logs go to stderr (RUST_LOG filters, default info).
+    Sync {
+        /// Configuration file, .json or .toml.
+        #[arg(long)]
+        config: PathBuf,
+        /// One sync, print its report as JSON, exit (0: Envoy's files hold the table).
+        #[arg(long)]
+        once: bool,
+        /// Overrides envoy.dir.
+        #[arg(long)]
+        envoy_dir: Option<PathBuf>,
+        /// Overrides envoy.wasm.
+        #[arg(long)]
+        wasm: Option<PathBuf>,
+        /// Overrides envoy.adminUrl.
+        #[arg(long)]
+        admin_url: Option<String>,
+        /// Overrides pollPeriod, e.g. 5s.
+        #[arg(long)]
+        poll_period: Option<String>,
+        /// Overrides gracePeriod, e.g. 30s.
+        #[arg(long)]
+        grace_period: Option<String>,
+        /// Overrides listen, e.g. 127.0.0.1:9090.
+        #[arg(long)]
+        listen: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        log_format: Format,
+    },
+    /// Build a routing table from saved discovery (--discovery), or show the skew of a table
+    /// (--table FILE, or --config FILE to fetch it live): GVR × apiserver, rerouted rows first.
+    #[command(group(ArgGroup::new("source").required(true).args(["discovery", "config", "table"])))]
+    Table {
+        /// Build mode, one per apiserver in order: ID=APIS_FILE[,API_FILE], the saved
+        /// `kubectl get --raw /apis` (aggregated, nopeer) and optionally `/api` or `/api/v1`.
+        #[arg(long = "discovery", value_name = "ID=APIS[,API]")]
+        discovery: Vec<Spec>,
+        /// Build mode: write the table here and show its skew; without it the table goes to stdout.
+        #[arg(long, value_name = "TABLE", conflicts_with_all = ["config", "table"])]
+        out: Option<PathBuf>,
+        /// Show mode: fetch every apiserver's discovery once, with this `skewgate sync` config.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Show mode: a routing table, or an ecds.json that carries one.
+        #[arg(long, value_name = "FILE")]
+        table: Option<PathBuf>,
+        /// How to show the skew.
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
 }
 
-fn main() -> ExitCode {
+#[tokio::main]
+async fn main() -> ExitCode {
     match Cli::parse().command {
         Command::Explain { table, accept, headers, client_cert_subject, method, path } => {
-            let table = match std::fs::read(&table)
-                .map_err(|e| e.to_string())
-                .and_then(|bytes| explain::load_table(&bytes))
-            {
-                Ok(t) => t,
+            explain_command(table, accept, headers, client_cert_subject, method, path)
+        }
+        Command::Sync {
+            config,
+            once,
+            envoy_dir,
+            wasm,
+            admin_url,
+            poll_period,
+            grace_period,
+            listen,
+            log_format,
+        } => {
+            init_logs(log_format);
+            let overrides = Overrides { envoy_dir, wasm, admin_url, poll_period, grace_period, listen };
+            let config = match SyncConfig::load(&config, &overrides) {
+                Ok(c) => c,
                 Err(e) => {
-                    eprintln!("skewgate explain: {}: {e}", table.display());
+                    eprintln!("skewgate sync: {}: {e}", config.display());
                     return ExitCode::from(2);
                 }
             };
-            let mut parsed = Vec::with_capacity(headers.len() + 1);
-            for h in &headers {
-                let Some((name, value)) = h.split_once(':') else {
-                    eprintln!("skewgate explain: --header {h:?}: expected NAME:VALUE");
-                    return ExitCode::from(2);
-                };
-                parsed.push((name.trim().to_string(), value.trim_start().to_string()));
-            }
-            if let Some(accept) = accept {
-                parsed.retain(|(n, _)| !n.eq_ignore_ascii_case("accept"));
-                parsed.push(("accept".into(), accept));
-            }
-            let req = Request { method, target: path, headers: parsed, client_cert_subject };
-            println!("{}", explain::explain(&table, &req));
-            ExitCode::SUCCESS
+            if once { sync_once(config).await } else { sync_forever(config).await }
+        }
+        Command::Table { discovery, out, config, table, format } => {
+            init_logs(Format::Text);
+            table_command(discovery, out, config, table, format).await
         }
     }
+}
+
+/// Writes to stdout; a closed pipe (`| head`) is not an error worth a panic.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+fn init_logs(format: Format) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    let _ = match format {
+        Format::Text => builder.try_init(),
+        Format::Json => builder.json().try_init(),
+    };
+}
+
+async fn sync_once(config: SyncConfig) -> ExitCode {
+    match sync::sync_once(config).await {
+        Ok(report) => {
+            emit(&format!("{}\n", report_json(&report)));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("skewgate sync: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn report_json(r: &SyncReport) -> serde_json::Value {
+    json!({
+        "generation": r.generation,
+        "changed": r.changed,
+        "gvrs": r.counts.gvrs,
+        "reroutedGvrs": r.counts.rerouted,
+        "tookMs": r.took.as_millis() as u64,
+        "apiservers": r.apiservers.iter().map(|a| json!({
+            "id": a.id,
+            "version": a.version,
+            "standing": match a.standing {
+                Standing::Current => "current",
+                Standing::Stale { .. } => "stale",
+                Standing::Dropped => "dropped",
+                Standing::Missing => "missing",
+            },
+            "legacy": a.legacy,
+            "error": a.error.as_ref().map(|e| e.to_string()),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+async fn sync_forever(config: SyncConfig) -> ExitCode {
+    match sync::run(config, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "skewgate sync failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn table_command(
+    discovery: Vec<Spec>,
+    out: Option<PathBuf>,
+    config: Option<PathBuf>,
+    table: Option<PathBuf>,
+    format: Format,
+) -> ExitCode {
+    let fail = |e: String| {
+        eprintln!("skewgate table: {e}");
+        ExitCode::FAILURE
+    };
+    let routing = if !discovery.is_empty() {
+        let built = match offline::build(&discovery) {
+            Ok(t) => t,
+            Err(e) => return fail(format!("{e:#}")),
+        };
+        let Ok(mut text) = serde_json::to_string_pretty(&built) else {
+            return fail("cannot serialise the table".into());
+        };
+        text.push('\n');
+        let Some(out) = out else {
+            emit(&text);
+            return ExitCode::SUCCESS;
+        };
+        if let Err(e) = envoy::write_atomic(&out, text.as_bytes()) {
+            return fail(format!("{}: {e}", out.display()));
+        }
+        match skewgate_core::table::RoutingTable::compile(built) {
+            Ok(t) => t,
+            Err(e) => return fail(e.to_string()),
+        }
+    } else if let Some(path) = config {
+        let config = match SyncConfig::load(&path, &Overrides::default()) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("skewgate table: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        };
+        let built = match sync::fetch_table(config).await {
+            Ok((t, reports)) => {
+                for r in reports.iter().filter(|r| r.error.is_some()) {
+                    let error = r.error.as_ref().map(|e| e.to_string()).unwrap_or_default();
+                    eprintln!("skewgate table: apiserver {} serves nothing here: {error}", r.id);
+                }
+                t
+            }
+            Err(e) => return fail(format!("{e:#}")),
+        };
+        match skewgate_core::table::RoutingTable::compile(built) {
+            Ok(t) => t,
+            Err(e) => return fail(e.to_string()),
+        }
+    } else if let Some(path) = table {
+        match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| explain::load_table(&b)) {
+            Ok(t) => t,
+            Err(e) => return fail(format!("{}: {e}", path.display())),
+        }
+    } else {
+        return fail("one of --discovery, --config, --table is required".into());
+    };
+    let matrix = skew::matrix(&routing);
+    match format {
+        Format::Text => {
+            let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            emit(&skew::render_text(&matrix, color));
+        }
+        Format::Json => emit(&format!("{}\n", skew::render_json(&matrix))),
+    }
+    ExitCode::SUCCESS
+}
+
+fn explain_command(
+    table: PathBuf,
+    accept: Option<String>,
+    headers: Vec<String>,
+    client_cert_subject: Option<String>,
+    method: String,
+    path: String,
+) -> ExitCode {
+    let table = match std::fs::read(&table)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| explain::load_table(&bytes))
+    {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("skewgate explain: {}: {e}", table.display());
+            return ExitCode::from(2);
+        }
+    };
+    let mut parsed = Vec::with_capacity(headers.len() + 1);
+    for h in &headers {
+        let Some((name, value)) = h.split_once(':') else {
+            eprintln!("skewgate explain: --header {h:?}: expected NAME:VALUE");
+            return ExitCode::from(2);
+        };
+        parsed.push((name.trim().to_string(), value.trim_start().to_string()));
+    }
+    if let Some(accept) = accept {
+        parsed.retain(|(n, _)| !n.eq_ignore_ascii_case("accept"));
+        parsed.push(("accept".into(), accept));
+    }
+    let req = Request { method, target: path, headers: parsed, client_cert_subject };
+    println!("{}", explain::explain(&table, &req));
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,416 @@
+//! Stand-in kube-apiservers: one process hosts several, each on its own loopback port with its
+//! own id and version profile, all sharing one [`Store`] (as real apiservers share etcd).
+//! Faithful enough that a real kubectl cannot tell for what skewgate routes: TLS with
+//! front-proxy / x509 / token authentication, aggregated and legacy discovery, OpenAPI v3,
+//! CRUD, list and watch with apiserver semantics, and upstream's Status errors.
+//!
+//! Every response carries `x-skewgate-served-by: <id>` so tests can see where a request went.
+
+mod auth;
+mod catalog;
+mod clock;
+mod discovery;
+mod objects;
+mod openapi;
+mod params;
+mod patch;
+mod profile;
+mod proto;
+mod reply;
+mod resources;
+mod reviews;
+mod selector;
+mod status;
+mod store;
+mod table;
+mod tls;
+mod watch;
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CACHE_CONTROL, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::json;
+use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+pub use auth::{Auth, Identity, Method as AuthMethod, Token};
+pub use profile::Profile;
+pub use store::{Key, Store};
+
+use crate::echo::SERVED_BY;
+use crate::pki::Pair;
+use catalog::Catalog;
+use reply::Reply;
+use status::Status;
+use tls::{PeerCert, Tls};
+
+/// Largest request body accepted (kube-apiserver's `MaxRequestBodyBytes`).
+pub const MAX_BODY: usize = 3 * 1024 * 1024;
+/// How many authenticated identities each stand-in remembers for tests.
+const IDENTITIES_KEPT: usize = 32;
+/// A client that neither starts nor finishes a TLS handshake in this time is dropped
+/// (Go's `http.Server` does the same with its handshake timeout).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Server shutdown waits this long for responses in flight.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One stand-in apiserver to start.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub id: String,
+    pub profile: Profile,
+    /// Port 0 picks a free one.
+    pub listen: SocketAddr,
+    pub serving: Pair,
+    pub auth: Auth,
+    /// How often watches that asked for bookmarks get one (upstream: about a minute; tests want
+    /// less).
+    pub bookmark_interval: Duration,
+}
+
+impl Options {
+    /// The default bookmark interval.
+    pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(15);
+}
+
+/// A running stand-in. Stops (ending its watches) on `shutdown().await` or when dropped.
+pub struct Standin {
+    pub id: String,
+    pub addr: SocketAddr,
+    /// Connections whose first byte was not a TLS handshake record.
+    pub plaintext_attempts: Arc<AtomicU64>,
+    /// TLS handshakes that failed (untrusted client certificate, client distrusting us, ...).
+    pub tls_handshake_failures: Arc<AtomicU64>,
+    /// Requests served (any path, any outcome).
+    pub requests: Arc<AtomicU64>,
+    instance: Arc<Instance>,
+    stop: tokio::sync::watch::Sender<bool>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Standin {
+    /// The identities of the last authenticated requests, oldest first.
+    pub fn identities(&self) -> Vec<Identity> {
+        self.instance.identities.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+    }
+
+    pub fn last_identity(&self) -> Option<Identity> {
+        self.instance.identities.lock().unwrap_or_else(PoisonError::into_inner).back().cloned()
+    }
+
+    /// Makes `/readyz` fail (500) or pass, as an apiserver shutting down or starting would.
+    pub fn set_ready(&self, ready: bool) {
+        self.instance.ready.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn profile(&self) -> &Profile {
+        &self.instance.profile
+    }
+
+    /// Stops accepting, ends every watch and waits (a few seconds at most) for connections to close.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Standin {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// What the request handlers share.
+struct Instance {
+    id: String,
+    profile: Profile,
+    auth: Auth,
+    catalog: Catalog,
+    discovery: discovery::Discovery,
+    openapi: openapi::OpenApi,
+    store: Arc<Store>,
+    identities: Mutex<VecDeque<Identity>>,
+    ready: AtomicBool,
+    requests: Arc<AtomicU64>,
+    bookmark_interval: Duration,
+    stopping: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Starts a stand-in. A busy port is an error naming the address.
+pub async fn serve(options: Options, store: Arc<Store>) -> Result<Standin> {
+    let tls =
+        Tls::new(&options.serving, &options.auth).with_context(|| format!("stand-in {}: TLS", options.id))?;
+    let listener = TcpListener::bind(options.listen).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => anyhow::anyhow!("{} is already in use", options.listen),
+        _ => anyhow::Error::new(e).context(format!("listening on {}", options.listen)),
+    })?;
+    let addr = listener.local_addr()?;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let catalog = Catalog::new(&options.profile);
+    let requests = Arc::new(AtomicU64::new(0));
+    let instance = Arc::new(Instance {
+        id: options.id.clone(),
+        discovery: discovery::Discovery::new(&options.profile, &addr.to_string()),
+        openapi: openapi::OpenApi::new(&catalog, &options.profile.git_version),
+        catalog,
+        profile: options.profile,
+        auth: options.auth,
+        store,
+        identities: Mutex::new(VecDeque::new()),
+        ready: AtomicBool::new(true),
+        requests: requests.clone(),
+        bookmark_interval: options.bookmark_interval,
+        stopping: stopping.clone(),
+    });
+    let counters =
+        Counters { plaintext: Arc::new(AtomicU64::new(0)), handshake_failures: Arc::new(AtomicU64::new(0)) };
+    let task =
+        tokio::spawn(accept_loop(listener, Arc::new(tls), instance.clone(), counters.clone(), stopping));
+    Ok(Standin {
+        id: options.id,
+        addr,
+        plaintext_attempts: counters.plaintext,
+        tls_handshake_failures: counters.handshake_failures,
+        requests,
+        instance,
+        stop,
+        task: Some(task),
+    })
+}
+
+#[derive(Clone)]
+struct Counters {
+    plaintext: Arc<AtomicU64>,
+    handshake_failures: Arc<AtomicU64>,
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    tls: Arc<Tls>,
+    instance: Arc<Instance>,
+    counters: Counters,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    let connection_stop = stopping.clone();
+    loop {
+        let accepted = tokio::select! {
+            _ = stopping.wait_for(|stop| *stop) => break,
+            accepted = listener.accept() => accepted,
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        match accepted {
+            Ok((tcp, _)) => {
+                let stop = connection_stop.clone();
+                connections.spawn(connection(tcp, tls.clone(), instance.clone(), counters.clone(), stop));
+            }
+            // Out of file descriptors and the like: back off instead of spinning.
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    drop(listener);
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(DRAIN_TIMEOUT, drain).await.is_err() {
+        connections.abort_all();
+    }
+}
+
+async fn connection(
+    tcp: TcpStream,
+    tls: Arc<Tls>,
+    instance: Arc<Instance>,
+    counters: Counters,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, tcp.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    if first[0] != 0x16 {
+        counters.plaintext.fetch_add(1, Ordering::SeqCst);
+        // What Go's TLS server answers to plain HTTP.
+        let mut tcp = tcp;
+        let _ = tcp
+            .write_all(b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n")
+            .await;
+        let _ = tcp.shutdown().await;
+        return;
+    }
+    let acceptor = TlsAcceptor::from(tls.config.clone());
+    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+        Ok(Ok(stream)) => stream,
+        _ => {
+            counters.handshake_failures.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
+    };
+    let peer = Arc::new(tls.classify(stream.get_ref().1.peer_certificates()));
+    let service = service_fn(move |req| {
+        let instance = instance.clone();
+        let peer = peer.clone();
+        async move { Ok::<_, std::convert::Infallible>(instance.handle(req, &peer).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = stopping.wait_for(|stop| *stop) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = tokio::time::timeout(DRAIN_TIMEOUT, conn).await;
+}
+
+impl Instance {
+    async fn handle(&self, req: Request<Incoming>, peer: &PeerCert) -> Reply {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let trace = std::env::var_os("SKEWGATE_STANDIN_TRACE").map(|_| {
+            let headers: Vec<String> = req
+                .headers()
+                .iter()
+                .filter(|(n, _)| matches!(n.as_str(), "accept" | "content-type" | "user-agent"))
+                .map(|(n, v)| format!("{n}={}", String::from_utf8_lossy(v.as_bytes())))
+                .collect();
+            format!("{} {} {}", req.method(), req.uri(), headers.join(" "))
+        });
+        let mut resp = self.route(req, peer).await;
+        if let Some(line) = trace {
+            // Opt-in debugging aid for kubectl trials.
+            eprintln!("[standin {}] {line} -> {}", self.id, resp.status().as_u16());
+        }
+        let headers = resp.headers_mut();
+        if let Ok(id) = HeaderValue::from_str(&self.id) {
+            headers.insert(SERVED_BY, id);
+        }
+        if let Ok(audit) = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()) {
+            headers.insert("audit-id", audit);
+        }
+        if !headers.contains_key(CACHE_CONTROL) {
+            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
+        }
+        resp
+    }
+
+    async fn route(&self, req: Request<Incoming>, peer: &PeerCert) -> Reply {
+        let (parts, body) = req.into_parts();
+        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let (raw_path, query) = split_target(target);
+        let Ok(path) = decode_path(raw_path) else {
+            return reply::error(&Status::bad_request(format!("invalid URL escape in {raw_path:?}")));
+        };
+        let identity = match self.auth.authenticate(peer, &parts.headers) {
+            Some(identity) => {
+                self.remember(&identity);
+                identity
+            }
+            None if auth::anonymous_allowed(&path) => Identity::anonymous(),
+            None => return reply::error(&Status::unauthorized()),
+        };
+        let body = match Limited::new(body, MAX_BODY).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => return reply::error(&Status::too_large()),
+            Err(_) => Bytes::new(),
+        };
+        let info = RequestInfo::parse(parts.method.as_str(), &path, query);
+        if info.is_resource_request {
+            let call = resources::Call {
+                info: &info,
+                params: &params::Params::parse(query),
+                headers: &parts.headers,
+                body,
+                identity: &identity,
+            };
+            return resources::handle(self, call);
+        }
+        self.non_resource(&parts.method, &path, query, &parts.headers)
+    }
+
+    fn remember(&self, identity: &Identity) {
+        let mut seen = self.identities.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.len() >= IDENTITIES_KEPT {
+            seen.pop_front();
+        }
+        seen.push_back(identity.clone());
+    }
+
+    fn non_resource(&self, method: &Method, path: &str, query: &str, headers: &hyper::HeaderMap) -> Reply {
+        if method != Method::GET && method != Method::HEAD {
+            return reply::error(&Status::method_not_allowed());
+        }
+        match path {
+            "/healthz" | "/livez" => return reply::text(200, "ok"),
+            "/readyz" if self.ready.load(Ordering::SeqCst) => return reply::text(200, "ok"),
+            "/readyz" => {
+                return reply::text(500, "[-]shutdown failed: reason withheld\nreadyz check failed\n");
+            }
+            "/version" | "/version/" => return reply::json(200, &self.version()),
+            "/openapi/v3" | "/openapi/v3/" => {
+                return reply::bytes(200, "application/json", self.openapi.index());
+            }
+            _ => {}
+        }
+        if let Some(key) = path.strip_prefix("/openapi/v3/") {
+            return match self.openapi.document(key.trim_end_matches('/')) {
+                Some((doc, hash)) => {
+                    let mut resp = reply::bytes(200, "application/json", doc);
+                    let asked = params::Params::parse(query).get("hash").is_some_and(|h| h == hash);
+                    let cache = if asked { "public, immutable" } else { "no-cache, private" };
+                    resp.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static(cache));
+                    if let Ok(etag) = HeaderValue::from_str(&format!("\"{hash}\"")) {
+                        resp.headers_mut().insert(hyper::header::ETAG, etag);
+                    }
+                    resp
+                }
+                None => reply::error(&Status::no_route()),
+            };
+        }
+        self.discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
+    }
+
+    fn version(&self) -> serde_json::Value {
+        let (major, minor) = self.profile.major_minor();
+        let commit: String = self
+            .profile
+            .git_version
+            .bytes()
+            .cycle()
+            .take(40)
+            .map(|b| char::from(b"0123456789abcdef"[usize::from(b % 16)]))
+            .collect();
+        json!({
+            "major": major,
+            "minor": minor,
+            "emulationMajor": major,
+            "emulationMinor": minor,
+            "minCompatibilityMajor": major,
+            "minCompatibilityMinor": minor.parse::<u32>().map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string()),
+            "gitVersion": self.profile.git_version,
+            "gitCommit": commit,
+            "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z",
+            "goVersion": self.profile.go_version(),
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        })
+    }
+}

@@ -1,0 +1,395 @@
+//! Kubernetes protobuf request bodies (`application/vnd.kubernetes.protobuf`) for the few kinds
+//! kubectl sends through its typed clients (`create configmap|secret|namespace|serviceaccount|
+//! role|clusterrole|rolebinding|clusterrolebinding`, `auth whoami`, `auth can-i`), decoded to
+//! the JSON the rest of the stand-in works with. Responses are always JSON: kubectl accepts it.
+//!
+//! The envelope is the magic `k8s\0` followed by a `runtime.Unknown` {typeMeta, raw}; field
+//! numbers below are those of the upstream `generated.proto` files.
+
+use serde_json::{Map, Value, json};
+
+use super::status::Status;
+
+pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
+const MAGIC: &[u8] = b"k8s\0";
+
+#[derive(Clone, Copy)]
+enum Ty {
+    Str,
+    Bytes,
+    Bool,
+    Int,
+    Time,
+    Msg(&'static [Field]),
+    MapStr,
+    MapBytes,
+    RepStr,
+    RepMsg(&'static [Field]),
+}
+
+struct Field {
+    number: u64,
+    name: &'static str,
+    ty: Ty,
+}
+
+const fn f(number: u64, name: &'static str, ty: Ty) -> Field {
+    Field { number, name, ty }
+}
+
+const OWNER_REFERENCE: &[Field] = &[
+    f(1, "kind", Ty::Str),
+    f(3, "name", Ty::Str),
+    f(4, "uid", Ty::Str),
+    f(5, "apiVersion", Ty::Str),
+    f(6, "controller", Ty::Bool),
+    f(7, "blockOwnerDeletion", Ty::Bool),
+];
+
+const OBJECT_META: &[Field] = &[
+    f(1, "name", Ty::Str),
+    f(2, "generateName", Ty::Str),
+    f(3, "namespace", Ty::Str),
+    f(5, "uid", Ty::Str),
+    f(6, "resourceVersion", Ty::Str),
+    f(7, "generation", Ty::Int),
+    f(8, "creationTimestamp", Ty::Time),
+    f(11, "labels", Ty::MapStr),
+    f(12, "annotations", Ty::MapStr),
+    f(13, "ownerReferences", Ty::RepMsg(OWNER_REFERENCE)),
+    f(14, "finalizers", Ty::RepStr),
+];
+
+const CONFIG_MAP: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(2, "data", Ty::MapStr),
+    f(3, "binaryData", Ty::MapBytes),
+    f(4, "immutable", Ty::Bool),
+];
+
+const SECRET: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(2, "data", Ty::MapBytes),
+    f(3, "type", Ty::Str),
+    f(4, "stringData", Ty::MapStr),
+    f(5, "immutable", Ty::Bool),
+];
+
+const NAMESPACE: &[Field] =
+    &[f(1, "metadata", Ty::Msg(OBJECT_META)), f(2, "spec", Ty::Msg(&[f(1, "finalizers", Ty::RepStr)]))];
+
+const LOCAL_OBJECT_REFERENCE: &[Field] = &[f(1, "name", Ty::Str)];
+
+const SERVICE_ACCOUNT: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(3, "imagePullSecrets", Ty::RepMsg(LOCAL_OBJECT_REFERENCE)),
+    f(4, "automountServiceAccountToken", Ty::Bool),
+];
+
+const METADATA_ONLY: &[Field] = &[f(1, "metadata", Ty::Msg(OBJECT_META))];
+
+const RESOURCE_ATTRIBUTES: &[Field] = &[
+    f(1, "namespace", Ty::Str),
+    f(2, "verb", Ty::Str),
+    f(3, "group", Ty::Str),
+    f(4, "version", Ty::Str),
+    f(5, "resource", Ty::Str),
+    f(6, "subresource", Ty::Str),
+    f(7, "name", Ty::Str),
+];
+
+const ACCESS_REVIEW: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(
+        2,
+        "spec",
+        Ty::Msg(&[
+            f(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRIBUTES)),
+            f(2, "nonResourceAttributes", Ty::Msg(&[f(1, "path", Ty::Str), f(2, "verb", Ty::Str)])),
+        ]),
+    ),
+];
+
+const RULES_REVIEW: &[Field] =
+    &[f(1, "metadata", Ty::Msg(OBJECT_META)), f(2, "spec", Ty::Msg(&[f(1, "namespace", Ty::Str)]))];
+
+const POLICY_RULE: &[Field] = &[
+    f(1, "verbs", Ty::RepStr),
+    f(2, "apiGroups", Ty::RepStr),
+    f(3, "resources", Ty::RepStr),
+    f(4, "resourceNames", Ty::RepStr),
+    f(5, "nonResourceURLs", Ty::RepStr),
+];
+
+const ROLE: &[Field] = &[f(1, "metadata", Ty::Msg(OBJECT_META)), f(2, "rules", Ty::RepMsg(POLICY_RULE))];
+
+const ROLE_BINDING: &[Field] = &[
+    f(1, "metadata", Ty::Msg(OBJECT_META)),
+    f(
+        2,
+        "subjects",
+        Ty::RepMsg(&[
+            f(1, "kind", Ty::Str),
+            f(2, "apiGroup", Ty::Str),
+            f(3, "name", Ty::Str),
+            f(4, "namespace", Ty::Str),
+        ]),
+    ),
+    f(3, "roleRef", Ty::Msg(&[f(1, "apiGroup", Ty::Str), f(2, "kind", Ty::Str), f(3, "name", Ty::Str)])),
+];
+
+const DELETE_OPTIONS: &[Field] = &[
+    f(1, "gracePeriodSeconds", Ty::Int),
+    f(2, "preconditions", Ty::Msg(&[f(1, "uid", Ty::Str), f(2, "resourceVersion", Ty::Str)])),
+    f(3, "orphanDependents", Ty::Bool),
+    f(4, "propagationPolicy", Ty::Str),
+    f(5, "dryRun", Ty::RepStr),
+];
+
+fn schema_of(kind: &str) -> Option<&'static [Field]> {
+    Some(match kind {
+        "ConfigMap" => CONFIG_MAP,
+        "Secret" => SECRET,
+        "Namespace" => NAMESPACE,
+        "ServiceAccount" => SERVICE_ACCOUNT,
+        "SelfSubjectReview" => METADATA_ONLY,
+        "SelfSubjectAccessReview" | "LocalSubjectAccessReview" => ACCESS_REVIEW,
+        "SelfSubjectRulesReview" => RULES_REVIEW,
+        "Role" | "ClusterRole" => ROLE,
+        "RoleBinding" | "ClusterRoleBinding" => ROLE_BINDING,
+        "DeleteOptions" => DELETE_OPTIONS,
+        _ => return None,
+    })
+}
+
+pub fn is_protobuf(content_type: &str) -> bool {
+    content_type.split(';').next().unwrap_or_default().trim().eq_ignore_ascii_case(MEDIA_TYPE)
+}
+
+/// The object in a protobuf body, as JSON with its `apiVersion` and `kind`.
+pub fn decode(body: &[u8]) -> Result<Value, Status> {
+    let unsupported =
+        |why: String| Status::unsupported_media_type(&format!("{MEDIA_TYPE} ({why})"), &["application/json"]);
+    let envelope = body
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| Status::bad_request("protobuf body without the k8s envelope"))?;
+    const TYPE_META: &[Field] = &[f(1, "apiVersion", Ty::Str), f(2, "kind", Ty::Str)];
+    let unknown =
+        message(envelope, &[f(1, "typeMeta", Ty::Msg(TYPE_META)), f(3, "contentEncoding", Ty::Str)])
+            .ok_or_else(|| Status::bad_request("malformed protobuf envelope"))?;
+    if unknown.get("contentEncoding").and_then(Value::as_str).is_some_and(|e| !e.is_empty()) {
+        return Err(unsupported("content encoding".into()));
+    }
+    let kind = unknown["typeMeta"]["kind"].as_str().unwrap_or_default().to_string();
+    let api_version = unknown["typeMeta"]["apiVersion"].as_str().unwrap_or_default().to_string();
+    let schema =
+        schema_of(&kind).ok_or_else(|| unsupported(format!("the stand-in decodes no protobuf {kind}")))?;
+    let raw = raw_bytes(envelope).unwrap_or_default();
+    let mut object =
+        message(&raw, schema).ok_or_else(|| Status::bad_request(format!("malformed protobuf {kind}")))?;
+    if let Some(map) = object.as_object_mut() {
+        map.insert("apiVersion".into(), json!(api_version));
+        map.insert("kind".into(), json!(kind));
+    }
+    Ok(object)
+}
+
+/// Field 2 (`raw`) of the envelope, undecoded.
+fn raw_bytes(envelope: &[u8]) -> Option<Vec<u8>> {
+    let mut reader = Reader(envelope);
+    while !reader.0.is_empty() {
+        let (number, value) = reader.field()?;
+        if let (2, Wire::Bytes(bytes)) = (number, value) {
+            return Some(bytes.to_vec());
+        }
+    }
+    None
+}
+
+enum Wire<'a> {
+    Varint(u64),
+    Bytes(&'a [u8]),
+    Fixed,
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = self.0.split_first()?;
+            self.0 = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    fn field(&mut self) -> Option<(u64, Wire<'a>)> {
+        let key = self.varint()?;
+        let wire = match key & 7 {
+            0 => Wire::Varint(self.varint()?),
+            1 => {
+                self.0 = self.0.get(8..)?;
+                Wire::Fixed
+            }
+            2 => {
+                let len = usize::try_from(self.varint()?).ok()?;
+                let bytes = self.0.get(..len)?;
+                self.0 = self.0.get(len..)?;
+                Wire::Bytes(bytes)
+            }
+            5 => {
+                self.0 = self.0.get(4..)?;
+                Wire::Fixed
+            }
+            _ => return None,
+        };
+        Some((key >> 3, wire))
+    }
+}
+
+fn message(bytes: &[u8], schema: &[Field]) -> Option<Value> {
+    let mut out = Map::new();
+    let mut reader = Reader(bytes);
+    while !reader.0.is_empty() {
+        let (number, wire) = reader.field()?;
+        let Some(field) = schema.iter().find(|f| f.number == number) else { continue };
+        let name = field.name.to_string();
+        match (field.ty, wire) {
+            // Go's generated code writes every string, empty or not; JSON leaves empty ones out.
+            (Ty::Str, Wire::Bytes([])) => {}
+            (Ty::Str, Wire::Bytes(b)) => {
+                out.insert(name, json!(String::from_utf8_lossy(b)));
+            }
+            (Ty::Bytes, Wire::Bytes(b)) => {
+                out.insert(name, json!(base64(b)));
+            }
+            (Ty::Bool, Wire::Varint(v)) => {
+                out.insert(name, json!(v != 0));
+            }
+            (Ty::Int, Wire::Varint(0)) => {}
+            (Ty::Int, Wire::Varint(v)) => {
+                out.insert(name, json!(v as i64));
+            }
+            (Ty::Time, Wire::Bytes(b)) => {
+                let seconds = message(b, &[f(1, "seconds", Ty::Int)])?["seconds"].as_i64().unwrap_or(0);
+                out.insert(name, json!(super::clock::rfc3339(seconds)));
+            }
+            (Ty::Msg(inner), Wire::Bytes(b)) => {
+                out.insert(name, message(b, inner)?);
+            }
+            (Ty::RepMsg(inner), Wire::Bytes(b)) => {
+                push(&mut out, name, message(b, inner)?);
+            }
+            (Ty::RepStr, Wire::Bytes(b)) => push(&mut out, name, json!(String::from_utf8_lossy(b))),
+            (Ty::MapStr | Ty::MapBytes, Wire::Bytes(b)) => {
+                let value_ty = if matches!(field.ty, Ty::MapStr) { Ty::Str } else { Ty::Bytes };
+                let entry = message(b, &[f(1, "k", Ty::Str), f(2, "v", value_ty)])?;
+                let key = entry["k"].as_str().unwrap_or_default().to_string();
+                let value = entry.get("v").cloned().unwrap_or_else(|| json!(""));
+                if let Some(map) = out.entry(name).or_insert_with(|| json!({})).as_object_mut() {
+                    map.insert(key, value);
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some(Value::Object(out))
+}
+
+fn push(out: &mut Map<String, Value>, name: String, value: Value) {
+    if let Some(list) = out.entry(name).or_insert_with(|| json!([])).as_array_mut() {
+        list.push(value);
+    }
+}
+
+/// Standard base64 with padding, as Go's JSON encodes `[]byte`.
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn varint(mut v: u64, out: &mut Vec<u8>) {
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+
+    fn bytes_field(number: u64, bytes: &[u8], out: &mut Vec<u8>) {
+        varint(number << 3 | 2, out);
+        varint(bytes.len() as u64, out);
+        out.extend_from_slice(bytes);
+    }
+
+    fn map_entry(number: u64, k: &str, v: &[u8], out: &mut Vec<u8>) {
+        let mut entry = Vec::new();
+        bytes_field(1, k.as_bytes(), &mut entry);
+        bytes_field(2, v, &mut entry);
+        bytes_field(number, &entry, out);
+    }
+
+    #[test]
+    fn decodes_a_configmap_like_kubectl_sends_it() {
+        let mut meta = Vec::new();
+        bytes_field(1, b"x", &mut meta);
+        map_entry(11, "app", b"web", &mut meta);
+        let mut cm = Vec::new();
+        bytes_field(1, &meta, &mut cm);
+        map_entry(2, "a", b"1", &mut cm);
+        map_entry(3, "bin", b"\x00\x01\x02\xff", &mut cm);
+        varint(4 << 3, &mut cm);
+        varint(1, &mut cm);
+        let mut type_meta = Vec::new();
+        bytes_field(1, b"v1", &mut type_meta);
+        bytes_field(2, b"ConfigMap", &mut type_meta);
+        let mut body = MAGIC.to_vec();
+        bytes_field(1, &type_meta, &mut body);
+        bytes_field(2, &cm, &mut body);
+        let object = decode(&body).unwrap();
+        assert_eq!(
+            object,
+            json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {"app": "web"}}, "data": {"a": "1"}, "binaryData": {"bin": "AAEC/w=="}, "immutable": true})
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_read() {
+        assert_eq!(decode(b"nope").unwrap_err().code, 400);
+        let mut type_meta = Vec::new();
+        bytes_field(2, b"Deployment", &mut type_meta);
+        let mut body = MAGIC.to_vec();
+        bytes_field(1, &type_meta, &mut body);
+        assert_eq!(decode(&body).unwrap_err().code, 415);
+        let mut truncated = MAGIC.to_vec();
+        truncated.extend_from_slice(&[0x0a, 0x10, 0x01]);
+        assert_eq!(decode(&truncated).unwrap_err().code, 400);
+        assert_eq!(base64(b"ab"), "YWI=");
+        assert_eq!(base64(b"abc"), "YWJj");
+    }
+}

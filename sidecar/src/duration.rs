@@ -1,0 +1,46 @@
+//! Durations as people write them in config files and flags: `250ms`, `5s`, `1.5m`, `1h`.
+
+use std::time::Duration;
+
+/// Parses `<number><unit>` with unit `ms`, `s`, `m` or `h`; the number may have a fraction.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        "h" => 3600.0,
+        "" => return Err(format!("{text:?} has no unit (use ms, s, m or h, e.g. \"5s\")")),
+        other => return Err(format!("{text:?}: unknown unit {other:?} (use ms, s, m or h)")),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration like \"5s\""))?;
+    Duration::try_from_secs_f64(value * scale).map_err(|_| format!("{text:?} is out of range"))
+}
+
+/// The shortest of the forms [`parse`] reads back to the same value, for logs and help texts.
+pub fn format(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 || ms == 0 { format!("{ms}ms") } else { format!("{}s", ms / 1000) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_and_fractions() {
+        assert_eq!(parse("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse("1.5m"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        assert!(parse("5").unwrap_err().contains("no unit"));
+        assert!(parse("5d").unwrap_err().contains("unknown unit"));
+        assert!(parse("s").is_err());
+        assert!(parse("1.2.3s").is_err());
+        assert_eq!(format(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format(Duration::from_secs(30)), "30s");
+    }
+}

@@ -1,0 +1,676 @@
+//! Fetching one apiserver's own discovery over mTLS, as kube-apiserver fetches a peer's
+//! (spec §4.4): `GET /api` and `GET /apis` with the nopeer Accept header, as the front-proxy
+//! identity, with a legacy walk for servers without aggregated discovery.
+//!
+//! Every failure is a [`FetchError`] with a [`ErrorKind`] that becomes a metrics label; nothing
+//! here panics or retries: the sync loop decides what a failure means.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
+use serde::Deserialize;
+use skewgate_core::discovery::{
+    ACCEPT_NOPEER, ApiGroupDiscoveryList, ApiGroupList, ApiResourceList, ApiVersions, DiscoveryError,
+    KIND_API_GROUP_LIST, KIND_API_VERSIONS, group_from_resource_lists,
+};
+use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+
+use crate::config::{Identity, Limits, TlsFiles};
+use crate::envoy::Endpoint;
+
+/// Legacy documents are plain JSON.
+const ACCEPT_JSON: &str = "application/json";
+/// Parallel requests of one legacy walk: enough to be quick, few enough not to look like a flood.
+const LEGACY_PARALLELISM: usize = 8;
+/// How much of an error body ends up in the message.
+const ERROR_BODY_PREVIEW: usize = 512;
+
+/// One apiserver's discovery, in the aggregated form whatever it served.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Documents {
+    /// `gitVersion` from `/version`; "" when it could not be read (informational only).
+    pub version: String,
+    /// `/api`: the core group.
+    pub core: ApiGroupDiscoveryList,
+    /// `/apis`: every other group.
+    pub apis: ApiGroupDiscoveryList,
+    /// Built from legacy discovery (`APIGroupList` + `APIResourceList`s).
+    pub legacy: bool,
+}
+
+/// What went wrong, coarse enough to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ErrorKind {
+    /// No TCP connection (refused, unreachable, name lookup failed).
+    Connect,
+    /// The TLS handshake failed: unknown CA, wrong name, no client certificate accepted, ...
+    Tls,
+    /// No complete answer within the request timeout (a hang).
+    Timeout,
+    /// An answer other than 200.
+    HttpStatus,
+    /// A body over the size limit.
+    TooLarge,
+    /// The body ended early, on the wire or as JSON.
+    Truncated,
+    Empty,
+    NotJson,
+    /// JSON of another kind or apiVersion than the path must serve.
+    WrongKind,
+    /// JSON of the right kind with fields of the wrong type.
+    WrongShape,
+    /// Anything else on the client side (e.g. an unusable certificate file).
+    Request,
+}
+
+impl ErrorKind {
+    /// The `kind` label of `skewgate_sync_errors_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Connect => "connect",
+            ErrorKind::Tls => "tls",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::HttpStatus => "http_status",
+            ErrorKind::TooLarge => "too_large",
+            ErrorKind::Truncated => "truncated",
+            ErrorKind::Empty => "empty",
+            ErrorKind::NotJson => "not_json",
+            ErrorKind::WrongKind => "wrong_kind",
+            ErrorKind::WrongShape => "wrong_shape",
+            ErrorKind::Request => "request",
+        }
+    }
+
+    fn of_discovery(error: &DiscoveryError) -> Self {
+        match error {
+            DiscoveryError::Empty => ErrorKind::Empty,
+            DiscoveryError::NotJson(_) => ErrorKind::NotJson,
+            DiscoveryError::Truncated(_) => ErrorKind::Truncated,
+            DiscoveryError::WrongShape(_) => ErrorKind::WrongShape,
+            DiscoveryError::WrongKind(_) | DiscoveryError::WrongApiVersion(_) => ErrorKind::WrongKind,
+        }
+    }
+}
+
+/// A failed fetch: which path, what kind of failure, and the detail for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchError {
+    pub path: String,
+    pub kind: ErrorKind,
+    pub detail: String,
+}
+
+impl fmt::Display for FetchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "GET {}: {}: {}", self.path, self.kind.label(), self.detail)
+    }
+}
+
+impl std::error::Error for FetchError {}
+
+impl FetchError {
+    fn new(path: &str, kind: ErrorKind, detail: impl Into<String>) -> Self {
+        Self { path: path.to_owned(), kind, detail: detail.into() }
+    }
+
+    fn discovery(path: &str, error: &DiscoveryError) -> Self {
+        Self::new(path, ErrorKind::of_discovery(error), error.to_string())
+    }
+}
+
+/// Sorts a client error into a kind by what is underneath it.
+pub fn classify(error: &reqwest::Error) -> ErrorKind {
+    if error.is_timeout() {
+        return ErrorKind::Timeout;
+    }
+    if source_chain(error).any(is_tls_error) {
+        return ErrorKind::Tls;
+    }
+    if error.is_connect() {
+        return ErrorKind::Connect;
+    }
+    if error.is_body() || error.is_decode() {
+        return ErrorKind::Truncated;
+    }
+    if source_chain(error).any(|e| {
+        e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+            matches!(io.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset)
+        })
+    }) {
+        return ErrorKind::Truncated;
+    }
+    ErrorKind::Request
+}
+
+fn source_chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(error), |e| e.source())
+}
+
+/// rustls errors arrive directly or wrapped in (nested) `io::Error`s by the TLS stream; an
+/// `io::Error`'s `source()` skips the error it wraps, so those are unwrapped by hand.
+fn is_tls_error(error: &(dyn std::error::Error + 'static)) -> bool {
+    if error.is::<rustls::Error>() {
+        return true;
+    }
+    match error.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        Some(inner) => {
+            let inner: &(dyn std::error::Error + 'static) = inner;
+            source_chain(inner).any(is_tls_error)
+        }
+        None => false,
+    }
+}
+
+/// The full message of an error and its sources, which reqwest keeps apart.
+pub fn describe(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for e in source_chain(error) {
+        let text = e.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
+}
+
+/// Dials the configured address whatever host the URL names, so that the URL can carry the
+/// server name for SNI and certificate verification (as `--resolve` does for curl).
+struct FixedAddress {
+    address: String,
+    port: u16,
+}
+
+impl reqwest::dns::Resolve for FixedAddress {
+    fn resolve(&self, _name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let target = (self.address.clone(), self.port);
+        Box::pin(async move {
+            let addrs: Vec<SocketAddr> = tokio::net::lookup_host(target).await?.collect();
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+/// Fetches one apiserver's discovery; cheap to clone, keeps its connections.
+#[derive(Clone)]
+pub struct Fetcher {
+    pub id: String,
+    client: reqwest::Client,
+    base: String,
+    max_body: u64,
+    /// Sent with every request; not as the client's default headers, which keep only one
+    /// value of a repeated header (and there is one `X-Remote-Group` per group).
+    identity: HeaderMap,
+}
+
+impl fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fetcher").field("id", &self.id).field("base", &self.base).finish()
+    }
+}
+
+/// Why no client could be made: the message names the file.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ClientError(pub String);
+
+/// The TLS material, read once for every apiserver's client.
+#[derive(Clone)]
+pub struct ClientTls {
+    roots: Vec<reqwest::Certificate>,
+    identity: reqwest::Identity,
+}
+
+impl ClientTls {
+    pub fn load(files: &TlsFiles) -> Result<Self, ClientError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| ClientError(format!("{}: {e}", path.display())))
+        };
+        let ca = read(&files.peer_ca)?;
+        let roots = reqwest::Certificate::from_pem_bundle(&ca)
+            .map_err(|e| ClientError(format!("tls.peerCa {}: {e}", files.peer_ca.display())))?;
+        if roots.is_empty() {
+            return Err(ClientError(format!("tls.peerCa {}: no certificate in it", files.peer_ca.display())));
+        }
+        let mut pem = read(&files.client_cert)?;
+        pem.push(b'\n');
+        pem.extend(read(&files.client_key)?);
+        let identity = reqwest::Identity::from_pem(&pem).map_err(|e| {
+            ClientError(format!(
+                "tls.clientCert/clientKey {} + {}: {}",
+                files.client_cert.display(),
+                files.client_key.display(),
+                describe(&e)
+            ))
+        })?;
+        // reqwest only checks that key and certificate belong together when a client is built.
+        reqwest::Client::builder().use_rustls_tls().identity(identity.clone()).build().map_err(|e| {
+            ClientError(format!(
+                "tls.clientCert/clientKey {} + {}: unusable: {}",
+                files.client_cert.display(),
+                files.client_key.display(),
+                describe(&e)
+            ))
+        })?;
+        Ok(Self { roots, identity })
+    }
+}
+
+impl Fetcher {
+    pub fn new(
+        endpoint: &Endpoint,
+        server_name: &str,
+        tls: &ClientTls,
+        identity: &Identity,
+        limits: Limits,
+    ) -> Result<Self, ClientError> {
+        let mut headers = HeaderMap::new();
+        let value =
+            |v: &str| HeaderValue::from_str(v).map_err(|e| ClientError(format!("identity {v:?}: {e}")));
+        headers.insert(HeaderName::from_static(REMOTE_USER), value(&identity.user)?);
+        for group in &identity.groups {
+            headers.append(HeaderName::from_static(REMOTE_GROUP), value(group)?);
+        }
+        // What kube-apiserver sends to a peer: an apiserver with its own peer proxy then answers
+        // from its own state instead of forwarding (spec §3).
+        headers.insert(HeaderName::from_static(PEER_PROXIED), HeaderValue::from_static("true"));
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .https_only(true)
+            // A redirect could lead anywhere, plaintext included; discovery never redirects.
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .identity(tls.identity.clone())
+            .timeout(limits.request_timeout)
+            .connect_timeout(limits.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(30))
+            .dns_resolver(Arc::new(FixedAddress { address: endpoint.address.clone(), port: endpoint.port }));
+        for root in &tls.roots {
+            builder = builder.add_root_certificate(root.clone());
+        }
+        let client = builder.build().map_err(|e| ClientError(describe(&e)))?;
+        Ok(Self {
+            id: endpoint.id.clone(),
+            client,
+            base: format!("https://{server_name}:{}", endpoint.port),
+            max_body: limits.max_body_bytes,
+            identity: headers,
+        })
+    }
+
+    /// `/api` and `/apis` (and `/version`), concurrently; legacy servers are walked.
+    pub async fn fetch(&self) -> Result<Documents, FetchError> {
+        let (api, apis, version) =
+            tokio::join!(self.get("/api", ACCEPT_NOPEER), self.get("/apis", ACCEPT_NOPEER), self.version());
+        let (api, apis) = (api?, apis?);
+        let ((core, legacy_core), (apis, legacy_apis)) = tokio::try_join!(self.core(api), self.groups(apis))?;
+        Ok(Documents { version, core, apis, legacy: legacy_core || legacy_apis })
+    }
+
+    /// `/version`'s `gitVersion`; a failure only costs the label.
+    async fn version(&self) -> String {
+        #[derive(Deserialize)]
+        struct Info {
+            #[serde(rename = "gitVersion", default)]
+            git_version: String,
+        }
+        match self.get("/version", ACCEPT_JSON).await {
+            Ok(body) => serde_json::from_slice::<Info>(&body).map(|i| i.git_version).unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(apiserver = %self.id, error = %e, "no version");
+                String::new()
+            }
+        }
+    }
+
+    /// The core group from `/api`: aggregated, or `APIVersions` + `/api/<v>`.
+    async fn core(&self, body: Bytes) -> Result<(ApiGroupDiscoveryList, bool), FetchError> {
+        if kind_of(&body).as_deref() == Some(KIND_API_VERSIONS) {
+            let versions = ApiVersions::from_json(&body).map_err(|e| FetchError::discovery("/api", &e))?;
+            let paths: Vec<String> =
+                versions.versions.iter().filter(|v| is_segment(v)).map(|v| format!("/api/{v}")).collect();
+            let lists = self.resource_lists(paths).await?;
+            let group =
+                group_from_resource_lists("", &lists).map_err(|e| FetchError::discovery("/api", &e))?;
+            return Ok((ApiGroupDiscoveryList::v2(vec![group]), true));
+        }
+        let list = ApiGroupDiscoveryList::from_json(&body).map_err(|e| FetchError::discovery("/api", &e))?;
+        Ok((list, false))
+    }
+
+    /// Every other group from `/apis`: aggregated, or `APIGroupList` + `/apis/<g>/<v>`.
+    async fn groups(&self, body: Bytes) -> Result<(ApiGroupDiscoveryList, bool), FetchError> {
+        if kind_of(&body).as_deref() == Some(KIND_API_GROUP_LIST) {
+            let list = ApiGroupList::from_json(&body).map_err(|e| FetchError::discovery("/apis", &e))?;
+            // Group and version names go into paths: anything that is not one plain segment
+            // could not be a real group anyway.
+            let wanted: Vec<(&str, Vec<&str>)> = list
+                .groups
+                .iter()
+                .filter(|g| is_segment(&g.name))
+                .map(|g| {
+                    (
+                        g.name.as_str(),
+                        g.versions_by_preference().into_iter().filter(|v| is_segment(v)).collect(),
+                    )
+                })
+                .collect();
+            let paths: Vec<String> = wanted
+                .iter()
+                .flat_map(|(g, versions)| versions.iter().map(move |v| format!("/apis/{g}/{v}")))
+                .collect();
+            let mut lists = self.resource_lists(paths).await?.into_iter();
+            let mut groups = Vec::with_capacity(wanted.len());
+            for (name, versions) in &wanted {
+                let mine: Vec<ApiResourceList> = lists.by_ref().take(versions.len()).collect();
+                let path = format!("/apis/{name}");
+                groups.push(
+                    group_from_resource_lists(name, &mine).map_err(|e| FetchError::discovery(&path, &e))?,
+                );
+            }
+            return Ok((ApiGroupDiscoveryList::v2(groups), true));
+        }
+        let list = ApiGroupDiscoveryList::from_json(&body).map_err(|e| FetchError::discovery("/apis", &e))?;
+        Ok((list, false))
+    }
+
+    /// `APIResourceList`s of `paths`, in order; the first failure fails the walk, since a
+    /// partial picture would drop what the server does serve.
+    async fn resource_lists(&self, paths: Vec<String>) -> Result<Vec<ApiResourceList>, FetchError> {
+        let permits = Arc::new(tokio::sync::Semaphore::new(LEGACY_PARALLELISM));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (index, path) in paths.into_iter().enumerate() {
+            let (this, permits) = (self.clone(), permits.clone());
+            tasks.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let result = match this.get(&path, ACCEPT_JSON).await {
+                    Ok(body) => {
+                        ApiResourceList::from_json(&body).map_err(|e| FetchError::discovery(&path, &e))
+                    }
+                    Err(e) => Err(e),
+                };
+                (index, result)
+            });
+        }
+        let mut lists: Vec<(usize, ApiResourceList)> = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            let (index, result) =
+                joined.map_err(|e| FetchError::new("(legacy walk)", ErrorKind::Request, e.to_string()))?;
+            lists.push((index, result?));
+        }
+        lists.sort_by_key(|(index, _)| *index);
+        Ok(lists.into_iter().map(|(_, list)| list).collect())
+    }
+
+    /// One GET, status checked, body read up to the limit.
+    pub async fn get(&self, path: &str, accept: &str) -> Result<Bytes, FetchError> {
+        let url = format!("{}{path}", self.base);
+        let mut response = self
+            .client
+            .get(&url)
+            .headers(self.identity.clone())
+            .header(ACCEPT, accept)
+            .send()
+            .await
+            .map_err(|e| FetchError::new(path, classify(&e), describe(&e)))?;
+        let status = response.status();
+        if status != reqwest::StatusCode::OK {
+            let preview =
+                read_capped(&mut response, ERROR_BODY_PREVIEW as u64, true).await.unwrap_or_default();
+            let text = String::from_utf8_lossy(&preview);
+            return Err(FetchError::new(path, ErrorKind::HttpStatus, format!("{status}: {}", text.trim())));
+        }
+        if response.content_length().is_some_and(|len| len > self.max_body) {
+            return Err(FetchError::new(
+                path,
+                ErrorKind::TooLarge,
+                format!(
+                    "Content-Length {} over the limit of {} bytes",
+                    response.content_length().unwrap_or_default(),
+                    self.max_body
+                ),
+            ));
+        }
+        read_capped(&mut response, self.max_body, false).await.map_err(|e| match e {
+            ReadError::TooLarge => FetchError::new(
+                path,
+                ErrorKind::TooLarge,
+                format!("body over the limit of {} bytes", self.max_body),
+            ),
+            ReadError::Client(e) => FetchError::new(path, classify(&e), describe(&e)),
+        })
+    }
+}
+
+enum ReadError {
+    TooLarge,
+    Client(reqwest::Error),
+}
+
+/// Reads the body chunk by chunk so that an oversized one is never held whole; `truncate`
+/// keeps the first `max` bytes instead of failing (for error previews).
+async fn read_capped(response: &mut reqwest::Response, max: u64, truncate: bool) -> Result<Bytes, ReadError> {
+    let mut body: Vec<u8> = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(ReadError::Client)? {
+        let room = usize::try_from(max).unwrap_or(usize::MAX).saturating_sub(body.len());
+        if chunk.len() > room {
+            if truncate {
+                body.extend_from_slice(chunk.get(..room).unwrap_or_default());
+                break;
+            }
+            return Err(ReadError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Bytes::from(body))
+}
+
+/// The `kind` of a JSON object, when it has a string one.
+fn kind_of(body: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Kind {
+        #[serde(default)]
+        kind: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Kind>(body).ok()?.kind? {
+        serde_json::Value::String(kind) => Some(kind),
+        _ => None,
+    }
+}
+
+fn is_segment(value: &str) -> bool {
+    !value.is_empty()
+        && value.len() <= 253
+        && value.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+        && value != "."
+        && value != ".."
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{Answer, Certs, json, serve};
+    use skewgate_core::discovery::core_group_list;
+
+    const APIS_133: &str =
+        include_str!("../../testdata/discovery/k8s-1.33-era_resource-v1beta2/aggregated_v2.json");
+    const API_V1: &str = include_str!("../../testdata/discovery/legacy_core-v1/api__v1.json");
+    const API_VERSIONS: &str = include_str!("../../testdata/discovery/legacy_core-v1/api.json");
+
+    fn limits() -> Limits {
+        Limits { request_timeout: Duration::from_millis(700), max_body_bytes: 256 * 1024 }
+    }
+
+    fn aggregated_core() -> Vec<u8> {
+        let list = ApiResourceList::from_json(API_V1.as_bytes()).unwrap();
+        serde_json::to_vec(&core_group_list(&list)).unwrap()
+    }
+
+    /// A well-behaved aggregated apiserver, except for `/apis`, which `apis` answers.
+    fn with_apis(apis: Answer) -> crate::testing::Handler {
+        let core = aggregated_core();
+        Arc::new(move |path: &str| match path {
+            "/api" => json(core.clone()),
+            "/apis" => apis.clone(),
+            "/version" => json(r#"{"gitVersion":"v1.33.2"}"#),
+            _ => Answer::Json(404, "application/json", b"{}".to_vec()),
+        })
+    }
+
+    #[tokio::test]
+    async fn aggregated_discovery_as_the_front_proxy_identity() {
+        let certs = Certs::new("fetch-aggregated");
+        let (addr, seen, _task) = serve(&certs.serving, true, with_apis(json(APIS_133))).await;
+        let docs = certs.fetcher(addr, limits()).fetch().await.unwrap();
+        assert_eq!(docs.version, "v1.33.2");
+        assert!(!docs.legacy);
+        assert!(docs.core.gvrs().any(|g| g == ("", "v1", "pods")));
+        assert!(docs.apis.gvrs().any(|g| g == ("resource.k8s.io", "v1alpha3", "deviceclasses")));
+        let seen = seen.lock().unwrap();
+        for path in ["/api", "/apis"] {
+            let (_, h) = seen.iter().find(|(p, _)| p == path).unwrap();
+            assert_eq!(h["accept"], ACCEPT_NOPEER);
+            assert_eq!(h["x-remote-user"], "system:apiserver");
+            assert_eq!(h["x-remote-group"], "g1|g2");
+            assert_eq!(h["x-kubernetes-peer-proxied"], "true");
+            assert_eq!(h["host"], format!("kubernetes.default.svc:{}", addr.port()));
+        }
+    }
+
+    #[tokio::test]
+    async fn legacy_servers_are_walked() {
+        let certs = Certs::new("fetch-legacy");
+        let group_list = r#"{"kind":"APIGroupList","apiVersion":"v1","groups":[{"name":"resource.k8s.io",
+            "versions":[{"groupVersion":"resource.k8s.io/v1beta1","version":"v1beta1"},
+                        {"groupVersion":"resource.k8s.io/v1alpha3","version":"v1alpha3"}],
+            "preferredVersion":{"groupVersion":"resource.k8s.io/v1beta1","version":"v1beta1"}}]}"#;
+        let list = |gv: &str, name: &str| {
+            format!(
+                r#"{{"kind":"APIResourceList","groupVersion":"{gv}","resources":[{{"name":"{name}","singularName":"x","namespaced":true,"kind":"X","verbs":["get"]}},{{"name":"{name}/status","singularName":"","namespaced":true,"kind":"X","verbs":["get"]}}]}}"#
+            )
+        };
+        let (beta, alpha) = (
+            list("resource.k8s.io/v1beta1", "resourceclaims"),
+            list("resource.k8s.io/v1alpha3", "deviceclasses"),
+        );
+        let handler: crate::testing::Handler = Arc::new(move |path: &str| match path {
+            "/api" => json(API_VERSIONS),
+            "/api/v1" => json(API_V1),
+            "/apis" => json(group_list),
+            "/apis/resource.k8s.io/v1beta1" => json(beta.clone()),
+            "/apis/resource.k8s.io/v1alpha3" => json(alpha.clone()),
+            _ => Answer::Json(404, "text/plain", b"404 page not found".to_vec()),
+        });
+        let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
+        let docs = certs.fetcher(addr, limits()).fetch().await.unwrap();
+        assert!(docs.legacy);
+        assert_eq!(docs.version, "");
+        assert!(docs.core.gvrs().any(|g| g == ("", "v1", "pods")));
+        let gvrs: Vec<_> = docs.apis.gvrs().collect();
+        assert_eq!(
+            gvrs,
+            [
+                ("resource.k8s.io", "v1beta1", "resourceclaims"),
+                ("resource.k8s.io", "v1alpha3", "deviceclasses")
+            ]
+        );
+        assert_eq!(docs.apis.items[0].versions[0].resources[0].subresources[0].subresource, "status");
+        let seen = seen.lock().unwrap();
+        let (_, h) = seen.iter().find(|(p, _)| p == "/apis/resource.k8s.io/v1beta1").unwrap();
+        assert_eq!(h["accept"], "application/json");
+        assert_eq!(h["x-remote-user"], "system:apiserver");
+    }
+
+    async fn kind_for(certs: &Certs, apis: Answer) -> FetchError {
+        let (addr, _, _task) = serve(&certs.serving, true, with_apis(apis)).await;
+        certs.fetcher(addr, limits()).fetch().await.unwrap_err()
+    }
+
+    #[tokio::test]
+    async fn broken_answers_are_classified() {
+        let certs = Certs::new("fetch-broken");
+        let truncated_json = APIS_133.as_bytes()[..2000].to_vec();
+        let big = format!("{{\"kind\":\"APIGroupDiscoveryList\",\"pad\":\"{}\"}}", "x".repeat(300 * 1024));
+        let cut_short =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5000\r\n\r\n{\"kind\":"
+                .to_vec();
+        let mut chunked =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+                .to_vec();
+        for _ in 0..40 {
+            chunked.extend(format!("2000\r\n{}\r\n", "y".repeat(0x2000)).as_bytes());
+        }
+        chunked.extend(b"0\r\n\r\n");
+        let cases: Vec<(Answer, ErrorKind)> = vec![
+            (json("<html>oops</html>"), ErrorKind::NotJson),
+            (json(truncated_json), ErrorKind::Truncated),
+            (Answer::Raw(cut_short), ErrorKind::Truncated),
+            (json(big), ErrorKind::TooLarge),
+            (Answer::Raw(chunked), ErrorKind::TooLarge),
+            (json(r#"{"kind":"Status","apiVersion":"v1","status":"Failure"}"#), ErrorKind::WrongKind),
+            (
+                json(r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","items":"x"}"#),
+                ErrorKind::WrongShape,
+            ),
+            (json(r#"[1,2]"#), ErrorKind::WrongShape),
+            (json(""), ErrorKind::Empty),
+            (
+                Answer::Json(500, "application/json", br#"{"kind":"Status","message":"etcd down"}"#.to_vec()),
+                ErrorKind::HttpStatus,
+            ),
+            (Answer::Json(403, "application/json", b"forbidden".to_vec()), ErrorKind::HttpStatus),
+            (Answer::Hang, ErrorKind::Timeout),
+        ];
+        for (answer, kind) in cases {
+            let shown = format!("{answer:?}").chars().take(80).collect::<String>();
+            let error = kind_for(&certs, answer).await;
+            assert_eq!(error.kind, kind, "{shown}: {error}");
+            assert_eq!(error.path, "/apis", "{error}");
+        }
+        let error = kind_for(&certs, Answer::Json(500, "application/json", br#"etcd down"#.to_vec())).await;
+        assert!(error.to_string().contains("500") && error.to_string().contains("etcd down"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn transport_failures_are_classified() {
+        let certs = Certs::new("fetch-transport");
+        let handler = with_apis(json(APIS_133));
+        // A closed port.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        assert_eq!(certs.fetcher(closed, limits()).fetch().await.unwrap_err().kind, ErrorKind::Connect);
+        // A certificate for another name, one from an untrusted CA, and no TLS at all: never
+        // accepted, never downgraded.
+        let rogue = certs.rogue_ca.leaf(&certs.dir, "rogue-apiserver", &["kubernetes.default.svc"], true);
+        for (leaf, tls) in [(&certs.wrong_name, true), (&rogue, true), (&certs.serving, false)] {
+            let (addr, seen, _task) = serve(leaf, tls, handler.clone()).await;
+            let error = certs.fetcher(addr, limits()).fetch().await.unwrap_err();
+            assert_eq!(error.kind, ErrorKind::Tls, "{error}");
+            assert!(seen.lock().unwrap().is_empty(), "a request went out: {error}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_legacy_group_version_fails_the_fetch() {
+        let certs = Certs::new("fetch-legacy-fail");
+        let group_list = r#"{"kind":"APIGroupList","groups":[{"name":"metrics.k8s.io",
+            "versions":[{"groupVersion":"metrics.k8s.io/v1beta1","version":"v1beta1"}]}]}"#;
+        let handler: crate::testing::Handler = Arc::new(move |path: &str| match path {
+            "/api" => json(API_VERSIONS),
+            "/api/v1" => json(API_V1),
+            "/apis" => json(group_list),
+            _ => Answer::Json(503, "text/plain", b"service unavailable".to_vec()),
+        });
+        let (addr, _, _task) = serve(&certs.serving, true, handler).await;
+        let error = certs.fetcher(addr, limits()).fetch().await.unwrap_err();
+        assert_eq!(
+            (error.kind, error.path.as_str()),
+            (ErrorKind::HttpStatus, "/apis/metrics.k8s.io/v1beta1")
+        );
+    }
+}

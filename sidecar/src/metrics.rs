@@ -1,0 +1,197 @@
+//! The sidecar's Prometheus metrics (`/metrics`, OpenMetrics text via `prometheus-client`).
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FetchErrorLabels {
+    pub apiserver: String,
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApiserverLabel {
+    pub apiserver: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub sync_duration: Histogram,
+    /// Failed discovery fetches, by apiserver and [`crate::fetch::ErrorKind::label`].
+    pub sync_errors: Family<FetchErrorLabels, Counter>,
+    /// Failed table pushes and builds, by kind.
+    pub push_errors: Family<KindLabel, Counter>,
+    /// Tables written to Envoy (a change of cds.json and/or ecds.json).
+    pub table_pushes: Counter,
+    pub gvrs: Gauge,
+    pub rerouted_gvrs: Gauge,
+    /// 1 while the apiserver's documents are current, 0 while stale (grace) or dropped.
+    pub apiserver_current: Family<ApiserverLabel, Gauge>,
+    /// Times an apiserver's GVRs left the table after its grace period.
+    pub apiserver_drops: Family<ApiserverLabel, Counter>,
+    last_success_age: Gauge<f64, AtomicU64>,
+    last_success: Mutex<Option<Instant>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("skewgate");
+        let sync_duration = Histogram::new(exponential_buckets(0.005, 2.0, 14));
+        registry.register_with_unit(
+            "sync_duration",
+            "Time of one sync: fetching every apiserver, building and pushing the table",
+            Unit::Seconds,
+            sync_duration.clone(),
+        );
+        let sync_errors = Family::<FetchErrorLabels, Counter>::default();
+        registry.register(
+            "sync_errors",
+            "Failed discovery fetches by apiserver and kind",
+            sync_errors.clone(),
+        );
+        let push_errors = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "push_errors",
+            "Tables that could not be built or pushed, by kind",
+            push_errors.clone(),
+        );
+        let table_pushes = Counter::default();
+        registry.register("table_pushes", "Routing tables written to Envoy", table_pushes.clone());
+        let gvrs = Gauge::default();
+        registry.register("gvrs", "Group/version/resources in the current table", gvrs.clone());
+        let rerouted_gvrs = Gauge::default();
+        registry.register(
+            "rerouted_gvrs",
+            "GVRs of the current table that not every apiserver serves",
+            rerouted_gvrs.clone(),
+        );
+        let apiserver_current = Family::<ApiserverLabel, Gauge>::default();
+        registry.register(
+            "apiserver_current",
+            "1 while the apiserver's discovery is current, 0 while stale or dropped",
+            apiserver_current.clone(),
+        );
+        let apiserver_drops = Family::<ApiserverLabel, Counter>::default();
+        registry.register(
+            "apiserver_drops",
+            "Times an apiserver's GVRs left the table after its grace period",
+            apiserver_drops.clone(),
+        );
+        let last_success_age = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "last_successful_sync_age",
+            "Time since the last sync that left Envoy with the current table (-1: none yet)",
+            Unit::Seconds,
+            last_success_age.clone(),
+        );
+        last_success_age.set(-1.0);
+        Self {
+            registry,
+            sync_duration,
+            sync_errors,
+            push_errors,
+            table_pushes,
+            gvrs,
+            rerouted_gvrs,
+            apiserver_current,
+            apiserver_drops,
+            last_success_age,
+            last_success: Mutex::new(None),
+        }
+    }
+
+    pub fn fetch_error(&self, apiserver: &str, kind: &str) {
+        self.sync_errors
+            .get_or_create(&FetchErrorLabels { apiserver: apiserver.to_owned(), kind: kind.to_owned() })
+            .inc();
+    }
+
+    pub fn push_error(&self, kind: &str) {
+        self.push_errors.get_or_create(&KindLabel { kind: kind.to_owned() }).inc();
+    }
+
+    pub fn set_current(&self, apiserver: &str, current: bool) {
+        self.apiserver_current
+            .get_or_create(&ApiserverLabel { apiserver: apiserver.to_owned() })
+            .set(i64::from(current));
+    }
+
+    pub fn dropped(&self, apiserver: &str) {
+        self.apiserver_drops.get_or_create(&ApiserverLabel { apiserver: apiserver.to_owned() }).inc();
+    }
+
+    pub fn succeeded(&self, at: Instant) {
+        if let Ok(mut last) = self.last_success.lock() {
+            *last = Some(at);
+        }
+    }
+
+    pub fn last_success_age(&self) -> Option<Duration> {
+        self.last_success.lock().ok().and_then(|l| *l).map(|at| at.elapsed())
+    }
+
+    /// The OpenMetrics text, with the age computed now.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        if let Some(age) = self.last_success_age() {
+            self.last_success_age.set(age.as_secs_f64());
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
+        Ok(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_labels() {
+        let m = Metrics::new();
+        m.fetch_error("a", "timeout");
+        m.fetch_error("a", "timeout");
+        m.push_error("clusters_missing");
+        m.gvrs.set(112);
+        m.rerouted_gvrs.set(41);
+        m.table_pushes.inc();
+        m.set_current("b", false);
+        m.dropped("b");
+        m.sync_duration.observe(0.2);
+        let text = m.encode().unwrap();
+        for line in [
+            "skewgate_sync_errors_total{apiserver=\"a\",kind=\"timeout\"} 2",
+            "skewgate_push_errors_total{kind=\"clusters_missing\"} 1",
+            "skewgate_gvrs 112",
+            "skewgate_rerouted_gvrs 41",
+            "skewgate_table_pushes_total 1",
+            "skewgate_apiserver_current{apiserver=\"b\"} 0",
+            "skewgate_apiserver_drops_total{apiserver=\"b\"} 1",
+            "skewgate_sync_duration_seconds_count 1",
+            "skewgate_last_successful_sync_age_seconds -1.0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
+        m.succeeded(Instant::now());
+        let text = m.encode().unwrap();
+        assert!(!text.contains("skewgate_last_successful_sync_age_seconds -1"), "{text}");
+    }
+}

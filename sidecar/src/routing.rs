@@ -1,0 +1,115 @@
+//! From discovery documents to what Envoy reads: the routing table (built by
+//! `core::build::build_table`, the one way to build one), `cds.json` and `ecds.json`. Shared by
+//! `skewgate sync` and the offline `skewgate table --discovery`.
+
+use std::path::Path;
+
+use serde_json::Value;
+use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table};
+use skewgate_core::discovery::ApiGroupDiscoveryList;
+use skewgate_core::table::{RoutingTable, TableConfig, TableError};
+
+use crate::envoy::{self, CdsError, Endpoint, Health, UpstreamTls};
+
+/// One apiserver as the table sees it: documents `None` means it serves nothing (it failed
+/// past its grace period, or never answered) but stays in the table and in the pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Server<'a> {
+    pub id: &'a str,
+    pub version: &'a str,
+    pub documents: Option<[&'a ApiGroupDiscoveryList; 2]>,
+}
+
+/// The table for `servers`, in the given order.
+pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
+    let apis: Vec<ServerApis<'_>> = servers
+        .iter()
+        .map(|s| ServerApis {
+            id: s.id,
+            version: s.version,
+            documents: s.documents.map(|d| d.to_vec()).unwrap_or_default(),
+        })
+        .collect();
+    build_table(&apis, &ClusterNames::default())
+}
+
+/// How big the skew is: what `/metrics` and the logs report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub gvrs: usize,
+    /// GVRs that some apiserver does not serve: the filter sends them to a set cluster.
+    pub rerouted: usize,
+}
+
+pub fn counts(table: &TableConfig) -> Counts {
+    let all = table.apiservers.len();
+    let resources = table.group_versions.iter().flat_map(|gv| gv.resources.values());
+    let (gvrs, rerouted) = resources.fold((0, 0), |(n, r), ids| (n + 1, r + usize::from(ids.len() != all)));
+    Counts { gvrs, rerouted }
+}
+
+/// The two files, ready to write.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resources {
+    pub generation: String,
+    pub cds: Value,
+    pub ecds: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("cannot serialise the table: {0}")]
+    Serialize(String),
+    /// The filter would refuse it; never written.
+    #[error("{0}")]
+    Invalid(TableError),
+    #[error("cds: {0}")]
+    Cds(CdsError),
+}
+
+/// `cds.json` and `ecds.json` for `table`. The table JSON is compiled exactly as the filter's
+/// `on_configure` will compile it, so a table Envoy would reject never leaves this function.
+pub fn render(
+    table: &TableConfig,
+    endpoints: &[Endpoint],
+    tls: &UpstreamTls,
+    health: Health,
+    wasm: &Path,
+) -> Result<Resources, RenderError> {
+    let json = serde_json::to_string(table).map_err(|e| RenderError::Serialize(e.to_string()))?;
+    RoutingTable::from_json(json.as_bytes()).map_err(RenderError::Invalid)?;
+    let cds = envoy::cds(table, endpoints, tls, health).map_err(RenderError::Cds)?;
+    Ok(Resources { generation: table.generation.clone(), cds, ecds: envoy::ecds(&json, wasm) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skewgate_core::discovery::{ApiResourceList, core_group_list};
+
+    fn docs(text: &str) -> ApiGroupDiscoveryList {
+        ApiGroupDiscoveryList::from_json(text.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn a_silent_server_stays_but_serves_nothing() {
+        let core = core_group_list(
+            &ApiResourceList::from_json(include_bytes!(
+                "../../testdata/discovery/legacy_core-v1/api__v1.json"
+            ))
+            .unwrap(),
+        );
+        let old =
+            docs(include_str!("../../testdata/discovery/k8s-1.33-era_resource-v1beta2/aggregated_v2.json"));
+        let servers = [
+            Server { id: "a", version: "v1.33.0", documents: Some([&core, &old]) },
+            Server { id: "b", version: "", documents: None },
+        ];
+        let table = build(&servers).unwrap();
+        assert_eq!(table.apiservers.len(), 2);
+        let c = counts(&table);
+        assert!(c.gvrs > 80, "{c:?}");
+        assert_eq!(c.gvrs, c.rerouted);
+        assert!(table.group_versions.iter().all(|gv| gv.served_by == ["a"]));
+    }
+}

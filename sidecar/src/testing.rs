@@ -1,0 +1,218 @@
+//! Test-only: certificates and a tiny TLS server that answers raw bytes, so that fetch tests
+//! can produce every kind of broken answer (garbage, truncation, hangs, wrong certificates).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::config::{Identity, Limits, TlsFiles};
+use crate::envoy::Endpoint;
+use crate::fetch::{ClientTls, Fetcher};
+
+pub struct Ca {
+    cert: rcgen::Certificate,
+    key: KeyPair,
+    pub path: PathBuf,
+}
+
+impl Ca {
+    pub fn new(dir: &Path, name: &str) -> Self {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        let path = dir.join(format!("{name}.crt"));
+        std::fs::write(&path, cert.pem()).unwrap();
+        Self { cert, key, path }
+    }
+
+    /// (cert PEM path, key PEM path, DER cert, DER key)
+    pub fn leaf(&self, dir: &Path, name: &str, sans: &[&str], server: bool) -> Leaf {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![if server {
+            ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        let cert_path = dir.join(format!("{name}.crt"));
+        let key_path = dir.join(format!("{name}.key"));
+        std::fs::write(&cert_path, cert.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        Leaf { cert_path, key_path, der: cert.der().to_vec(), key_der: key.serialize_der() }
+    }
+}
+
+pub struct Leaf {
+    pub cert_path: PathBuf,
+    pub key_path: PathBuf,
+    der: Vec<u8>,
+    key_der: Vec<u8>,
+}
+
+/// Everything a fetch test needs on disk.
+pub struct Certs {
+    pub dir: PathBuf,
+    pub peer_ca: Ca,
+    pub rogue_ca: Ca,
+    pub serving: Leaf,
+    pub wrong_name: Leaf,
+    pub client: Leaf,
+}
+
+impl Certs {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("skewgate-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let peer_ca = Ca::new(&dir, "peer-ca");
+        let rogue_ca = Ca::new(&dir, "rogue-ca");
+        let serving = peer_ca.leaf(&dir, "apiserver", &["kubernetes.default.svc"], true);
+        let wrong_name = peer_ca.leaf(&dir, "other", &["other.example"], true);
+        let client = rogue_ca.leaf(&dir, "front-proxy", &[], false);
+        Self { dir, peer_ca, rogue_ca, serving, wrong_name, client }
+    }
+
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            peer_ca: self.peer_ca.path.clone(),
+            client_cert: self.client.cert_path.clone(),
+            client_key: self.client.key_path.clone(),
+        }
+    }
+
+    pub fn fetcher(&self, addr: SocketAddr, limits: Limits) -> Fetcher {
+        let tls = ClientTls::load(&self.tls_files()).unwrap();
+        let identity = Identity { user: "system:apiserver".into(), groups: vec!["g1".into(), "g2".into()] };
+        let endpoint = Endpoint { id: "a".into(), address: addr.ip().to_string(), port: addr.port() };
+        Fetcher::new(&endpoint, "kubernetes.default.svc", &tls, &identity, limits).unwrap()
+    }
+}
+
+/// What the raw server does for one request.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    /// Status, content type, body.
+    Json(u16, &'static str, Vec<u8>),
+    /// These bytes as the whole response, then close.
+    Raw(Vec<u8>),
+    /// Never answer.
+    Hang,
+}
+
+pub fn json(body: impl Into<Vec<u8>>) -> Answer {
+    Answer::Json(200, "application/json", body.into())
+}
+
+pub type Handler = Arc<dyn Fn(&str) -> Answer + Send + Sync>;
+
+/// Requests seen: path and lower-cased headers (repeated ones joined with "|").
+pub type Seen = Arc<Mutex<Vec<(String, HashMap<String, String>)>>>;
+
+/// A TLS server on 127.0.0.1 speaking just enough HTTP/1.1; `tls: false` is a plaintext
+/// server that answers 400 to whatever arrives.
+pub async fn serve(
+    leaf: &Leaf,
+    tls: bool,
+    handler: Handler,
+) -> (SocketAddr, Seen, tokio::task::JoinHandle<()>) {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(leaf.der.clone())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone())),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let seen2 = seen.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let (acceptor, handler, seen) = (acceptor.clone(), handler.clone(), seen2.clone());
+            tokio::spawn(async move {
+                if tls {
+                    if let Ok(stream) = acceptor.accept(tcp).await {
+                        connection(stream, handler, seen).await;
+                    }
+                } else {
+                    // What a plaintext HTTP server answers to a TLS ClientHello.
+                    let mut tcp = tcp;
+                    let mut buf = [0u8; 1024];
+                    let _ = tcp.read(&mut buf).await;
+                    let _ = tcp.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n").await;
+                    let _ = tcp.shutdown().await;
+                    let _ = (handler, seen);
+                }
+            });
+        }
+    });
+    (addr, seen, task)
+}
+
+async fn connection<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
+    handler: Handler,
+    seen: Seen,
+) {
+    loop {
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            match stream.read(&mut byte).await {
+                Ok(1) => head.push(byte[0]),
+                _ => return,
+            }
+        }
+        let text = String::from_utf8_lossy(&head).into_owned();
+        let mut lines = text.split("\r\n");
+        let path = lines.next().and_then(|l| l.split(' ').nth(1)).unwrap_or("").to_owned();
+        let mut headers: HashMap<String, String> = HashMap::new();
+        for line in lines.filter(|l| !l.is_empty()) {
+            if let Some((k, v)) = line.split_once(':') {
+                let entry = headers.entry(k.trim().to_ascii_lowercase()).or_default();
+                if !entry.is_empty() {
+                    entry.push('|');
+                }
+                entry.push_str(v.trim());
+            }
+        }
+        seen.lock().unwrap().push((path.clone(), headers));
+        match handler(&path) {
+            Answer::Json(status, content_type, body) => {
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                if stream.write_all(head.as_bytes()).await.is_err() || stream.write_all(&body).await.is_err()
+                {
+                    return;
+                }
+            }
+            Answer::Raw(bytes) => {
+                let _ = stream.write_all(&bytes).await;
+                let _ = stream.shutdown().await;
+                return;
+            }
+            Answer::Hang => {
+                tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `skewgate table` and `skewgate sync` as a user runs them.
+
+// Helpers outside #[test] functions count as production code to clippy; here a panic is how a
+// test fails.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+use skewgate_core::table::{RoutingTable, TableConfig};
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../testdata/discovery");
+
+fn skewgate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_skewgate")).args(args).env("NO_COLOR", "1").output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("skewgate-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// a and b of the 1.33 era, c of the 1.36 era, each with /apis and /api/v1.
+fn discovery_args() -> Vec<String> {
+    let core = format!("{FIXTURES}/legacy_core-v1/api__v1.json");
+    [
+        ("a", "k8s-1.33-era_resource-v1beta2"),
+        ("b", "k8s-1.33-era_resource-v1beta2"),
+        ("c", "k8s-1.36-era_resource-v1"),
+    ]
+    .iter()
+    .flat_map(|(id, era)| {
+        ["--discovery".to_string(), format!("{id}={FIXTURES}/{era}/aggregated_v2.json,{core}")]
+    })
+    .collect()
+}
+
+#[test]
+fn table_builds_from_saved_discovery_and_shows_the_skew() {
+    let d = dir("build");
+    let out = d.join("table.json");
+    let mut args: Vec<String> = vec!["table".into()];
+    args.extend(discovery_args());
+    args.extend(["--out".into(), out.display().to_string()]);
+    let o = skewgate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("  GROUP/VERSION/RESOURCE") && lines[0].ends_with("a  b  c"), "{text}");
+    let first_plain = lines.iter().skip(1).position(|l| l.starts_with("  ")).unwrap_or(0);
+    assert!(lines[1..=first_plain].iter().all(|l| l.starts_with("! ")), "rerouted rows come first:\n{text}");
+    assert!(text.contains("! resource.k8s.io/v1/resourceclaims "), "{text}");
+    let summary = lines.last().unwrap();
+    assert!(summary.starts_with("36 GVRs need rerouting, 2 apiservers lack resource.k8s.io/v1"), "{summary}");
+
+    let table = RoutingTable::from_json(&std::fs::read(&out).unwrap()).unwrap();
+    let claims = table.gvr("resource.k8s.io", "v1", "resourceclaims").unwrap();
+    assert_eq!(table.members(claims.serving).collect::<Vec<_>>(), ["c"]);
+    let classes = table.gvr("resource.k8s.io", "v1alpha3", "deviceclasses").unwrap();
+    assert_eq!(table.members(classes.serving).collect::<Vec<_>>(), ["a", "b"]);
+
+    // Without --out the table itself goes to stdout, identical to the file.
+    let o = skewgate(&args[..args.len() - 2].iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: TableConfig = serde_json::from_str(&stdout(&o)).unwrap();
+    let written: TableConfig = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    assert_eq!(printed, written);
+
+    // Show mode, from the table and from an ecds.json carrying it, as JSON.
+    let ecds = d.join("ecds.json");
+    let carried = skewgate::envoy::ecds(&serde_json::to_string(&written).unwrap(), Path::new("/f.wasm"));
+    std::fs::write(&ecds, carried.to_string()).unwrap();
+    for file in [&out, &ecds] {
+        let o = skewgate(&["table", "--table", &file.display().to_string(), "--format", "json"]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        assert_eq!(v["rerouted"], 36);
+        assert_eq!(v["gvrs"][0]["rerouted"], true);
+        assert_eq!(v["summary"].as_str().map(|s| s.starts_with("36 GVRs need rerouting")), Some(true));
+    }
+}
+
+#[test]
+fn table_modes_do_not_mix() {
+    let o = skewgate(&["table"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = skewgate(&["table", "--table", "x.json", "--config", "y.toml"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = skewgate(&["table", "--table", "x.json", "--out", "t.json"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = skewgate(&["table", "--discovery", "a"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("ID=APIS_FILE"), "{}", stderr(&o));
+    let legacy = format!("a={FIXTURES}/legacy_core-v1/api.json");
+    let o = skewgate(&["table", "--discovery", &legacy]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("APIVersions"), "{}", stderr(&o));
+}
+
+#[test]
+fn sync_names_bad_config_fields_and_fails_without_apiservers() {
+    let d = dir("sync");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["kubernetes.default.svc".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let write = |name: &str, text: String| {
+        std::fs::write(d.join(name), text).unwrap();
+        d.join(name)
+    };
+    let (ca, cert, key) =
+        (write("ca.crt", cert.pem()), write("c.crt", cert.pem()), write("c.key", key.serialize_pem()));
+    // A key of another pair: refused before any request, naming the files.
+    let other = write("other.key", rcgen::KeyPair::generate().unwrap().serialize_pem());
+    std::fs::write(d.join("f.wasm"), b"\0asm").unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = json!({
+        "apiservers": [{"id": "a", "address": "127.0.0.1", "port": closed}],
+        "tls": {"peerCa": ca, "clientCert": cert, "clientKey": key},
+        "envoy": {"dir": "out", "wasm": "f.wasm"},
+        "limits": {"requestTimeout": "1s"}
+    });
+    let path = d.join("sync.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let p = path.display().to_string();
+
+    let o = skewgate(&["sync", "--config", &p, "--once", "--poll-period", "fast"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("pollPeriod: "), "{}", stderr(&o));
+    let mut bad = config.clone();
+    bad["apiservers"][0]["port"] = json!(0);
+    std::fs::write(&path, bad.to_string()).unwrap();
+    let o = skewgate(&["sync", "--config", &p, "--once"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("apiservers[0].port: "), "{}", stderr(&o));
+
+    bad = config.clone();
+    bad["tls"]["clientKey"] = json!(other);
+    std::fs::write(&path, bad.to_string()).unwrap();
+    let o = skewgate(&["sync", "--config", &p, "--once"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("tls.clientCert/clientKey"), "{}", stderr(&o));
+
+    // Nobody answers: nothing is written, and the exit code says so.
+    std::fs::write(&path, config.to_string()).unwrap();
+    let o = skewgate(&["sync", "--config", &p, "--once"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no apiserver has discovery documents"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("connect"), "{}", stderr(&o));
+    assert!(!d.join("out/ecds/ecds.json").exists());
+}
