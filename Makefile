@@ -44,7 +44,9 @@ release: wasm
 	cargo build --release -p skewgate -p skewgate-harness
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
-demo: setup release
+demo:
+	scripts/bootstrap.sh --demo
+	$(MAKE) release
 	scripts/demo.sh
 
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
