@@ -38,11 +38,10 @@ impl std::str::FromStr for ApiserverSpec {
         let Some((id, profile)) = s.split_once('=') else {
             bail!("--apiserver {s:?}: expected ID=PROFILE[:disable=GROUP/VERSION,...], e.g. b=1.36");
         };
-        let valid_id = !id.is_empty()
-            && id.len() <= 63
-            && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !valid_id {
-            bail!("--apiserver {s:?}: the id must be 1-63 of [a-z0-9-]");
+        if !skewgate_core::build::is_valid_apiserver_id(id) {
+            bail!(
+                "--apiserver {s:?}: the id must be a DNS label (1-63 of [a-z0-9-], alphanumeric at both ends)"
+            );
         }
         Ok(Self { id: id.to_string(), profile: profile.to_string() })
     }

@@ -456,7 +456,7 @@ impl Reader {
             };
             let id = self.required_string(map.get("id"), &format!("{field}.id"));
             if let Some(id) = &id {
-                if !is_dns_label(id) {
+                if !skewgate_core::build::is_valid_apiserver_id(id) {
                     self.fail(
                         format!("{field}.id"),
                         format!("{id:?} is not a DNS label (1-63 of [a-z0-9-], alphanumeric at both ends)"),
@@ -601,16 +601,6 @@ fn kind(value: &Value) -> &'static str {
         Value::Array(_) => "a list",
         Value::Object(_) => "a table/object",
     }
-}
-
-/// The rule `core::build` applies to ids: they become part of cluster names.
-fn is_dns_label(id: &str) -> bool {
-    let bytes = id.as_bytes();
-    let edge_ok = |b: Option<&u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    bytes.len() <= 63
-        && edge_ok(bytes.first())
-        && edge_ok(bytes.last())
-        && bytes.iter().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
 fn is_dns_name(name: &str) -> bool {
