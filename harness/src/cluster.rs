@@ -2,10 +2,11 @@
 //! filter in front of them, every certificate, and a kubeconfig. What `make demo` runs and what
 //! the end-to-end tests drive.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -14,7 +15,7 @@ use skewgate::config::{Overrides, SyncConfig};
 use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate::sync;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
-use skewgate_core::table::TableConfig;
+use skewgate_core::table::{RoutingTable, TableConfig};
 
 use crate::envoy::{Config, Envoy, Settings, free_port};
 use crate::paths;
@@ -63,6 +64,35 @@ pub struct Options {
     /// The sidecar's /healthz, /readyz, /metrics.
     pub sidecar_port: u16,
     pub poll_period: Duration,
+    /// How long a failing apiserver's last good discovery still counts; `None`: five poll periods.
+    pub grace_period: Option<Duration>,
+    /// Stand-ins (by id) whose serving certificate comes from the rogue CA, which neither Envoy
+    /// nor the sidecar trusts: they must never be used.
+    pub rogue: BTreeSet<String>,
+}
+
+impl Options {
+    /// `ID=PROFILE` stand-ins behind Envoy and the sidecar, every port picked by the system (so
+    /// that clusters run side by side), a 1 s poll period: what tests start.
+    pub fn ephemeral(out: &Path, apiservers: &[(&str, &str)]) -> Self {
+        Self {
+            apiservers: apiservers
+                .iter()
+                .map(|(id, profile)| ApiserverSpec { id: (*id).to_string(), profile: (*profile).to_string() })
+                .collect(),
+            out: out.to_path_buf(),
+            envoy: true,
+            envoy_port: 0,
+            admin_port: 0,
+            first_apiserver_port: 0,
+            history: 10_000,
+            sidecar: true,
+            sidecar_port: 0,
+            poll_period: Duration::from_secs(1),
+            grace_period: None,
+            rogue: BTreeSet::new(),
+        }
+    }
 }
 
 /// What `cluster` prints once everything is ready.
@@ -87,10 +117,32 @@ pub struct Cluster {
     pub sidecar: Option<sync::Running>,
     pub pki: Pki,
     pub store: Arc<Store>,
+    /// The running stand-ins, in `Options::apiservers` order.
     pub standins: Vec<Standin>,
     pub envoy: Option<Envoy>,
+    /// The table Envoy started with.
     pub table: TableConfig,
     pub kubeconfig: PathBuf,
+    /// Certificates, Envoy's files, the kubeconfig, the sidecar's configuration.
+    pub out: PathBuf,
+    admin_token: String,
+    /// How each stand-in was started (its port fixed after the first start), to start it again.
+    templates: Vec<standin::Options>,
+    sidecar_config: Option<SyncConfig>,
+    /// `plaintext_attempts` of every stand-in ever started here, stopped ones included.
+    plaintext: Vec<Arc<AtomicU64>>,
+    http: reqwest::Client,
+}
+
+/// Who a client of [`Cluster::client`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credentials {
+    /// alice's client certificate (`CN=alice, O=devs`), as the kubeconfig's default context.
+    Alice,
+    /// The admin bearer token (`admin`, `system:masters`), as the `skewgate-admin` context.
+    AdminToken,
+    /// Nothing at all.
+    Anonymous,
 }
 
 impl Cluster {
@@ -105,6 +157,266 @@ impl Cluster {
         }
         Ok(())
     }
+
+    pub fn envoy(&self) -> Result<&Envoy> {
+        self.envoy.as_ref().context("this cluster runs without Envoy")
+    }
+
+    /// `https://127.0.0.1:<listener>`.
+    pub fn envoy_url(&self) -> Result<String> {
+        Ok(format!("https://127.0.0.1:{}", self.envoy()?.settings.listen_port))
+    }
+
+    pub fn standin(&self, id: &str) -> Result<&Standin> {
+        self.standins.iter().find(|s| s.id == id).with_context(|| format!("stand-in {id} is not running"))
+    }
+
+    /// `https://127.0.0.1:<port>` of a stand-in, running or not.
+    pub fn apiserver_url(&self, id: &str) -> Result<String> {
+        Ok(format!("https://{}", self.template(id)?.listen))
+    }
+
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    fn template(&self, id: &str) -> Result<&standin::Options> {
+        self.templates
+            .iter()
+            .find(|t| t.id == id)
+            .with_context(|| format!("no apiserver {id} in this cluster"))
+    }
+
+    /// A client for Envoy's listener (trusting the cluster CA) with these credentials.
+    pub fn client(&self, who: Credentials, timeout: Duration) -> Result<reqwest::Client> {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(&self.pki.cluster_ca.cert_path)?)?;
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .no_proxy()
+            .timeout(timeout);
+        match who {
+            Credentials::Alice => {
+                builder = builder.identity(reqwest::Identity::from_pem(&self.pki.alice.identity_pem()?)?);
+            }
+            Credentials::AdminToken => builder = builder.default_headers(self.bearer()?),
+            Credentials::Anonymous => {}
+        }
+        Ok(builder.build()?)
+    }
+
+    /// A client straight to the stand-ins (trusting the peer CA), as the admin token.
+    pub fn direct_client(&self, timeout: Duration) -> Result<reqwest::Client> {
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(&self.pki.peer_ca.cert_path)?)?;
+        Ok(reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .no_proxy()
+            .timeout(timeout)
+            .default_headers(self.bearer()?)
+            .build()?)
+    }
+
+    fn bearer(&self) -> Result<reqwest::header::HeaderMap> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {}", self.admin_token).parse()?);
+        Ok(headers)
+    }
+
+    /// The routing table in `ecds.json` now (what Envoy runs, unless it refused the file).
+    pub fn table_on_disk(&self) -> Result<RoutingTable> {
+        let path = self.envoy_dir().join("ecds/ecds.json");
+        let ecds: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        let table = resources::table_from_ecds(&ecds).context("ecds.json holds no table")?;
+        RoutingTable::from_json(table.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))
+    }
+
+    /// Where Envoy's `cds/` and `ecds/` directories are.
+    pub fn envoy_dir(&self) -> PathBuf {
+        self.out.join("envoy")
+    }
+
+    /// Connections that reached any stand-in of this cluster (stopped ones included) without
+    /// TLS.
+    pub fn plaintext_attempts(&self) -> u64 {
+        self.plaintext.iter().map(|p| p.load(Ordering::SeqCst)).sum()
+    }
+
+    /// Stops a stand-in the way `kube-apiserver` stops on SIGTERM without a shutdown delay:
+    /// it stops accepting, finishes what is in flight, ends watches.
+    pub async fn stop_apiserver(&mut self, id: &str) -> Result<()> {
+        self.take_standin(id)?.shutdown().await;
+        Ok(())
+    }
+
+    /// Kills a stand-in: its connections close at once, requests in flight get no answer.
+    pub async fn kill_apiserver(&mut self, id: &str) -> Result<()> {
+        self.take_standin(id)?.kill().await;
+        Ok(())
+    }
+
+    fn take_standin(&mut self, id: &str) -> Result<Standin> {
+        let index = self
+            .standins
+            .iter()
+            .position(|s| s.id == id)
+            .with_context(|| format!("stand-in {id} is not running"))?;
+        Ok(self.standins.remove(index))
+    }
+
+    /// Starts a stopped stand-in again on its port, sharing the store, with `profile` (e.g.
+    /// the next era: an upgrade in place) and the serving certificate the peer CA signed.
+    /// It is ready at once.
+    pub async fn start_apiserver(&mut self, id: &str, profile: &str) -> Result<()> {
+        let serving = self.pki.apiserver.clone();
+        self.start_with(id, profile, serving, None).await
+    }
+
+    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts: it serves at once
+    /// (discovery included) while `/readyz` fails for `startup` (its post-start hooks).
+    pub async fn boot_apiserver(&mut self, id: &str, profile: &str, startup: Duration) -> Result<()> {
+        let serving = self.pki.apiserver.clone();
+        self.start_with(id, profile, serving, Some(startup)).await
+    }
+
+    /// Like [`Cluster::start_apiserver`], but serving a certificate from the rogue CA.
+    pub async fn start_rogue_apiserver(&mut self, id: &str, profile: &str) -> Result<()> {
+        let serving = self.pki.rogue_apiserver.clone();
+        self.start_with(id, profile, serving, None).await
+    }
+
+    async fn start_with(
+        &mut self,
+        id: &str,
+        profile: &str,
+        serving: crate::pki::Pair,
+        startup: Option<Duration>,
+    ) -> Result<()> {
+        if self.standins.iter().any(|s| s.id == id) {
+            bail!("stand-in {id} is already running");
+        }
+        let mut options = self.template(id)?.clone();
+        options.profile = Profile::parse(profile).with_context(|| format!("apiserver {id}"))?;
+        options.serving = serving;
+        let standin = match startup {
+            None => standin::serve(options, self.store.clone()).await?,
+            Some(delay) => {
+                let standin = standin::serve_unready(options, self.store.clone()).await?;
+                standin.ready_after(delay);
+                standin
+            }
+        };
+        self.plaintext.push(standin.plaintext_attempts.clone());
+        let order: Vec<&str> = self.templates.iter().map(|t| t.id.as_str()).collect();
+        let rank = |id: &str| order.iter().position(|o| *o == id).unwrap_or(usize::MAX);
+        let at = self.standins.iter().position(|s| rank(&s.id) > rank(id)).unwrap_or(self.standins.len());
+        self.standins.insert(at, standin);
+        Ok(())
+    }
+
+    /// Health of every host of every Envoy cluster: (cluster, port) → healthy.
+    pub async fn envoy_hosts(&self) -> Result<BTreeMap<(String, u16), bool>> {
+        let text = self.http.get(self.envoy()?.admin_url("/clusters")).send().await?.text().await?;
+        Ok(parse_host_health(&text))
+    }
+
+    /// Whether Envoy sees `id` healthy: `Some(true)` when healthy in every cluster it is a host
+    /// of, `Some(false)` when unhealthy in every one, `None` in between.
+    pub async fn envoy_sees_healthy(&self, id: &str) -> Result<Option<bool>> {
+        let port = self.template(id)?.listen.port();
+        let flags: Vec<bool> =
+            self.envoy_hosts().await?.into_iter().filter(|((_, p), _)| *p == port).map(|(_, h)| h).collect();
+        Ok(if !flags.is_empty() && flags.iter().all(|h| *h) {
+            Some(true)
+        } else if flags.iter().all(|h| !*h) {
+            Some(false)
+        } else {
+            None
+        })
+    }
+
+    /// Polls until Envoy sees `id` as `healthy` everywhere; returns how long that took.
+    pub async fn wait_envoy_sees(&self, id: &str, healthy: bool, timeout: Duration) -> Result<Duration> {
+        let started = Instant::now();
+        loop {
+            if self.envoy_sees_healthy(id).await? == Some(healthy) {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                bail!(
+                    "Envoy does not see {id} as {} after {timeout:?}",
+                    if healthy { "healthy" } else { "unhealthy" }
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What a real apiserver does before it stops (`--shutdown-delay-duration`): `/readyz`
+    /// fails, and the load balancer (Envoy's health checks) stops sending it new requests.
+    /// Returns once Envoy sees it unhealthy in every cluster; the stand-in still serves.
+    pub async fn drain_apiserver(&self, id: &str, timeout: Duration) -> Result<Duration> {
+        self.standin(id)?.set_ready(false);
+        self.wait_envoy_sees(id, false, timeout).await
+    }
+
+    /// Stops the sidecar; Envoy keeps the files (and the table) it has.
+    pub async fn stop_sidecar(&mut self) -> Result<()> {
+        match self.sidecar.take() {
+            Some(sidecar) => sidecar.stop().await,
+            None => bail!("the sidecar is not running"),
+        }
+    }
+
+    /// Kills the sidecar: its task is dropped wherever it is, mid-sync or not.
+    pub fn kill_sidecar(&mut self) -> Result<()> {
+        match self.sidecar.take() {
+            Some(sidecar) => {
+                drop(sidecar);
+                Ok(())
+            }
+            None => bail!("the sidecar is not running"),
+        }
+    }
+
+    /// Starts the sidecar again, on the address it had.
+    pub async fn start_sidecar(&mut self) -> Result<&sync::Running> {
+        if self.sidecar.is_some() {
+            bail!("the sidecar is already running");
+        }
+        let config = self.sidecar_config.clone().context("this cluster runs without a sidecar")?;
+        // A killed sidecar's listener closes when the runtime gets round to dropping its task.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while TcpListener::bind(config.listen).is_err() {
+            if Instant::now() > deadline {
+                bail!("the sidecar's address {} is still in use", config.listen);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let running = sync::spawn(config).await?;
+        Ok(self.sidecar.insert(running))
+    }
+
+    /// The sidecar's Prometheus text.
+    pub async fn sidecar_metrics(&self) -> Result<String> {
+        let sidecar = self.sidecar.as_ref().context("the sidecar is not running")?;
+        Ok(self.http.get(format!("http://{}/metrics", sidecar.listen)).send().await?.text().await?)
+    }
+}
+
+/// `cluster::port::health_flags::<flags>` lines of Envoy's `/clusters`.
+fn parse_host_health(text: &str) -> BTreeMap<(String, u16), bool> {
+    text.lines()
+        .filter_map(|line| {
+            let (cluster, rest) = line.split_once("::")?;
+            let (address, rest) = rest.split_once("::")?;
+            let flags = rest.strip_prefix("health_flags::")?;
+            let port = address.rsplit_once(':')?.1.parse().ok()?;
+            Some(((cluster.to_string(), port), flags == "healthy"))
+        })
+        .collect()
 }
 
 /// Refuses busy ports up front, so a second cluster fails at once and names the port.
@@ -149,14 +461,22 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     let store = Store::new(o.history);
     let mut standins = Vec::new();
     let mut profiles = Vec::new();
+    let mut templates = Vec::new();
+    if let Some(unknown) = o.rogue.iter().find(|r| !o.apiservers.iter().any(|a| a.id == **r)) {
+        bail!("rogue apiserver {unknown} is not one of the apiservers");
+    }
     for (spec, (port, _)) in o.apiservers.iter().zip(&ports) {
         let profile = Profile::parse(&spec.profile).with_context(|| format!("apiserver {}", spec.id))?;
         profiles.push(profile.clone());
-        let options = standin::Options {
+        let serving = match o.rogue.contains(&spec.id) {
+            true => pki.rogue_apiserver.clone(),
+            false => pki.apiserver.clone(),
+        };
+        let mut options = standin::Options {
             id: spec.id.clone(),
             profile,
             listen: SocketAddr::from(([127, 0, 0, 1], *port)),
-            serving: pki.apiserver.clone(),
+            serving,
             auth: Auth {
                 requestheader_ca: pki.requestheader_ca.cert_path.clone(),
                 requestheader_allowed_names: vec![FRONT_PROXY_CN.to_string()],
@@ -169,8 +489,14 @@ pub async fn start(o: &Options) -> Result<Cluster> {
             },
             bookmark_interval: Duration::from_secs(15),
         };
-        standins.push(standin::serve(options, store.clone()).await?);
+        let standin = standin::serve(options.clone(), store.clone()).await?;
+        // A restart must come back on the same port, whatever port 0 became.
+        options.listen = standin.addr;
+        options.serving = pki.apiserver.clone();
+        templates.push(options);
+        standins.push(standin);
     }
+    let plaintext = standins.iter().map(|s| s.plaintext_attempts.clone()).collect();
 
     let endpoints: Vec<Endpoint> = standins
         .iter()
@@ -230,19 +556,38 @@ pub async fn start(o: &Options) -> Result<Cluster> {
         };
         let (cds, ecds) = (read(settings.cds_path())?, read(settings.ecds_path())?);
         let envoy = Envoy::start(settings, &cds, &ecds).await?;
-        wait_healthy(&envoy, &table, Duration::from_secs(20)).await?;
+        wait_healthy(&envoy, &table, &o.rogue, Duration::from_secs(20)).await?;
         Some(envoy)
     } else {
         None
     };
-    let sidecar = match sidecar_config {
-        Some(config) => Some(sync::spawn(config).await?),
-        None => None,
+    let (sidecar, sidecar_config) = match sidecar_config {
+        Some(mut config) => {
+            let running = sync::spawn(config.clone()).await?;
+            // A restarted sidecar answers where this one did.
+            config.listen = running.listen;
+            (Some(running), Some(config))
+        }
+        None => (None, None),
     };
     std::fs::write(out.join("table.json"), serde_json::to_string_pretty(&table)?)?;
     let kubeconfig = out.join("kubeconfig");
     std::fs::write(&kubeconfig, kubeconfig_yaml(&pki, &admin_token, envoy.as_ref(), &standins))?;
-    Ok(Cluster { sidecar, pki, store, standins, envoy, table, kubeconfig })
+    Ok(Cluster {
+        sidecar,
+        pki,
+        store,
+        standins,
+        envoy,
+        table,
+        kubeconfig,
+        out,
+        admin_token,
+        templates,
+        sidecar_config,
+        plaintext,
+        http: reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build()?,
+    })
 }
 
 fn upstream_tls(pki: &Pki) -> UpstreamTls {
@@ -283,15 +628,23 @@ fn sidecar_config(
             "adminUrl": format!("http://127.0.0.1:{admin_port}"),
         },
         "pollPeriod": ms(o.poll_period.as_millis() as u64),
-        "gracePeriod": ms(o.poll_period.as_millis() as u64 * 5),
+        "gracePeriod": ms(o.grace_period.unwrap_or(o.poll_period * 5).as_millis() as u64),
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
         "listen": format!("127.0.0.1:{}", o.sidecar_port),
     }))
 }
 
-/// Until every host of every cluster passed its first health check.
-async fn wait_healthy(envoy: &Envoy, table: &TableConfig, timeout: Duration) -> Result<()> {
-    let hosts = table.apiservers.len() * 2 + table.sets.iter().map(|s| s.members.len()).sum::<usize>();
+/// Until every host of every cluster passed its first health check (rogue ones never do).
+async fn wait_healthy(
+    envoy: &Envoy,
+    table: &TableConfig,
+    rogue: &BTreeSet<String>,
+    timeout: Duration,
+) -> Result<()> {
+    let trusted = |id: &String| !rogue.contains(id);
+    let apiservers = table.apiservers.iter().filter(|a| trusted(&a.id)).count();
+    let members: usize = table.sets.iter().map(|s| s.members.iter().filter(|m| trusted(m)).count()).sum();
+    let hosts = apiservers * 2 + members;
     let deadline = Instant::now() + timeout;
     loop {
         let clusters = reqwest::get(envoy.admin_url("/clusters")).await?.text().await?;

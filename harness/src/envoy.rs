@@ -20,6 +20,11 @@ pub enum Config {
     Skewgate,
     /// `envoy-config/plain-lb.yaml`: no filter, every request to this pool cluster.
     PlainLb { pool_cluster: String },
+    /// `plain-lb.yaml` with these routes ahead of the pool route: routing done the way a user
+    /// would without skewgate, by generating Envoy routes (benchmarks compare against it).
+    NativeRoutes { pool_cluster: String, routes: Vec<serde_json::Value> },
+    /// A complete bootstrap of its own (e.g. the benchmarks' upstream responder).
+    Custom(String),
 }
 
 /// What the bootstrap template needs.
@@ -69,6 +74,14 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
     let (file, pool) = match &s.config {
         Config::Skewgate => ("bootstrap.yaml", String::new()),
         Config::PlainLb { pool_cluster } => ("plain-lb.yaml", pool_cluster.clone()),
+        Config::NativeRoutes { pool_cluster, routes } => {
+            let plain = render_bootstrap(&Settings {
+                config: Config::PlainLb { pool_cluster: pool_cluster.clone() },
+                ..s.clone()
+            })?;
+            return insert_routes(&plain, routes);
+        }
+        Config::Custom(bootstrap) => return Ok(bootstrap.clone()),
     };
     let template = std::fs::read_to_string(paths::envoy_config_dir().join(file))?;
     let p = |p: &Path| p.display().to_string();
@@ -85,6 +98,14 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
         ("ROUTE_TIMEOUT", s.route_timeout.clone()),
     ]);
     render(&template, &values)
+}
+
+/// JSON is YAML: each route goes in as one flow-style line ahead of plain-lb.yaml's pool route.
+fn insert_routes(plain: &str, routes: &[serde_json::Value]) -> Result<String> {
+    const ROUTES: &str = "              routes:\n";
+    let at = plain.find(ROUTES).context("plain-lb.yaml has no routes list")? + ROUTES.len();
+    let lines: String = routes.iter().map(|r| format!("              - {r}\n")).collect();
+    Ok(format!("{}{lines}{}", &plain[..at], &plain[at..]))
 }
 
 /// Runs `envoy --mode validate` on a bootstrap.

@@ -1,9 +1,12 @@
 //! Test harness for skewgate: certificates, a real Envoy process with the built filter, and
 //! loopback apiserver doubles. Used by the integration tests, the local cluster and benchmarks.
 
+pub mod bench;
 pub mod cluster;
 pub mod echo;
 pub mod envoy;
+pub mod kubectl;
+pub mod load;
 pub mod paths;
 pub mod pki;
 pub mod standin;

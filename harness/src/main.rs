@@ -1,8 +1,16 @@
+mod certs;
+
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use serde_json::json;
 use skewgate_harness::cluster::{self, ApiserverSpec};
+use skewgate_harness::pki::{FRONT_PROXY_CN, Pair};
+use skewgate_harness::standin::{self, Auth, Profile, RemoteStore, Store, StoreHandle, Token};
 
 /// skewgate's test harness: stand-in kube-apiservers and the local skewed cluster.
 #[derive(Debug, Parser)]
@@ -46,6 +54,53 @@ enum Command {
         #[arg(long, default_value_t = 10_000)]
         history: usize,
     },
+    /// The one-shot certificate job (docker-compose): writes DIR/pki (kept if complete),
+    /// DIR/admin.token and DIR/kubeconfig (contexts skewgate: alice's certificate, and
+    /// skewgate-admin: the token, both through Envoy). Prints one JSON line.
+    Certs {
+        #[arg(long)]
+        out: PathBuf,
+        /// Envoy's address as kubectl reaches it; the listener certificate names localhost and
+        /// 127.0.0.1 only.
+        #[arg(long, default_value = "https://127.0.0.1:6443")]
+        server: String,
+    },
+    /// The object store that stand-ins in separate processes or containers share, as
+    /// kube-apiservers share etcd: plain HTTP/JSON, no authentication, in memory (a new store
+    /// is an empty cluster). Prints one JSON line when ready; runs until SIGINT or SIGTERM.
+    Store {
+        #[arg(long, default_value = "127.0.0.1:2379")]
+        listen: SocketAddr,
+        /// Events kept for watches from a revision; older revisions get 410 Gone.
+        #[arg(long, default_value_t = 10_000)]
+        history: usize,
+    },
+    /// One stand-in apiserver with the certificates of `certs` (or `cluster`): serving
+    /// certificate from the peer CA, front-proxy, x509 and token authentication. Prints one
+    /// JSON line when ready; runs until SIGINT or SIGTERM.
+    Standin {
+        /// A DNS label; it names the apiserver in x-skewgate-served-by and in the routing table.
+        #[arg(long)]
+        id: String,
+        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36.
+        #[arg(long)]
+        profile: String,
+        #[arg(long, default_value = "127.0.0.1:7001")]
+        listen: SocketAddr,
+        /// The folder with apiserver.crt/.key, requestheader-ca.crt and cluster-ca.crt.
+        #[arg(long)]
+        pki: PathBuf,
+        /// URL of `skewgate-harness store` (e.g. http://store:2379); without it the stand-in
+        /// keeps its objects to itself.
+        #[arg(long)]
+        store: Option<String>,
+        /// A file holding the bearer token of `admin` (group system:masters).
+        #[arg(long)]
+        admin_token_file: Option<PathBuf>,
+        /// Events kept by the stand-in's own store (without --store).
+        #[arg(long, default_value_t = 10_000)]
+        history: usize,
+    },
 }
 
 #[tokio::main]
@@ -84,6 +139,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 sidecar: !no_sidecar,
                 sidecar_port,
                 poll_period: std::time::Duration::from_millis(poll_ms),
+                grace_period: None,
+                rogue: Default::default(),
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));
@@ -91,7 +148,80 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("skewgate-harness: stopping");
             running.shutdown().await
         }
+        Command::Certs { out, server } => {
+            println!("{}", certs::write(&out, &server)?);
+            Ok(())
+        }
+        Command::Store { listen, history } => {
+            let service = standin::serve_store(Store::new(history), listen).await?;
+            println!("{}", json!({"store": service.url(), "revision": service.store.revision()}));
+            wait_for_signal().await?;
+            eprintln!("skewgate-harness: stopping");
+            Ok(())
+        }
+        Command::Standin { id, profile, listen, pki, store, admin_token_file, history } => {
+            run_standin(id, profile, listen, pki, store, admin_token_file, history).await
+        }
     }
+}
+
+async fn run_standin(
+    id: String,
+    profile: String,
+    listen: SocketAddr,
+    pki: PathBuf,
+    store: Option<String>,
+    admin_token_file: Option<PathBuf>,
+    history: usize,
+) -> anyhow::Result<()> {
+    if !skewgate_core::build::is_valid_apiserver_id(&id) {
+        bail!("--id {id:?}: must be a DNS label (1-63 of [a-z0-9-], alphanumeric at both ends)");
+    }
+    let profile = Profile::parse(&profile).with_context(|| format!("--profile {profile:?}"))?;
+    for file in ["apiserver.crt", "apiserver.key", "requestheader-ca.crt", "cluster-ca.crt"] {
+        if !pki.join(file).is_file() {
+            bail!("--pki {}: no {file} (`skewgate-harness certs` writes it)", pki.display());
+        }
+    }
+    let mut tokens = Vec::new();
+    if let Some(path) = &admin_token_file {
+        let token = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        tokens.push(Token {
+            token: token.trim().to_string(),
+            user: "admin".into(),
+            groups: vec!["system:masters".into()],
+        });
+    }
+    let (handle, store_url) = match &store {
+        // Containers start in any order: give the store a little time.
+        Some(url) => {
+            (StoreHandle::from(RemoteStore::connect(url, Duration::from_secs(30)).await?), url.clone())
+        }
+        None => (StoreHandle::from(Store::new(history)), "in-process".to_string()),
+    };
+    let git_version = profile.git_version.clone();
+    let options = standin::Options {
+        id,
+        profile,
+        listen,
+        serving: Pair { cert: pki.join("apiserver.crt"), key: pki.join("apiserver.key") },
+        auth: Auth {
+            requestheader_ca: pki.join("requestheader-ca.crt"),
+            requestheader_allowed_names: vec![FRONT_PROXY_CN.to_string()],
+            client_ca: pki.join("cluster-ca.crt"),
+            tokens,
+        },
+        bookmark_interval: standin::Options::BOOKMARK_INTERVAL,
+    };
+    let running = standin::serve(options, handle).await?;
+    println!(
+        "{}",
+        json!({"standin": running.id, "listen": format!("https://{}", running.addr), "version": git_version, "store": store_url})
+    );
+    wait_for_signal().await?;
+    eprintln!("skewgate-harness: stopping");
+    running.shutdown().await;
+    Ok(())
 }
 
 async fn wait_for_signal() -> anyhow::Result<()> {

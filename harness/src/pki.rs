@@ -103,6 +103,9 @@ pub struct Pki {
     /// Signs nothing anybody trusts: for "wrong CA" tests.
     pub rogue_ca: Ca,
     pub apiserver: Pair,
+    /// A serving certificate like `apiserver`'s (same names) from the rogue CA: what an
+    /// impostor, or an apiserver after a botched certificate rotation, presents.
+    pub rogue_apiserver: Pair,
     pub front_proxy: Pair,
     pub envoy_listener: Pair,
     /// `CN=alice, O=devs`, from the cluster CA.
@@ -119,6 +122,12 @@ impl Pki {
         let local = ["localhost", "127.0.0.1"];
         let apiserver =
             peer_ca.server(dir, "apiserver", "kube-apiserver", &[APISERVER_NAME, local[0], local[1]])?;
+        let rogue_apiserver = rogue_ca.server(
+            dir,
+            "rogue-apiserver",
+            "kube-apiserver",
+            &[APISERVER_NAME, local[0], local[1]],
+        )?;
         let front_proxy = requestheader_ca.client(dir, "front-proxy", FRONT_PROXY_CN, &[])?;
         let envoy_listener = cluster_ca.server(dir, "envoy-listener", "skewgate-envoy", &local)?;
         let alice = cluster_ca.client(dir, "alice", "alice", &["devs"])?;
@@ -129,6 +138,7 @@ impl Pki {
             requestheader_ca,
             rogue_ca,
             apiserver,
+            rogue_apiserver,
             front_proxy,
             envoy_listener,
             alice,

@@ -25,6 +25,8 @@ async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
         sidecar: false,
         sidecar_port: 0,
         poll_period: Duration::from_secs(1),
+        grace_period: None,
+        rogue: Default::default(),
     };
     cluster::start(&options).await
 }

@@ -401,9 +401,11 @@ async fn run_with(
         "skewgate sync started"
     );
     let (stop_server, server_stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve::serve(listener, sidecar.shared(), async {
+    // Aborted if this future is dropped (a `Running` dropped, i.e. the sidecar killed): a
+    // detached server task would keep the port and answer /metrics for a dead sidecar.
+    let mut server = AbortOnDrop(tokio::spawn(serve::serve(listener, sidecar.shared(), async {
         let _ = server_stopped.await;
-    }));
+    })));
     tokio::pin!(shutdown);
     let mut ticker = tokio::time::interval(poll_period);
     ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -421,9 +423,18 @@ async fn run_with(
         }
     }
     let _ = stop_server.send(());
-    let _ = server.await;
+    let _ = (&mut server.0).await;
     tracing::info!("skewgate sync stopped");
     Ok(())
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]

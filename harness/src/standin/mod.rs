@@ -1,5 +1,6 @@
 //! Stand-in kube-apiservers: one process hosts several, each on its own loopback port with its
-//! own id and version profile, all sharing one [`Store`] (as real apiservers share etcd).
+//! own id and version profile, all sharing one [`Store`] (as real apiservers share etcd); or,
+//! one per process or container, sharing a [`RemoteStore`] served by `skewgate-harness store`.
 //! Faithful enough that a real kubectl cannot tell for what skewgate routes: TLS with
 //! front-proxy / x509 / token authentication, aggregated and legacy discovery, OpenAPI v3,
 //! CRUD, list and watch with apiserver semantics, and upstream's Status errors.
@@ -16,17 +17,20 @@ mod params;
 mod patch;
 mod profile;
 mod proto;
+mod remote_store;
 mod reply;
 mod resources;
 mod reviews;
 mod selector;
 mod status;
 mod store;
+mod store_handle;
+mod store_service;
 mod table;
 mod tls;
 mod watch;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -49,7 +53,10 @@ use tokio_rustls::TlsAcceptor;
 
 pub use auth::{Auth, Identity, Method as AuthMethod, Token};
 pub use profile::Profile;
+pub use remote_store::RemoteStore;
 pub use store::{Key, Store};
+pub use store_handle::StoreHandle;
+pub use store_service::{StoreService, serve_store};
 
 use crate::echo::SERVED_BY;
 use crate::pki::Pair;
@@ -62,6 +69,8 @@ use tls::{PeerCert, Tls};
 pub const MAX_BODY: usize = 3 * 1024 * 1024;
 /// How many authenticated identities each stand-in remembers for tests.
 const IDENTITIES_KEPT: usize = 32;
+/// How many served requests each stand-in remembers for tests ([`Standin::recent`]).
+const REQUESTS_KEPT: usize = 512;
 /// A client that neither starts nor finishes a TLS handshake in this time is dropped
 /// (Go's `http.Server` does the same with its handshake timeout).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -117,8 +126,40 @@ impl Standin {
         self.instance.ready.store(ready, Ordering::SeqCst);
     }
 
+    /// Makes `/readyz` pass `delay` from now (unless stopped first): the end of a starting
+    /// kube-apiserver's post-start hooks.
+    pub fn ready_after(&self, delay: Duration) {
+        let instance = self.instance.clone();
+        let mut stopping = instance.stopping.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(delay) => instance.ready.store(true, Ordering::SeqCst),
+                _ = stopping.wait_for(|stop| *stop) => {}
+            }
+        });
+    }
+
     pub fn profile(&self) -> &Profile {
         &self.instance.profile
+    }
+
+    /// The last requests served (at most a few hundred), oldest first: what arrived and what
+    /// was answered, so tests can tell where a request went and what the server read.
+    pub fn recent(&self) -> Vec<Served> {
+        self.instance.recent.lock().unwrap_or_else(PoisonError::into_inner).iter().cloned().collect()
+    }
+
+    /// The request this stand-in answered with this `Audit-Id` response header, if it still
+    /// remembers it.
+    pub fn served(&self, audit_id: &str) -> Option<Served> {
+        let recent = self.instance.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        recent.iter().rev().find(|s| s.audit_id == audit_id).cloned()
+    }
+
+    /// Watch requests received, by `resource.version.group` (`pods.v1` for core), whatever
+    /// their outcome.
+    pub fn watch_requests(&self) -> BTreeMap<String, u64> {
+        self.instance.watches.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Stops accepting, ends every watch and waits (a few seconds at most) for connections to close.
@@ -128,6 +169,30 @@ impl Standin {
             let _ = task.await;
         }
     }
+
+    /// Dies the way a killed process does: the listener and every connection close at once,
+    /// requests in flight get no answer. Returns once the port is free again.
+    pub async fn kill(mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+            // Aborting drops the accept loop, its listener and (through its JoinSet) every
+            // connection task; awaiting makes sure that has happened.
+            let _ = task.await;
+        }
+    }
+}
+
+/// One request a stand-in answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Served {
+    /// The `Audit-Id` response header it carried.
+    pub audit_id: String,
+    pub method: String,
+    /// The request target (path and query) as it arrived, before any decoding.
+    pub target: String,
+    pub status: u16,
+    /// Who it was served as (`None`: not authenticated).
+    pub identity: Option<Identity>,
 }
 
 impl Drop for Standin {
@@ -147,8 +212,10 @@ struct Instance {
     catalog: Catalog,
     discovery: discovery::Discovery,
     openapi: openapi::OpenApi,
-    store: Arc<Store>,
+    store: StoreHandle,
     identities: Mutex<VecDeque<Identity>>,
+    recent: Mutex<VecDeque<Served>>,
+    watches: Mutex<BTreeMap<String, u64>>,
     ready: AtomicBool,
     requests: Arc<AtomicU64>,
     bookmark_interval: Duration,
@@ -156,7 +223,18 @@ struct Instance {
 }
 
 /// Starts a stand-in. A busy port is an error naming the address.
-pub async fn serve(options: Options, store: Arc<Store>) -> Result<Standin> {
+/// `store` is an `Arc<Store>` shared in-process or a [`RemoteStore`].
+pub async fn serve(options: Options, store: impl Into<StoreHandle>) -> Result<Standin> {
+    start(options, store.into(), true).await
+}
+
+/// Starts a stand-in whose `/readyz` fails from its first request on, as a starting
+/// kube-apiserver's does; [`Standin::ready_after`] or [`Standin::set_ready`] end that.
+pub async fn serve_unready(options: Options, store: impl Into<StoreHandle>) -> Result<Standin> {
+    start(options, store.into(), false).await
+}
+
+async fn start(options: Options, store: StoreHandle, ready: bool) -> Result<Standin> {
     let tls =
         Tls::new(&options.serving, &options.auth).with_context(|| format!("stand-in {}: TLS", options.id))?;
     let listener = TcpListener::bind(options.listen).await.map_err(|e| match e.kind() {
@@ -176,7 +254,9 @@ pub async fn serve(options: Options, store: Arc<Store>) -> Result<Standin> {
         auth: options.auth,
         store,
         identities: Mutex::new(VecDeque::new()),
-        ready: AtomicBool::new(true),
+        recent: Mutex::new(VecDeque::new()),
+        watches: Mutex::new(BTreeMap::new()),
+        ready: AtomicBool::new(ready),
         requests: requests.clone(),
         bookmark_interval: options.bookmark_interval,
         stopping: stopping.clone(),
@@ -293,16 +373,22 @@ impl Instance {
                 .collect();
             format!("{} {} {}", req.method(), req.uri(), headers.join(" "))
         });
-        let mut resp = self.route(req, peer).await;
+        let method = req.method().to_string();
+        let target = req.uri().path_and_query().map_or_else(|| req.uri().to_string(), |p| p.to_string());
+        let mut identity = None;
+        let mut resp = self.route(req, peer, &mut identity).await;
         if let Some(line) = trace {
             // Opt-in debugging aid for kubectl trials.
             eprintln!("[standin {}] {line} -> {}", self.id, resp.status().as_u16());
         }
+        let audit_id = uuid::Uuid::new_v4().to_string();
+        let status = resp.status().as_u16();
+        self.remember_served(Served { audit_id: audit_id.clone(), method, target, status, identity });
         let headers = resp.headers_mut();
         if let Ok(id) = HeaderValue::from_str(&self.id) {
             headers.insert(SERVED_BY, id);
         }
-        if let Ok(audit) = HeaderValue::from_str(&uuid::Uuid::new_v4().to_string()) {
+        if let Ok(audit) = HeaderValue::from_str(&audit_id) {
             headers.insert("audit-id", audit);
         }
         if !headers.contains_key(CACHE_CONTROL) {
@@ -311,7 +397,8 @@ impl Instance {
         resp
     }
 
-    async fn route(&self, req: Request<Incoming>, peer: &PeerCert) -> Reply {
+    /// Answers `req`; `seen` gets the identity it was authenticated as, if any.
+    async fn route(&self, req: Request<Incoming>, peer: &PeerCert, seen: &mut Option<Identity>) -> Reply {
         let (parts, body) = req.into_parts();
         let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
         let (raw_path, query) = split_target(target);
@@ -321,6 +408,7 @@ impl Instance {
         let identity = match self.auth.authenticate(peer, &parts.headers) {
             Some(identity) => {
                 self.remember(&identity);
+                *seen = Some(identity.clone());
                 identity
             }
             None if auth::anonymous_allowed(&path) => Identity::anonymous(),
@@ -332,6 +420,9 @@ impl Instance {
             Err(_) => Bytes::new(),
         };
         let info = RequestInfo::parse(parts.method.as_str(), &path, query);
+        if info.is_resource_request && info.verb == "watch" {
+            self.count_watch(&info);
+        }
         if info.is_resource_request {
             let call = resources::Call {
                 info: &info,
@@ -343,6 +434,22 @@ impl Instance {
             return resources::handle(self, call);
         }
         self.non_resource(&parts.method, &path, query, &parts.headers)
+    }
+
+    fn remember_served(&self, served: Served) {
+        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
+        if recent.len() >= REQUESTS_KEPT {
+            recent.pop_front();
+        }
+        recent.push_back(served);
+    }
+
+    fn count_watch(&self, info: &RequestInfo<'_>) {
+        let mut key = format!("{}.{}", info.resource, info.api_version);
+        if !info.api_group.is_empty() {
+            key = format!("{key}.{}", info.api_group);
+        }
+        *self.watches.lock().unwrap_or_else(PoisonError::into_inner).entry(key).or_default() += 1;
     }
 
     fn remember(&self, identity: &Identity) {

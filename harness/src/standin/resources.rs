@@ -166,7 +166,7 @@ fn object_reply(call: &Call<'_>, r: &Resource, code: u16, object: &Value) -> Res
 // Reads
 
 fn get(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply, Status> {
-    let object = instance.store.get(&t.key()).ok_or_else(|| Status::not_found(t.target(), t.name))?;
+    let object = instance.store.get(&t.key())?.ok_or_else(|| Status::not_found(t.target(), t.name))?;
     object_reply(call, t.r, 200, &object)
 }
 
@@ -233,7 +233,7 @@ fn list(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply
         Some(token) => {
             let (revision, ns, name) =
                 decode_continue(token).ok_or_else(|| Status::bad_request("continue key is not valid"))?;
-            if revision < instance.store.compacted() {
+            if revision < instance.store.compacted()? {
                 return Err(Status::failure(
                     410,
                     "Expired",
@@ -246,7 +246,7 @@ fn list(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply
         None => match revision_param(call)? {
             None => None,
             Some(requested) => {
-                let (current, compacted) = (instance.store.revision(), instance.store.compacted());
+                let (current, compacted) = (instance.store.revision()?, instance.store.compacted()?);
                 if requested < compacted {
                     return Err(Status::expired(requested, compacted));
                 }
@@ -305,7 +305,7 @@ fn watch_objects(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Res
     let initial = call.params.flag("sendInitialEvents");
     let start = match (initial, revision_param(call)?) {
         (Some(true), _) => Start::Current { end_bookmark: true },
-        (Some(false), None) => Start::After(instance.store.revision()),
+        (Some(false), None) => Start::After(instance.store.revision()?),
         (_, Some(revision)) => Start::After(revision),
         (None, None) => Start::Current { end_bookmark: false },
     };
@@ -369,11 +369,14 @@ fn create(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Rep
     let name = text_at(&object, "name").to_string();
     let key = Key::new(&r.group, &r.name, t.namespace, &name);
     let target = t.target();
+    // Moved into the write, not cloned: a remote store asks again only after another writer
+    // of this name won the race, and "already exists" is a correct answer then.
+    let mut object = Some(object);
     let created = instance.store.write(&key, t.required_namespace(), dry_run(call), |current| {
         if current.is_some() {
             return Err(Status::already_exists(target, &name));
         }
-        Ok(Write::Put(object))
+        object.take().map(Write::Put).ok_or_else(|| Status::already_exists(target, &name))
     })?;
     let created = created.ok_or_else(|| Status::internal("create wrote nothing"))?;
     object_reply(call, r, 201, &created)
@@ -433,6 +436,8 @@ fn patch_object(
     let target = t.target();
     let mut created = false;
     let written = instance.store.write(&t.key(), t.required_namespace(), dry_run(call), |current| {
+        // A remote store may ask again after losing a race: only the last answer counts.
+        created = false;
         let Some(current) = current else {
             if kind != PatchType::Apply || status_only {
                 return Err(Status::not_found(target, t.name));
@@ -534,7 +539,7 @@ fn delete_collection(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) ->
             items.push(shown(r, &deleted));
         }
     }
-    let revision = instance.store.revision().to_string();
+    let revision = instance.store.revision()?.to_string();
     Ok(reply::json(
         200,
         &json!({"kind": format!("{}List", r.kind), "apiVersion": r.api_version(), "metadata": {"resourceVersion": revision}, "items": items}),

@@ -1,10 +1,13 @@
 //! The object store every stand-in of a process shares, as kube-apiservers share etcd: one global
 //! revision that every write bumps, objects keyed by (group, resource, namespace, name) and not by
 //! version, and a bounded history of events that watches and lists at old revisions read.
+//! Stand-ins in separate processes share one through `skewgate-harness store`
+//! ([`super::store_service`], [`super::RemoteStore`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
@@ -12,7 +15,7 @@ use super::clock;
 use super::status::{Status, Target};
 
 /// Where an object lives. Cluster-scoped objects have an empty namespace.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Key {
     pub group: String,
     pub resource: String,
@@ -39,7 +42,8 @@ impl Key {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum EventType {
     Added,
     Modified,

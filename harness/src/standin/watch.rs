@@ -1,7 +1,6 @@
 //! Watches: newline-delimited `{"type":…,"object":…}` events, streamed as they happen, read from
 //! the store's history so that a watch from revision R sees exactly the events after R, in order.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,8 +11,8 @@ use tokio::time::Instant;
 use super::catalog::Resource;
 use super::reply::{self, Reply};
 use super::selector::{FieldSelector, LabelSelector};
-use super::status::Status;
-use super::store::{Event, EventType, Store};
+use super::store::{Event, EventType};
+use super::store_handle::StoreHandle;
 use super::table::{self, Include};
 
 /// Where a watch starts.
@@ -42,7 +41,7 @@ pub struct Spec {
 /// How many events one watcher reads from the store per lock.
 const BATCH: usize = 256;
 
-pub fn serve(store: Arc<Store>, spec: Spec, shutdown: watch::Receiver<bool>) -> Reply {
+pub fn serve(store: StoreHandle, spec: Spec, shutdown: watch::Receiver<bool>) -> Reply {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         let mut watcher = Watcher { spec, tx, shutdown, first_table: true };
@@ -59,7 +58,7 @@ struct Watcher {
 }
 
 impl Watcher {
-    async fn run(&mut self, store: &Store) {
+    async fn run(&mut self, store: &StoreHandle) {
         let mut revisions = store.subscribe();
         revisions.borrow_and_update();
         let deadline = self.spec.timeout.map(|t| Instant::now() + t);
@@ -95,8 +94,7 @@ impl Watcher {
             loop {
                 let events = match store.events_after(position, BATCH) {
                     Ok(events) => events,
-                    Err(compacted) => {
-                        let status = Status::expired(position, compacted);
+                    Err(status) => {
                         self.send_line("ERROR", &status.to_json()).await;
                         return;
                     }
