@@ -1,6 +1,8 @@
 //! Counters, named so that Envoy's `stats_tags` (shipped in envoy-config/) turn the `name=value;`
 //! segments into Prometheus labels: `skewgate_rerouted_requests_total{group,version,resource}`.
 
+use std::cell::Cell;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 use skewgate_core::table::{RoutingTable, Serving};
@@ -9,8 +11,10 @@ use skewgate_core::table::{RoutingTable, Serving};
 /// every `on_configure` keeps counting where the previous table left off.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    /// Indexed by `Gvr::id`; only GVRs served by a subset get one.
-    rerouted: Vec<Option<u32>>,
+    /// Indexed by `Gvr::id`; only GVRs served by a subset get one. Counted in the VM and handed
+    /// to Envoy by [`Metrics::flush`] (every tick, and when the table is retired): a host call
+    /// per rerouted request cost more than the rest of the counting.
+    rerouted: Vec<(Option<u32>, Cell<u64>)>,
     /// Indexed like `RoutingTable::sets`, pool last.
     unavailable: Vec<Option<u32>>,
     merged_ok: Option<u32>,
@@ -41,6 +45,13 @@ pub fn count_config(accepted: bool) {
     increment(counter(&format!("skewgate.configs_total.result={result};")));
 }
 
+impl Drop for Metrics {
+    /// The last stream of a retired table ends here; its counts must not be lost with it.
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
 impl Metrics {
     pub fn define(table: &RoutingTable) -> Self {
         let rerouted = table
@@ -53,6 +64,7 @@ impl Metrics {
                 )),
                 Serving::All => None,
             })
+            .map(|id| (id, Cell::new(0)))
             .collect();
         let unavailable = table
             .sets()
@@ -70,7 +82,22 @@ impl Metrics {
     }
 
     pub fn rerouted(&self, gvr_id: usize) {
-        increment(self.rerouted.get(gvr_id).copied().flatten());
+        if let Some((Some(_), pending)) = self.rerouted.get(gvr_id) {
+            pending.set(pending.get() + 1);
+        }
+    }
+
+    /// Hands the counts kept in the VM to Envoy.
+    pub fn flush(&self) {
+        for (id, pending) in &self.rerouted {
+            let (Some(id), n) = (id, pending.take()) else { continue };
+            if n == 0 {
+                continue;
+            }
+            if let Err(e) = hostcalls::increment_metric(*id, n as i64) {
+                log::warn!("skewgate: incrementing metric {id}: {e:?}");
+            }
+        }
     }
 
     pub fn unavailable(&self, serving: Option<Serving>) {

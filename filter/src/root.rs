@@ -2,7 +2,9 @@
 //! keeps serving with the previous one.
 
 use std::rc::Rc;
+use std::time::Duration;
 
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use skewgate_core::table::RoutingTable;
@@ -10,6 +12,8 @@ use skewgate_core::table::RoutingTable;
 use crate::host;
 use crate::http::Http;
 use crate::metrics::{self, Metrics};
+
+const FLUSH_PERIOD: Duration = Duration::from_secs(1);
 
 /// A compiled table and the metric ids that go with it; shared by every HTTP context that
 /// started while it was current.
@@ -42,7 +46,13 @@ impl RootContext for Root {
                     table.gvrs().len()
                 );
                 let metrics = Metrics::define(&table);
-                self.active = Some(Rc::new(Active { table, metrics }));
+                if let Some(previous) = self.active.replace(Rc::new(Active { table, metrics })) {
+                    previous.metrics.flush();
+                }
+                // Counts kept in the VM reach Envoy's stats at most this late.
+                if let Err(e) = hostcalls::set_tick_period(FLUSH_PERIOD) {
+                    log::warn!("skewgate: setting the metrics flush period: {e:?}");
+                }
                 metrics::count_config(true);
                 true
             }
@@ -51,6 +61,12 @@ impl RootContext for Root {
                 metrics::count_config(false);
                 false
             }
+        }
+    }
+
+    fn on_tick(&mut self) {
+        if let Some(active) = &self.active {
+            active.metrics.flush();
         }
     }
 

@@ -304,6 +304,8 @@ async fn rerouting() -> Result<Row> {
     assert_eq!(serving(&table, CLAIMS), ids(&["c"]));
     assert_eq!(serving(&table, DEVICECLASSES), ids(&["a", "b"]));
     assert_eq!(serving(&table, "pods.v1"), ids(&["a", "b", "c"]));
+    // Counts reach Envoy once a second: let earlier requests' counts land first.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let claims_before = rerouted_count(envoy, "resource.k8s.io", "v1", "resourceclaims").await?;
     let classes_before = rerouted_count(envoy, "resource.k8s.io", "v1alpha3", "deviceclasses").await?;
 
@@ -325,6 +327,13 @@ async fn rerouting() -> Result<Row> {
         row.figure(format!("{gvr} ×{runs} → {by:?}"));
     }
     // The filter counted exactly the kubectl lists as rerouted.
+    // The filter hands its per-GVR counts to Envoy once a second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rerouted_count(envoy, "resource.k8s.io", "v1", "resourceclaims").await? - claims_before < 200
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let claims = rerouted_count(envoy, "resource.k8s.io", "v1", "resourceclaims").await? - claims_before;
     let classes =
         rerouted_count(envoy, "resource.k8s.io", "v1alpha3", "deviceclasses").await? - classes_before;

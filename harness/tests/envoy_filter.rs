@@ -197,6 +197,8 @@ fn header_values(echo: &Value, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
     let f = Fixture::start("routing").await?;
+    // Counts reach Envoy once a second: let the readiness probes' counts land first.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
     let rerouted_before = rerouted_claims(&f).await?;
     let mut seen: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for _ in 0..40 {
@@ -224,6 +226,11 @@ async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
         }
     }
 
+    // The filter hands its per-GVR counts to Envoy once a second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rerouted_claims(&f).await? - rerouted_before < 80 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(rerouted_claims(&f).await? - rerouted_before, 80);
     Ok(())
 }

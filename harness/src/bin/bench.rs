@@ -60,6 +60,8 @@ struct Args {
     rounds: usize,
     sizes: Vec<(String, Option<usize>)>,
     concurrencies: Vec<u32>,
+    /// Write results and BENCHMARKS.md (off for experiments).
+    write: bool,
 }
 
 fn args() -> Result<Args> {
@@ -68,18 +70,35 @@ fn args() -> Result<Args> {
         rounds: 2,
         sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
         concurrencies: vec![1, 2],
+        write: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--seconds" => a.seconds = it.next().context("--seconds N")?.parse()?,
             "--rounds" => a.rounds = it.next().context("--rounds N")?.parse()?,
+            "--sizes" => {
+                let wanted: Vec<String> =
+                    it.next().context("--sizes real,1000,10000")?.split(',').map(String::from).collect();
+                a.sizes.retain(|(name, _)| wanted.contains(name));
+            }
+            "--concurrency" => {
+                a.concurrencies = it
+                    .next()
+                    .context("--concurrency 1,2")?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?;
+            }
+            "--no-write" => a.write = false,
             "--quick" => {
                 a.seconds = 2;
                 a.rounds = 1;
                 a.concurrencies = vec![1];
             }
-            other => bail!("unknown argument {other:?} (use --seconds N, --rounds N, --quick)"),
+            other => bail!(
+                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --no-write, --quick)"
+            ),
         }
     }
     Ok(a)
@@ -229,12 +248,15 @@ async fn main() -> Result<()> {
         "wasm_memory": memory,
         "cells": cells,
     });
+    println!("\n{}", markdown_tables(&result));
+    if !args.write {
+        return Ok(());
+    }
     let out = paths::workspace_root().join("bench/results");
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("latest.json"), serde_json::to_string_pretty(&result)? + "\n")?;
     std::fs::write(out.join("cpu-per-request.svg"), plot(&summary))?;
     write_markdown(&result)?;
-    println!("\n{}", markdown_tables(&result));
     println!(
         "bench took {:.0} s; wrote bench/results/latest.json, bench/results/cpu-per-request.svg, BENCHMARKS.md",
         started.elapsed().as_secs_f64()
