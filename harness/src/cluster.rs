@@ -69,6 +69,9 @@ pub struct Options {
     /// Stand-ins (by id) whose serving certificate comes from the rogue CA, which neither Envoy
     /// nor the sidecar trusts: they must never be used.
     pub rogue: BTreeSet<String>,
+    /// Envoy as a plain load balancer (`envoy-config/plain-lb.yaml`: no skewgate filter, every
+    /// request to the pool) over a static CDS built once from the stand-ins. Needs `sidecar: false`.
+    pub plain_lb: bool,
 }
 
 impl Options {
@@ -91,6 +94,7 @@ impl Options {
             poll_period: Duration::from_secs(1),
             grace_period: None,
             rogue: BTreeSet::new(),
+            plain_lb: false,
         }
     }
 }
@@ -433,6 +437,9 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     if o.apiservers.is_empty() {
         bail!("at least one --apiserver is needed");
     }
+    if o.plain_lb && o.sidecar {
+        bail!("a plain-LB Envoy runs without the sidecar");
+    }
     // Port 0 means "any free port" (tests run clusters side by side).
     let mut ports: Vec<(u16, String)> = Vec::new();
     for (i, a) in o.apiservers.iter().enumerate() {
@@ -544,7 +551,10 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     let envoy = if o.envoy {
         let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
         let settings = Settings {
-            config: Config::Skewgate,
+            config: match o.plain_lb {
+                true => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
+                false => Config::Skewgate,
+            },
             dir: envoy_dir.clone(),
             listen_port: envoy_port,
             admin_port,

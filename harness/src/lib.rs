@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod drill;
 pub mod echo;
 pub mod envoy;
 pub mod kubectl;

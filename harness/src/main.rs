@@ -141,6 +141,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 poll_period: std::time::Duration::from_millis(poll_ms),
                 grace_period: None,
                 rogue: Default::default(),
+                plain_lb: false,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));

@@ -15,6 +15,8 @@ use crate::envoy::{FILTER_NAME, table_from_ecds};
 pub struct ClusterHealth {
     pub hosts: usize,
     pub healthy: usize,
+    /// Hosts Envoy has not health-checked yet (`pending_active_hc`): a new cluster warming up.
+    pub pending: usize,
 }
 
 /// The routing table the filter runs now.
@@ -106,6 +108,9 @@ pub fn parse_clusters(text: &str) -> BTreeMap<String, ClusterHealth> {
             if *flags == "healthy" {
                 entry.healthy += 1;
             }
+            if flags.contains("pending_active_hc") {
+                entry.pending += 1;
+            }
         }
     }
     clusters
@@ -160,8 +165,8 @@ mod tests {
             pool::127.0.0.1:1::cx_active::0\npool::127.0.0.1:1::health_flags::healthy\n\
             pool::127.0.0.1:2::health_flags::/failed_active_hc\nempty::added_via_api::true\n";
         let c = parse_clusters(text);
-        assert_eq!(c["pool"], ClusterHealth { hosts: 2, healthy: 1 });
-        assert_eq!(c["empty"], ClusterHealth { hosts: 0, healthy: 0 });
+        assert_eq!(c["pool"], ClusterHealth { hosts: 2, healthy: 1, pending: 0 });
+        assert_eq!(c["empty"], ClusterHealth { hosts: 0, healthy: 0, pending: 0 });
         assert_eq!(c.len(), 2);
     }
 

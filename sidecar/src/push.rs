@@ -174,9 +174,11 @@ impl<A: EnvoyAdmin> Pusher<A> {
     }
 
     /// Every cluster of the new CDS present (else the table must not go out), and each one the
-    /// table newly routes to with a healthy host: a cluster Envoy still health-checks for the
-    /// first time would answer "no healthy upstream". That second wait is bounded and only
-    /// warned about, since hosts Envoy cannot reach stay unhealthy whatever the table says.
+    /// table newly routes to past its first health check: a cluster Envoy has not checked yet
+    /// would answer "no healthy upstream". A cluster whose hosts were checked and failed is not
+    /// waited for: that is an apiserver still starting, and the table that routes around what it
+    /// stopped serving must not wait for it (meanwhile the pool would already send it requests
+    /// for GVRs it dropped, and it would 404 them). The wait is bounded and only warned about.
     async fn confirm_clusters(
         &self,
         wanted: &BTreeSet<String>,
@@ -200,7 +202,9 @@ impl<A: EnvoyAdmin> Pusher<A> {
             }
             let unhealthy: Vec<String> = newly_routed
                 .iter()
-                .filter(|n| clusters.get(*n).is_none_or(|c| c.healthy == 0))
+                .filter(|n| {
+                    clusters.get(*n).is_none_or(|c| c.healthy == 0 && (c.pending > 0 || c.hosts == 0))
+                })
                 .cloned()
                 .collect();
             if present && unhealthy.is_empty() {
@@ -367,7 +371,7 @@ mod tests {
                     for name in names {
                         f.clusters
                             .entry(name)
-                            .or_insert((ClusterHealth { hosts: 1, healthy: 0 }, healthy_after));
+                            .or_insert((ClusterHealth { hosts: 1, healthy: 0, pending: 1 }, healthy_after));
                     }
                     f.cds_loaded = cds;
                 }
@@ -375,6 +379,7 @@ mod tests {
             for (health, countdown) in f.clusters.values_mut() {
                 if *countdown == 0 {
                     health.healthy = health.hosts;
+                    health.pending = 0;
                 } else if *countdown != u32::MAX {
                     *countdown -= 1;
                 }

@@ -1,0 +1,980 @@
+//! The rolling-upgrade drill (`make drill`): three stand-ins at the 1.33 era upgraded one at a
+//! time to the 1.36 era (drained like kube-apiserver's `--shutdown-delay-duration`, stopped,
+//! booted with the new profile and unready for a few seconds, next) under a fixed-rate client
+//! load through Envoy — once with Envoy as a plain load balancer, once with skewgate (filter +
+//! sidecar). Every request is recorded and classified; the binary `drill` writes the results.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::cluster::{self, Cluster, Credentials};
+use crate::echo::SERVED_BY;
+
+const OLD: &str = "1.33";
+const NEW: &str = "1.36";
+const IDS: [&str; 3] = ["a", "b", "c"];
+const DISCOVERY_ACCEPT: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;q=0.9";
+
+/// Which Envoy the load goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Mode {
+    /// `envoy-config/plain-lb.yaml`: no filter, no sidecar, a static pool of the three.
+    PlainLb,
+    /// The skewgate filter and `skewgate sync` (1 s poll).
+    Skewgate,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::PlainLb => "plain LB",
+            Mode::Skewgate => "skewgate",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub quick: bool,
+    /// Operations per second (a create-then-read is one operation, two requests).
+    pub rate: u32,
+    pub seed: u64,
+    /// Where the clusters' files go (removed afterwards).
+    pub work: PathBuf,
+}
+
+impl Options {
+    pub fn new(quick: bool) -> Self {
+        Self {
+            quick,
+            rate: if quick { 60 } else { 200 },
+            seed: 42,
+            work: crate::paths::workspace_root().join(format!("target/tmp/drill-{}", std::process::id())),
+        }
+    }
+
+    fn timing(&self) -> Timing {
+        match self.quick {
+            false => Timing {
+                warmup: Duration::from_secs(3),
+                shutdown_delay: Duration::from_secs(2),
+                startup: Duration::from_secs(3),
+                pause: Duration::from_secs(3),
+                cooldown: Duration::from_secs(3),
+            },
+            true => Timing {
+                warmup: Duration::from_secs(1),
+                shutdown_delay: Duration::from_millis(500),
+                startup: Duration::from_secs(3),
+                pause: Duration::from_secs(1),
+                cooldown: Duration::from_secs(2),
+            },
+        }
+    }
+}
+
+struct Timing {
+    warmup: Duration,
+    /// How long a drained apiserver keeps serving what still reaches it before it stops.
+    shutdown_delay: Duration,
+    /// How long a booted apiserver serves while `/readyz` still fails.
+    startup: Duration,
+    pause: Duration,
+    cooldown: Duration,
+}
+
+/// Which eras serve a GVR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Era {
+    Old,
+    New,
+    Both,
+}
+
+impl Era {
+    fn served_by(self, profile: &str) -> bool {
+        match self {
+            Era::Both => true,
+            Era::Old => profile == OLD,
+            Era::New => profile == NEW,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Gvr {
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    era: Era,
+}
+
+impl Gvr {
+    fn name(&self) -> String {
+        match self.group.is_empty() {
+            true => format!("{}.{}", self.resource, self.version),
+            false => format!("{}.{}.{}", self.resource, self.version, self.group),
+        }
+    }
+
+    fn collection(&self) -> String {
+        let prefix = match self.group.is_empty() {
+            true => format!("/api/{}", self.version),
+            false => format!("/apis/{}/{}", self.group, self.version),
+        };
+        match self.namespaced {
+            true => format!("{prefix}/namespaces/default/{}", self.resource),
+            false => format!("{prefix}/{}", self.resource),
+        }
+    }
+
+    fn api_version(&self) -> String {
+        match self.group.is_empty() {
+            true => self.version.to_string(),
+            false => format!("{}/{}", self.group, self.version),
+        }
+    }
+}
+
+const fn gvr(
+    group: &'static str,
+    version: &'static str,
+    resource: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+    era: Era,
+) -> Gvr {
+    Gvr { group, version, resource, kind, namespaced, era }
+}
+
+/// What controllers read and list during an upgrade: GVRs of the old era only, the new era only,
+/// and both.
+const LISTS: [Gvr; 10] = [
+    gvr("resource.k8s.io", "v1alpha3", "deviceclasses", "DeviceClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1alpha3", "resourceclaims", "ResourceClaim", true, Era::Old),
+    gvr("networking.k8s.io", "v1beta1", "ipaddresses", "IPAddress", false, Era::Old),
+    gvr("storage.k8s.io", "v1beta1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, Era::New),
+    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
+    gvr(
+        "storagemigration.k8s.io",
+        "v1",
+        "storageversionmigrations",
+        "StorageVersionMigration",
+        false,
+        Era::New,
+    ),
+    gvr("storage.k8s.io", "v1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::New),
+    gvr("", "v1", "pods", "Pod", true, Era::Both),
+    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
+];
+
+/// Objects created and read back: one GVR of each kind of era.
+const CREATES: [Gvr; 3] = [
+    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
+    gvr("resource.k8s.io", "v1alpha3", "deviceclasses", "DeviceClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
+];
+
+const DISCOVERY: &str = "apis (aggregated discovery v2)";
+const WATCHES: usize = 3;
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    Success,
+    /// 404 for a GVR that no up apiserver served: the right answer.
+    CorrectNotFound,
+    /// 404 for a GVR that an up apiserver served the whole time the request was under way.
+    WrongNotFound,
+    /// 503 with a Kubernetes `Status` body (or without one).
+    Unavailable,
+    Connection,
+    Timeout,
+    /// A read of an object whose create returned 201 found no object.
+    LostWrite,
+    /// Any other status.
+    OtherStatus,
+}
+
+impl Class {
+    pub const ERRORS: [Class; 6] = [
+        Class::WrongNotFound,
+        Class::Unavailable,
+        Class::Connection,
+        Class::Timeout,
+        Class::LostWrite,
+        Class::OtherStatus,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Class::Success => "success",
+            Class::CorrectNotFound => "404, GVR served nowhere (correct)",
+            Class::WrongNotFound => "wrong 404",
+            Class::Unavailable => "503",
+            Class::Connection => "connection error/reset",
+            Class::Timeout => "timeout",
+            Class::LostWrite => "lost write",
+            Class::OtherStatus => "other status",
+        }
+    }
+
+    fn key(self) -> String {
+        serde_json::to_value(self).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+    }
+
+    fn color(self) -> &'static str {
+        match self {
+            Class::WrongNotFound => "#d62728",
+            Class::Unavailable => "#ff7f0e",
+            Class::Connection => "#9467bd",
+            Class::Timeout => "#8c564b",
+            Class::LostWrite => "#000000",
+            _ => "#7f7f7f",
+        }
+    }
+}
+
+/// One request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Request {
+    /// Seconds since the load started.
+    pub t: f64,
+    pub latency_ms: f64,
+    pub gvr: String,
+    pub verb: &'static str,
+    pub status: Option<u16>,
+    pub served_by: Option<String>,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub error: Option<String>,
+    pub class: Class,
+    /// For a 503: whether every apiserver serving the GVR was restarting then.
+    pub expected: bool,
+    #[serde(skip)]
+    era: Era,
+    #[serde(skip)]
+    object: Option<String>,
+    #[serde(skip)]
+    timed_out: bool,
+    #[serde(skip)]
+    connection: bool,
+}
+
+impl Request {
+    fn end(&self) -> f64 {
+        self.t + self.latency_ms / 1000.0
+    }
+}
+
+/// A moment of the upgrade.
+#[derive(Debug, Clone, Serialize)]
+pub struct Event {
+    pub t: f64,
+    pub apiserver: String,
+    /// `drain`, `stop`, `boot` (serving, unready), `healthy` (Envoy sends it requests), `table`
+    /// (skewgate: the sidecar wrote a new table after the drain).
+    pub what: &'static str,
+    pub profile: String,
+}
+
+/// One run of the drill.
+#[derive(Debug, Clone, Serialize)]
+pub struct Run {
+    pub mode: Mode,
+    pub name: &'static str,
+    pub requests: usize,
+    pub counts: BTreeMap<String, usize>,
+    pub unexpected_503: usize,
+    pub watches_established: usize,
+    /// Watch streams that broke off mid-stream (not a clean end).
+    pub watch_cuts: usize,
+    /// Operations the dispatcher skipped because too many were under way.
+    pub skipped: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// From the first drain to the last apiserver healthy again.
+    pub upgrade_seconds: f64,
+    pub duration_seconds: f64,
+    pub events: Vec<Event>,
+    /// Errors per second by class: seconds → class → count.
+    pub errors_per_second: BTreeMap<String, Vec<usize>>,
+    #[serde(skip)]
+    pub records: Vec<Request>,
+}
+
+impl Run {
+    pub fn count(&self, class: Class) -> usize {
+        self.counts.get(&class.key()).copied().unwrap_or(0)
+    }
+
+    pub fn failures(&self, class: Class, at_most: usize) -> String {
+        self.records
+            .iter()
+            .filter(|r| r.class == class)
+            .take(at_most)
+            .map(|r| {
+                format!(
+                    "\n  {:.2}s {} {} -> {:?} {} by {}: {}",
+                    r.t,
+                    r.verb,
+                    r.gvr,
+                    r.status,
+                    r.reason.as_deref().or(r.error.as_deref()).unwrap_or("-"),
+                    r.served_by.as_deref().unwrap_or("Envoy"),
+                    r.message.as_deref().unwrap_or("")
+                )
+            })
+            .collect()
+    }
+}
+
+/// A tiny deterministic generator (SplitMix64).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    List(usize),
+    CreateRead(usize, u64),
+    Discovery,
+}
+
+/// The operation sequence: the same for every run with the same seed.
+fn plan(seed: u64, n: usize) -> Vec<Op> {
+    let mut rng = Rng(seed);
+    (0..n as u64)
+        .map(|i| match rng.below(100) {
+            0..60 => Op::List(rng.below(LISTS.len())),
+            60..85 => Op::CreateRead(rng.below(CREATES.len()), i),
+            _ => Op::Discovery,
+        })
+        .collect()
+}
+
+struct Shared {
+    client: reqwest::Client,
+    base: String,
+    epoch: Instant,
+    records: Mutex<Vec<Request>>,
+    stop: AtomicBool,
+    watches: AtomicU64,
+    watch_cuts: AtomicU64,
+}
+
+impl Shared {
+    fn push(&self, r: Request) {
+        self.records.lock().unwrap_or_else(PoisonError::into_inner).push(r);
+    }
+}
+
+async fn send(
+    s: &Shared,
+    request: reqwest::RequestBuilder,
+    gvr: String,
+    verb: &'static str,
+    era: Era,
+    object: Option<String>,
+) -> Request {
+    let t = s.epoch.elapsed();
+    let mut r = Request {
+        t: t.as_secs_f64(),
+        latency_ms: 0.0,
+        gvr,
+        verb,
+        status: None,
+        served_by: None,
+        reason: None,
+        message: None,
+        error: None,
+        class: Class::Success,
+        expected: false,
+        era,
+        object,
+        timed_out: false,
+        connection: false,
+    };
+    let result = request.send().await;
+    let outcome = match result {
+        Ok(response) => {
+            r.status = Some(response.status().as_u16());
+            r.served_by = response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            response.bytes().await.map(|body| {
+                if !response_ok(r.status) {
+                    if let Ok(status) = serde_json::from_slice::<Value>(&body) {
+                        if status["kind"] == "Status" {
+                            r.reason = status["reason"].as_str().map(str::to_owned);
+                            r.message = status["message"].as_str().map(str::to_owned);
+                        }
+                    }
+                }
+            })
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = outcome {
+        r.timed_out = e.is_timeout();
+        r.connection = !r.timed_out;
+        r.error = Some(chain(&e));
+    }
+    r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
+    r
+}
+
+fn response_ok(status: Option<u16>) -> bool {
+    matches!(status, Some(200 | 201))
+}
+
+fn chain(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+async fn operation(s: Arc<Shared>, op: Op) {
+    match op {
+        Op::List(i) => {
+            let g = &LISTS[i];
+            let url = format!("{}{}?limit=500", s.base, g.collection());
+            let req = s.client.get(url).header("accept", "application/json");
+            let r = send(&s, req, g.name(), "list", g.era, None).await;
+            s.push(r);
+        }
+        Op::Discovery => {
+            let req = s.client.get(format!("{}/apis", s.base)).header("accept", DISCOVERY_ACCEPT);
+            let r = send(&s, req, DISCOVERY.into(), "discovery", Era::Both, None).await;
+            s.push(r);
+        }
+        Op::CreateRead(i, n) => {
+            let g = &CREATES[i];
+            let name = format!("drill-{n}");
+            let mut body = json!({"apiVersion": g.api_version(), "kind": g.kind, "metadata": {"name": name}});
+            if g.namespaced {
+                body["metadata"]["namespace"] = json!("default");
+            }
+            match g.kind {
+                "ConfigMap" => body["data"] = json!({"n": n.to_string()}),
+                _ => body["spec"] = json!({}),
+            }
+            let req = s
+                .client
+                .post(format!("{}{}", s.base, g.collection()))
+                .header("accept", "application/json")
+                .json(&body);
+            let created = send(&s, req, g.name(), "create", g.era, None).await;
+            let ok = created.status == Some(201);
+            s.push(created);
+            if ok {
+                let req = s
+                    .client
+                    .get(format!("{}{}/{name}", s.base, g.collection()))
+                    .header("accept", "application/json");
+                let r = send(&s, req, g.name(), "get", g.era, Some(name)).await;
+                s.push(r);
+            }
+        }
+    }
+}
+
+/// A long watch of configmaps or pods, re-established whenever it ends, until the load stops.
+async fn watch(s: Arc<Shared>, which: usize) {
+    let g = &LISTS[8 + which % 2];
+    let mut round = 0u64;
+    while !s.stop.load(Ordering::SeqCst) {
+        let url = format!(
+            "{}{}?watch=1&allowWatchBookmarks=true&timeoutSeconds={}",
+            s.base,
+            g.collection(),
+            20 + 7 * (which as u64 + round) % 20
+        );
+        round += 1;
+        let t = s.epoch.elapsed();
+        let mut r = Request {
+            t: t.as_secs_f64(),
+            latency_ms: 0.0,
+            gvr: g.name(),
+            verb: "watch",
+            status: None,
+            served_by: None,
+            reason: None,
+            message: None,
+            error: None,
+            class: Class::Success,
+            expected: false,
+            era: g.era,
+            object: None,
+            timed_out: false,
+            connection: false,
+        };
+        // No client timeout: a watch lasts as long as the server keeps it.
+        match s
+            .client
+            .get(url)
+            .header("accept", "application/json")
+            .timeout(Duration::from_secs(3600))
+            .send()
+            .await
+        {
+            Ok(mut response) => {
+                r.status = Some(response.status().as_u16());
+                r.served_by =
+                    response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
+                r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
+                let ok = r.status == Some(200);
+                s.push(r);
+                if ok {
+                    s.watches.fetch_add(1, Ordering::SeqCst);
+                    loop {
+                        match response.chunk().await {
+                            Ok(Some(_)) => {}
+                            Ok(None) => break,
+                            Err(_) => {
+                                s.watch_cuts.fetch_add(1, Ordering::SeqCst);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                r.timed_out = e.is_timeout();
+                r.connection = !r.timed_out;
+                r.error = Some(chain(&e));
+                r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
+                s.push(r);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Which apiserver served which profile when, on the load's clock.
+#[derive(Debug, Default)]
+struct Timeline {
+    /// (apiserver, profile, up from, up until): up = Envoy sends it requests.
+    up: Vec<(String, String, f64, f64)>,
+    /// (apiserver, old profile, new profile, drain started, healthy again).
+    restarts: Vec<(String, String, String, f64, f64)>,
+}
+
+impl Timeline {
+    fn serving_throughout(&self, era: Era, from: f64, to: f64) -> bool {
+        self.up.iter().any(|(_, p, a, b)| era.served_by(p) && *a <= from && to <= *b)
+    }
+
+    fn serving_at(&self, era: Era, at: f64) -> bool {
+        self.up.iter().any(|(_, p, a, b)| era.served_by(p) && *a <= at && at <= *b)
+    }
+
+    /// Whether an apiserver serving `era` (before or after) was restarting around `at`, with
+    /// a second of slack for Envoy's health checks.
+    fn restarting(&self, era: Era, at: f64) -> bool {
+        self.restarts.iter().any(|(_, old, new, a, b)| {
+            (era.served_by(old) || era.served_by(new)) && *a - 1.0 <= at && at <= *b + 1.0
+        })
+    }
+}
+
+fn classify(r: &mut Request, timeline: &Timeline) {
+    r.class = if r.timed_out {
+        Class::Timeout
+    } else if r.connection {
+        Class::Connection
+    } else {
+        match r.status {
+            Some(200 | 201) => Class::Success,
+            Some(404) => {
+                let missing_object = r.object.as_ref().is_some_and(|name| {
+                    r.message.as_deref().is_some_and(|m| m.contains(&format!("\"{name}\" not found")))
+                });
+                if missing_object {
+                    Class::LostWrite
+                } else if timeline.serving_throughout(r.era, r.t, r.end()) {
+                    Class::WrongNotFound
+                } else {
+                    Class::CorrectNotFound
+                }
+            }
+            Some(503) => {
+                r.expected = !timeline.serving_at(r.era, r.t) && timeline.restarting(r.era, r.t);
+                Class::Unavailable
+            }
+            _ => Class::OtherStatus,
+        }
+    };
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// One rolling upgrade under load through the given Envoy.
+pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
+    let timing = o.timing();
+    let dir = o.work.join(match mode {
+        Mode::PlainLb => "plain-lb",
+        Mode::Skewgate => "skewgate",
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+    let specs: Vec<(&str, &str)> = IDS.iter().map(|id| (*id, OLD)).collect();
+    let mut options = cluster::Options::ephemeral(&dir, &specs);
+    options.sidecar = mode == Mode::Skewgate;
+    options.plain_lb = mode == Mode::PlainLb;
+    options.poll_period = Duration::from_secs(1);
+    let mut c =
+        cluster::start(&options).await.with_context(|| format!("starting the {} cluster", mode.name()))?;
+    let result = upgrade_under_load(&mut c, mode, o, &timing).await;
+    c.shutdown().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &Timing) -> Result<Run> {
+    let client = c.client(Credentials::AdminToken, Duration::from_secs(5))?;
+    let shared = Arc::new(Shared {
+        client,
+        base: c.envoy_url()?,
+        epoch: Instant::now(),
+        records: Mutex::new(Vec::new()),
+        stop: AtomicBool::new(false),
+        watches: AtomicU64::new(0),
+        watch_cuts: AtomicU64::new(0),
+    });
+    let skipped = Arc::new(AtomicU64::new(0));
+    // Bounded: at most this many operations, and at most 256 under way at once.
+    let ops = plan(o.seed, o.rate as usize * 600);
+    let dispatcher = {
+        let (s, skipped) = (shared.clone(), skipped.clone());
+        let period = Duration::from_secs_f64(1.0 / f64::from(o.rate.max(1)));
+        tokio::spawn(async move {
+            let permits = Arc::new(tokio::sync::Semaphore::new(256));
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for op in ops {
+                tick.tick().await;
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                while tasks.try_join_next().is_some() {}
+                let Ok(permit) = permits.clone().try_acquire_owned() else {
+                    skipped.fetch_add(1, Ordering::SeqCst);
+                    continue;
+                };
+                let s = s.clone();
+                tasks.spawn(async move {
+                    operation(s, op).await;
+                    drop(permit);
+                });
+            }
+            while tasks.join_next().await.is_some() {}
+        })
+    };
+    let watchers: Vec<_> = (0..WATCHES).map(|i| tokio::spawn(watch(shared.clone(), i))).collect();
+
+    let now = || shared.epoch.elapsed().as_secs_f64();
+    let mut events = Vec::new();
+    let mut timeline = Timeline::default();
+    let mut up_since: BTreeMap<&str, f64> = IDS.iter().map(|id| (*id, f64::NEG_INFINITY)).collect();
+    tokio::time::sleep(timing.warmup).await;
+    let event = |events: &mut Vec<Event>, t: f64, id: &str, what, profile: &str| {
+        eprintln!("drill [{}] {t:6.2}s {id} {what} ({profile})", mode.name());
+        events.push(Event { t, apiserver: id.into(), what, profile: profile.into() });
+    };
+    for id in IDS {
+        let generation = match mode {
+            Mode::Skewgate => c.table_on_disk()?.generation().to_string(),
+            Mode::PlainLb => String::new(),
+        };
+        let drain = now();
+        event(&mut events, drain, id, "drain", OLD);
+        timeline.up.push((id.into(), OLD.into(), up_since[id], drain));
+        c.drain_apiserver(id, Duration::from_secs(15)).await?;
+        // kube-apiserver's --shutdown-delay-duration: unready, still serving what reaches it.
+        tokio::time::sleep(timing.shutdown_delay).await;
+        event(&mut events, now(), id, "stop", OLD);
+        c.stop_apiserver(id).await?;
+        // Real apiservers stay unready for seconds after start (post-start hooks), which gives
+        // the sidecar (1 s poll) time to route the new era's GVRs before Envoy sends it any
+        // request (docs/known-issues.md #2).
+        c.boot_apiserver(id, NEW, timing.startup).await?;
+        event(&mut events, now(), id, "boot", NEW);
+        // Until Envoy sees it healthy and (skewgate) the table on disk has changed, noting when
+        // each happened.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut healthy, mut followed) = (None, (mode == Mode::PlainLb).then_some(0.0));
+        while healthy.is_none() || followed.is_none() {
+            if Instant::now() > deadline {
+                anyhow::bail!("{id} not healthy with the table followed within 30 s");
+            }
+            if healthy.is_none() && c.envoy_sees_healthy(id).await? == Some(true) {
+                healthy = Some(now());
+                event(&mut events, now(), id, "healthy", NEW);
+            }
+            if followed.is_none() && c.table_on_disk()?.generation() != generation {
+                followed = Some(now());
+                event(&mut events, now(), id, "table", NEW);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let healthy = healthy.unwrap_or_default();
+        up_since.insert(id, healthy);
+        timeline.restarts.push((id.into(), OLD.into(), NEW.into(), drain, healthy));
+        tokio::time::sleep(timing.pause).await;
+    }
+    tokio::time::sleep(timing.cooldown).await;
+    shared.stop.store(true, Ordering::SeqCst);
+    dispatcher.await?;
+    for w in watchers {
+        w.abort();
+        let _ = w.await;
+    }
+    let duration = now();
+    for id in IDS {
+        timeline.up.push((id.into(), NEW.into(), up_since[id], f64::INFINITY));
+    }
+
+    let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(PoisonError::into_inner));
+    records.sort_by(|a, b| a.t.total_cmp(&b.t));
+    for r in &mut records {
+        classify(r, &timeline);
+    }
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &records {
+        *counts.entry(r.class.key()).or_default() += 1;
+    }
+    let seconds = duration.ceil() as usize + 1;
+    let mut errors_per_second: BTreeMap<String, Vec<usize>> =
+        Class::ERRORS.iter().map(|c| (c.key(), vec![0; seconds])).collect();
+    for r in &records {
+        if let Some(bins) = errors_per_second.get_mut(&r.class.key()) {
+            let i = (r.t.max(0.0) as usize).min(seconds - 1);
+            bins[i] += 1;
+        }
+    }
+    let mut latencies: Vec<f64> =
+        records.iter().filter(|r| r.verb != "watch").map(|r| r.latency_ms).collect();
+    latencies.sort_by(f64::total_cmp);
+    let first_drain = timeline.restarts.first().map_or(0.0, |r| r.3);
+    let last_healthy = timeline.restarts.last().map_or(0.0, |r| r.4);
+    Ok(Run {
+        mode,
+        name: mode.name(),
+        requests: records.len(),
+        counts,
+        unexpected_503: records.iter().filter(|r| r.class == Class::Unavailable && !r.expected).count(),
+        watches_established: shared.watches.load(Ordering::SeqCst) as usize,
+        watch_cuts: shared.watch_cuts.load(Ordering::SeqCst) as usize,
+        skipped: skipped.load(Ordering::SeqCst),
+        p50_ms: percentile(&latencies, 0.50),
+        p99_ms: percentile(&latencies, 0.99),
+        upgrade_seconds: last_healthy - first_drain,
+        duration_seconds: duration,
+        events,
+        errors_per_second,
+        records,
+    })
+}
+
+/// Both runs, plain LB first.
+pub async fn drill(o: &Options) -> Result<Vec<Run>> {
+    let mut runs = Vec::new();
+    for mode in [Mode::PlainLb, Mode::Skewgate] {
+        runs.push(run(mode, o).await?);
+    }
+    let _ = std::fs::remove_dir(&o.work);
+    Ok(runs)
+}
+
+/// What the drill shows, for `latest.json`.
+pub fn results_json(o: &Options, runs: &[Run]) -> Value {
+    json!({
+        "rate": o.rate,
+        "seed": o.seed,
+        "quick": o.quick,
+        "runs": runs,
+    })
+}
+
+/// The side-by-side table (markdown).
+pub fn markdown_table(runs: &[Run]) -> String {
+    let mut md = String::from("| |");
+    for r in runs {
+        md.push_str(&format!(" {} |", r.name));
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---:|".repeat(runs.len()));
+    md.push('\n');
+    let mut row = |label: &str, f: &dyn Fn(&Run) -> String| {
+        md.push_str(&format!("| {label} |"));
+        for r in runs {
+            md.push_str(&format!(" {} |", f(r)));
+        }
+        md.push('\n');
+    };
+    row("requests", &|r| r.requests.to_string());
+    for class in [
+        Class::Success,
+        Class::WrongNotFound,
+        Class::LostWrite,
+        Class::Unavailable,
+        Class::Connection,
+        Class::Timeout,
+        Class::OtherStatus,
+        Class::CorrectNotFound,
+    ] {
+        match class {
+            Class::Unavailable => row("503 (unexpected: not while a GVR's sole server restarted)", &|r| {
+                format!("{} ({})", r.count(class), r.unexpected_503)
+            }),
+            _ => row(class.label(), &|r| r.count(class).to_string()),
+        }
+    }
+    row("watches established / cut mid-stream", &|r| format!("{} / {}", r.watches_established, r.watch_cuts));
+    row("latency p50 / p99", &|r| format!("{:.1} / {:.1} ms", r.p50_ms, r.p99_ms));
+    row("upgrade duration (first drain → last healthy)", &|r| format!("{:.1} s", r.upgrade_seconds));
+    md
+}
+
+/// Errors per second by class, one panel per run, restarts marked.
+pub fn timeline_svg(runs: &[Run]) -> String {
+    let (w, panel, left, right, top, gap) = (860.0, 220.0, 60.0, 200.0, 34.0, 50.0);
+    let h = top + runs.len() as f64 * (panel + gap);
+    let seconds = runs.iter().map(|r| r.duration_seconds).fold(1.0, f64::max).ceil();
+    let max_y =
+        runs.iter().flat_map(|r| r.errors_per_second.values().flatten().copied()).max().unwrap_or(0).max(1)
+            as f64
+            * 1.1;
+    let x = |t: f64| left + t / seconds * (w - left - right);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"20\" font-size=\"14\">Rolling upgrade 1.33 → 1.36 under load: client errors per second</text>\n"
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let y0 = top + i as f64 * (panel + gap) + 20.0;
+        let y = |v: f64| y0 + panel - v / max_y * panel;
+        svg +=
+            &format!("<text x=\"{left}\" y=\"{:.1}\" font-weight=\"bold\">{}</text>\n", y0 - 6.0, run.name);
+        svg += &format!(
+            "<line x1=\"{left}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"black\"/>\n\
+             <line x1=\"{left}\" y1=\"{y0:.1}\" x2=\"{left}\" y2=\"{:.1}\" stroke=\"black\"/>\n",
+            y(0.0),
+            x(seconds),
+            y(0.0),
+            y(0.0)
+        );
+        for k in 0..=4 {
+            let v = max_y / 1.1 * k as f64 / 4.0;
+            svg += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}</text>\n",
+                left - 6.0,
+                y(v) + 4.0,
+                v
+            );
+        }
+        let step = if seconds > 60.0 { 10 } else { 5 };
+        for s in (0..=seconds as usize).step_by(step) {
+            svg += &format!(
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{s}s</text>\n",
+                x(s as f64),
+                y(0.0) + 16.0
+            );
+        }
+        for e in run.events.iter().filter(|e| e.what == "stop") {
+            svg += &format!(
+                "<line x1=\"{0:.1}\" y1=\"{y0:.1}\" x2=\"{0:.1}\" y2=\"{1:.1}\" stroke=\"#888\" stroke-dasharray=\"4,3\"/>\n\
+                 <text x=\"{2:.1}\" y=\"{3:.1}\" fill=\"#555\">{4} restarts</text>\n",
+                x(e.t),
+                y(0.0),
+                x(e.t) + 3.0,
+                y0 + 12.0,
+                e.apiserver
+            );
+        }
+        for class in Class::ERRORS {
+            let Some(bins) = run.errors_per_second.get(&class.key()) else { continue };
+            if bins.iter().all(|b| *b == 0) {
+                continue;
+            }
+            let points: Vec<String> = bins
+                .iter()
+                .enumerate()
+                .map(|(s, v)| format!("{:.1},{:.1}", x(s as f64 + 0.5), y(*v as f64)))
+                .collect();
+            svg += &format!(
+                "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+                class.color(),
+                points.join(" ")
+            );
+        }
+    }
+    for (k, class) in Class::ERRORS.iter().enumerate() {
+        let ly = top + 30.0 + k as f64 * 18.0;
+        svg += &format!(
+            "<line x1=\"{0:.1}\" y1=\"{ly:.1}\" x2=\"{1:.1}\" y2=\"{ly:.1}\" stroke=\"{2}\" stroke-width=\"3\"/>\n\
+             <text x=\"{3:.1}\" y=\"{4:.1}\">{5}</text>\n",
+            w - right + 15.0,
+            w - right + 35.0,
+            class.color(),
+            w - right + 40.0,
+            ly + 4.0,
+            class.label()
+        );
+    }
+    svg + "</svg>\n"
+}
+
+pub const README_BEGIN: &str = "<!-- drill:begin (generated by `make drill`) -->";
+pub const README_END: &str = "<!-- drill:end -->";
+
+/// Replaces the section between the markers of `readme` with the table and the plot.
+pub fn update_readme(readme: &Path, o: &Options, runs: &[Run]) -> Result<()> {
+    let text = std::fs::read_to_string(readme)?;
+    let (Some(start), Some(end)) = (text.find(README_BEGIN), text.find(README_END)) else {
+        anyhow::bail!("{} lacks the {README_BEGIN} … {README_END} markers", readme.display());
+    };
+    let section = format!(
+        "{README_BEGIN}\n{} operations/s (seed {}), three apiservers upgraded one at a time:\n\n{}\n\
+         ![Client errors per second during the rolling upgrade](drill/results/timeline.svg)\n{README_END}",
+        o.rate,
+        o.seed,
+        markdown_table(runs)
+    );
+    std::fs::write(readme, format!("{}{section}{}", &text[..start], &text[end + README_END.len()..]))?;
+    Ok(())
+}
