@@ -324,6 +324,9 @@ mod tests {
         lag_left: u32,
         /// Admin calls before a new cluster's hosts turn healthy (`u32::MAX`: never).
         healthy_after: u32,
+        /// New clusters' hosts come with their first health check done and failed (an
+        /// apiserver still starting), instead of pending it.
+        checked_unhealthy: bool,
         reject: bool,
         calls: u32,
         violations: Vec<String>,
@@ -368,10 +371,12 @@ mod tests {
                     let names = cluster_names(Some(&value));
                     f.clusters.retain(|name, _| names.contains(name));
                     let healthy_after = f.healthy_after;
+                    let pending_new = usize::from(!f.checked_unhealthy);
                     for name in names {
-                        f.clusters
-                            .entry(name)
-                            .or_insert((ClusterHealth { hosts: 1, healthy: 0, pending: 1 }, healthy_after));
+                        f.clusters.entry(name).or_insert((
+                            ClusterHealth { hosts: 1, healthy: 0, pending: pending_new },
+                            healthy_after,
+                        ));
                     }
                     f.cds_loaded = cds;
                 }
@@ -629,6 +634,29 @@ mod tests {
             steps.contains(&Step::ClustersUnhealthy(names(&["skewgate-set-a", "skewgate-set-b_c"]))),
             "{steps:?}"
         );
+        assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
+    }
+
+    /// A restarting apiserver's new set clusters fail their first health check until it is
+    /// ready: the table that routes the other GVRs around it must not wait for that.
+    #[tokio::test]
+    async fn clusters_checked_and_failing_do_not_hold_the_table() {
+        let d = dir("checked-unhealthy");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        envoy.with(|f| {
+            f.healthy_after = u32::MAX;
+            f.checked_unhealthy = true;
+        });
+        let started = std::time::Instant::now();
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        assert!(started.elapsed() < Duration::from_millis(600), "{:?}", started.elapsed());
+        assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
         assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
     }
 
