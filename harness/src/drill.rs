@@ -274,6 +274,36 @@ pub struct Request {
 }
 
 impl Request {
+    /// A request about to be sent at `t`; the outcome fields are filled in as it completes.
+    fn start(t: Duration, gvr: String, verb: &'static str, era: Era, object: Option<String>) -> Self {
+        Request {
+            t: t.as_secs_f64(),
+            latency_ms: 0.0,
+            gvr,
+            verb,
+            status: None,
+            served_by: None,
+            reason: None,
+            message: None,
+            error: None,
+            class: Class::Success,
+            expected: false,
+            era,
+            object,
+            timed_out: false,
+            connection: false,
+        }
+    }
+
+    /// A request that failed before an answer: a timeout, or the connection.
+    fn failed(&mut self, e: &reqwest::Error) {
+        self.timed_out = e.is_timeout();
+        self.connection = !self.timed_out;
+        self.error = Some(crate::load::error_chain(e));
+    }
+}
+
+impl Request {
     fn end(&self) -> f64 {
         self.t + self.latency_ms / 1000.0
     }
@@ -402,23 +432,7 @@ async fn send(
     object: Option<String>,
 ) -> Request {
     let t = s.epoch.elapsed();
-    let mut r = Request {
-        t: t.as_secs_f64(),
-        latency_ms: 0.0,
-        gvr,
-        verb,
-        status: None,
-        served_by: None,
-        reason: None,
-        message: None,
-        error: None,
-        class: Class::Success,
-        expected: false,
-        era,
-        object,
-        timed_out: false,
-        connection: false,
-    };
+    let mut r = Request::start(t, gvr, verb, era, object);
     let result = request.send().await;
     let outcome = match result {
         Ok(response) => {
@@ -438,9 +452,7 @@ async fn send(
         Err(e) => Err(e),
     };
     if let Err(e) = outcome {
-        r.timed_out = e.is_timeout();
-        r.connection = !r.timed_out;
-        r.error = Some(chain(&e));
+        r.failed(&e);
     }
     r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
     r
@@ -448,17 +460,6 @@ async fn send(
 
 fn response_ok(status: Option<u16>) -> bool {
     matches!(status, Some(200 | 201))
-}
-
-fn chain(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
 
 async fn operation(s: Arc<Shared>, op: Op) {
@@ -519,23 +520,7 @@ async fn watch(s: Arc<Shared>, which: usize) {
         );
         round += 1;
         let t = s.epoch.elapsed();
-        let mut r = Request {
-            t: t.as_secs_f64(),
-            latency_ms: 0.0,
-            gvr: g.name(),
-            verb: "watch",
-            status: None,
-            served_by: None,
-            reason: None,
-            message: None,
-            error: None,
-            class: Class::Success,
-            expected: false,
-            era: g.era,
-            object: None,
-            timed_out: false,
-            connection: false,
-        };
+        let mut r = Request::start(t, g.name(), "watch", g.era, None);
         // No client timeout: a watch lasts as long as the server keeps it.
         match s
             .client
@@ -567,9 +552,7 @@ async fn watch(s: Arc<Shared>, which: usize) {
                 }
             }
             Err(e) => {
-                r.timed_out = e.is_timeout();
-                r.connection = !r.timed_out;
-                r.error = Some(chain(&e));
+                r.failed(&e);
                 r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
                 s.push(r);
             }

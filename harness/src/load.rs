@@ -251,13 +251,13 @@ async fn one(
                 Err(e) => {
                     // The head came, the body broke off: as bad as no answer.
                     record.error = Some(classify(&e));
-                    record.detail = Some(chain(&e));
+                    record.detail = Some(error_chain(&e));
                 }
             }
         }
         Err(e) => {
             record.error = Some(classify(&e));
-            record.detail = Some(chain(&e));
+            record.detail = Some(error_chain(&e));
         }
     }
     record.latency = clock.elapsed();
@@ -277,7 +277,7 @@ fn classify(e: &reqwest::Error) -> ErrorKind {
 }
 
 /// The error and its causes, which is where hyper says "connection reset".
-fn chain(e: &reqwest::Error) -> String {
+pub fn error_chain(e: &reqwest::Error) -> String {
     let mut text = e.to_string();
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {

@@ -301,10 +301,7 @@ impl RemoteStore {
             let current = read.object.map(Arc::new);
             let decision = decide(current.as_ref())?;
             if dry_run {
-                return Ok(match decision {
-                    Write::Put(object) => Some(Arc::new(object)),
-                    Write::Unchanged | Write::Delete | Write::DeleteNamespace => current,
-                });
+                return Ok(decision.preview(current));
             }
             let op = match decision {
                 Write::Unchanged => return Ok(current),

@@ -74,6 +74,16 @@ pub enum Write {
     Unchanged,
 }
 
+impl Write {
+    /// What a dry run answers: the object the write would leave, nothing stored.
+    pub(super) fn preview(self, current: Option<Arc<Value>>) -> Option<Arc<Value>> {
+        match self {
+            Write::Put(object) => Some(Arc::new(object)),
+            Write::Unchanged | Write::Delete | Write::DeleteNamespace => current,
+        }
+    }
+}
+
 /// The shared object store. Cheap to share: `Arc<Store>`.
 pub struct Store {
     state: Mutex<State>,
@@ -201,10 +211,7 @@ impl Store {
         let current = state.objects.get(key).cloned();
         let decision = decide(current.as_ref())?;
         if dry_run {
-            return Ok(match decision {
-                Write::Put(object) => Some(Arc::new(object)),
-                Write::Unchanged | Write::Delete | Write::DeleteNamespace => current,
-            });
+            return Ok(decision.preview(current));
         }
         let result = match decision {
             Write::Unchanged => current,
