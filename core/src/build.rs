@@ -34,6 +34,8 @@ pub struct ClusterNames {
     pub apiserver_prefix: String,
     /// Followed by the member ids, sorted and joined with `_`.
     pub set_prefix: String,
+    /// Followed by the pool's or a set's name: its twin for requests without credentials.
+    pub anonymous_prefix: String,
 }
 
 impl Default for ClusterNames {
@@ -42,6 +44,7 @@ impl Default for ClusterNames {
             pool: "skewgate-pool".to_owned(),
             apiserver_prefix: "skewgate-apiserver-".to_owned(),
             set_prefix: "skewgate-set-".to_owned(),
+            anonymous_prefix: "skewgate-anonymous-".to_owned(),
         }
     }
 }
@@ -126,6 +129,7 @@ pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<T
         group_versions: group_versions(servers),
         discovery: Some(merged_discovery(servers)?),
         policy: PolicyConfig::default(),
+        anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
     };
     table.assign_sets(|members| set_cluster_name(&names.set_prefix, members));
     table.generation = generation(&table)?;

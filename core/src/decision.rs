@@ -3,7 +3,7 @@
 
 use crate::accept::{DiscoveryAccept, negotiate_discovery};
 use crate::discovery::MEDIA_TYPE_V2_JSON;
-use crate::identity::{self, Identity};
+use crate::identity::{self, CertIdentity, Identity, Unforwardable};
 use crate::request_info::{RequestInfo, decode_path, split_target};
 use crate::table::{Gvr, RoutingTable, Serving};
 
@@ -15,8 +15,11 @@ pub struct RequestHead<'r> {
     pub target: &'r str,
     pub accept: Option<&'r str>,
     pub if_none_match: Option<&'r str>,
-    /// Subject of the verified downstream client certificate (Envoy's RFC 2253 rendering).
+    /// Subject of the verified downstream client certificate (Envoy's RFC 2253 rendering);
+    /// `Some("")` when a certificate was verified but its subject could not be read.
     pub client_subject: Option<&'r str>,
+    /// The request carries a token (`Authorization`, or the WebSocket bearer subprotocol).
+    pub token: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,6 +32,8 @@ pub struct Decision<'t, 'r> {
     pub serving: Option<Serving>,
     /// Identity to assert upstream (from the client certificate), after stripping the client's.
     pub identity: Option<Identity<'r>>,
+    /// No credential at all: routed to the cluster's twin without the front-proxy certificate.
+    pub anonymous: bool,
     strip_peer_proxied: bool,
 }
 
@@ -36,6 +41,8 @@ pub struct Decision<'t, 'r> {
 pub enum Action<'t> {
     Route(Route<'t>),
     Respond(Reply<'t>),
+    /// 401: the client certificate's identity cannot be forwarded unchanged.
+    Refuse(Unforwardable),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -124,16 +131,27 @@ impl<'t> Decision<'t, '_> {
     /// Whether the filter must remove this downstream request header before anything else.
     pub fn strips(&self, header_name: &str) -> bool {
         identity::is_identity_header(header_name)
+            || is_reserved(header_name)
             || (self.strip_peer_proxied && header_name.eq_ignore_ascii_case(identity::PEER_PROXIED))
     }
 
     pub fn route(&self) -> Option<&Route<'t>> {
         match &self.action {
             Action::Route(r) => Some(r),
-            Action::Respond(_) => None,
+            Action::Respond(_) | Action::Refuse(_) => None,
         }
     }
 }
+
+/// `x-skewgate-*` headers steer Envoy (cluster, route without timeout): only the filter sets them.
+fn is_reserved(header_name: &str) -> bool {
+    header_name
+        .as_bytes()
+        .get(..RESERVED_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(RESERVED_PREFIX.as_bytes()))
+}
+
+const RESERVED_PREFIX: &str = "x-skewgate-";
 
 /// Decides what to do with a request. Allocates nothing unless the path or the certificate
 /// subject carries escapes.
@@ -165,16 +183,32 @@ struct Outcome<'t> {
 
 fn finish<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>, o: Outcome<'t>) -> Decision<'t, 'r> {
     let policy = table.policy();
-    let identity = match (&o.action, policy.client_cert_identity) {
-        (Action::Route(_), true) => head.client_subject.and_then(identity::from_subject),
-        _ => None,
+    let mut action = o.action;
+    // kube-apiserver authenticates a verified certificate before any token; a certificate it
+    // would not take a user from leaves the decision to the token, or to anonymous access.
+    let (identity, cert_decides) = match (&action, head.client_subject, policy.client_cert_identity) {
+        (Action::Route(_), Some(subject), true) => match identity::from_subject(subject) {
+            CertIdentity::User(identity) => (Some(identity), true),
+            CertIdentity::NoUser => (None, false),
+            CertIdentity::Refused(why) => {
+                action = Action::Refuse(why);
+                (None, true)
+            }
+        },
+        (_, Some(_), false) => (None, true),
+        _ => (None, false),
     };
+    let anonymous = !cert_decides && !head.token;
+    if let (Action::Route(route), true) = (&mut action, anonymous) {
+        route.cluster = table.anonymous_cluster(o.serving.unwrap_or(Serving::All));
+    }
     Decision {
-        action: o.action,
+        action,
         reason: o.reason,
         gvr: o.gvr,
         serving: o.serving,
         identity,
+        anonymous,
         strip_peer_proxied: policy.strip_downstream_peer_proxied,
     }
 }
@@ -492,6 +526,11 @@ mod tests {
                 && d.strips("x-kubernetes-peer-proxied")
         );
         assert!(!d.strips("authorization") && !d.strips("accept"));
+        // F6: a client must not pick the route without timeout, or a cluster.
+        assert!(
+            d.strips("x-skewgate-route") && d.strips("X-Skewgate-Cluster") && d.strips("x-skewgate-anything")
+        );
+        assert!(!d.strips("x-skewgat") && !d.strips("skewgate-route"));
 
         let mut v = sample();
         v["policy"] = serde_json::json!({"stripDownstreamPeerProxied": false, "clientCertIdentity": false});
@@ -499,6 +538,55 @@ mod tests {
         let d = decide(&t, &h);
         assert!(d.identity.is_none());
         assert!(!d.strips("x-kubernetes-peer-proxied") && d.strips("x-remote-group"));
+    }
+
+    fn table_with_twins() -> RoutingTable {
+        let mut v = sample();
+        v["anonymousClusterPrefix"] = serde_json::json!("anon-");
+        RoutingTable::from_json(v.to_string().as_bytes()).unwrap()
+    }
+
+    /// Who sends what: (client subject, token) → (cluster, anonymous, refused).
+    #[test]
+    fn requests_without_credentials_take_the_twin() {
+        let t = table_with_twins();
+        let cases: [(Option<&str>, bool, &str, bool); 7] = [
+            (None, false, "anon-set-c", true),
+            (None, true, "set-c", false),
+            (Some("CN=alice,O=devs"), false, "set-c", false),
+            (Some("CN=alice,O=devs"), true, "set-c", false),
+            // No CN: kube-apiserver's x509 authenticator yields; the token or anonymous decides.
+            (Some("O=devs"), false, "anon-set-c", true),
+            (Some("O=devs"), true, "set-c", false),
+            (Some("CN=,O=devs"), false, "anon-set-c", true),
+        ];
+        for (subject, token, cluster, anonymous) in cases {
+            let mut h = head("GET", "/apis/resource.k8s.io/v1/resourceclaims");
+            (h.client_subject, h.token) = (subject, token);
+            let d = decide(&t, &h);
+            assert_eq!(d.route().map(|r| r.cluster), Some(cluster), "{subject:?} token={token}");
+            assert_eq!(d.anonymous, anonymous, "{subject:?} token={token}");
+        }
+        let d = decide(&t, &head("GET", "/version"));
+        assert_eq!(d.route().map(|r| r.cluster), Some("anon-pool"));
+        // Without twins in the table, everything keeps its cluster.
+        let plain = table();
+        let d = decide(&plain, &head("GET", "/version"));
+        assert_eq!(d.route().map(|r| r.cluster), Some("pool"));
+    }
+
+    #[test]
+    fn an_identity_a_header_would_change_is_refused_not_forwarded() {
+        let t = table_with_twins();
+        for subject in ["CN=mallory,O=\\ system:masters", "CN=admin\\ ", ""] {
+            for token in [false, true] {
+                let mut h = head("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews");
+                (h.client_subject, h.token) = (Some(subject), token);
+                let d = decide(&t, &h);
+                assert!(matches!(d.action, Action::Refuse(_)), "{subject:?}: {:?}", d.action);
+                assert!(d.identity.is_none() && !d.anonymous);
+            }
+        }
     }
 }
 
@@ -520,7 +608,7 @@ mod prop {
         ) {
             let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
             let target = format!("{path}?{query}");
-            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref() };
+            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref(), token: false };
             let d = decide(&t, &h);
             if let (Action::Route(r), Some(gvr)) = (&d.action, d.gvr) {
                 prop_assert_eq!(r.cluster, t.cluster(gvr.serving));
@@ -534,7 +622,7 @@ mod prop {
         #[test]
         fn arbitrary_input_never_panics(method in ".{0,10}", target in ".{0,200}", accept in proptest::option::of(".{0,80}"), subject in proptest::option::of(".{0,60}")) {
             let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
-            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref() };
+            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), token: false };
             let _ = decide(&t, &h);
         }
     }

@@ -82,6 +82,20 @@ pub fn service_unavailable(u: &Unavailable<'_>) -> Status<'static> {
     }
 }
 
+/// 401 Unauthorized, as kube-apiserver words it, with why skewgate refused the credential.
+pub fn unauthorized(why: &str) -> Status<'static> {
+    Status {
+        kind: "Status",
+        api_version: "v1",
+        metadata: Empty {},
+        status: "Failure",
+        message: format!("Unauthorized: skewgate cannot forward the client certificate's identity: {why}"),
+        reason: "Unauthorized",
+        details: None,
+        code: 401,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[cfg(target_arch = "wasm32")]
@@ -129,5 +143,15 @@ mod tests {
         });
         assert!(nr.message.contains("no apiserver of [a] answered"));
         assert!(nr.message.len() < 400);
+    }
+
+    #[test]
+    fn unauthorized_reads_like_the_apiservers() {
+        let v: serde_json::Value = serde_json::from_str(&unauthorized("a reason").to_json()).unwrap();
+        assert_eq!((v["reason"].as_str(), v["code"].as_u64()), (Some("Unauthorized"), Some(401)));
+        assert!(
+            v["message"].as_str().unwrap().starts_with("Unauthorized: ")
+                && v["message"].as_str().unwrap().ends_with("a reason")
+        );
     }
 }

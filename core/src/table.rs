@@ -38,6 +38,19 @@ pub struct TableConfig {
     pub discovery: Option<DiscoveryConfig>,
     #[serde(default)]
     pub policy: PolicyConfig,
+    /// When set, the pool and every set cluster have a twin named with this prefix that reaches
+    /// the same apiservers without the front-proxy client certificate: requests that carry no
+    /// credential go there, so each apiserver decides about anonymous access exactly as it does
+    /// for a direct request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anonymous_cluster_prefix: Option<String>,
+}
+
+impl TableConfig {
+    /// The twin of `cluster` for requests without credentials, if the table has twins.
+    pub fn anonymous_cluster(&self, cluster: &str) -> Option<String> {
+        self.anonymous_cluster_prefix.as_ref().map(|prefix| format!("{prefix}{cluster}"))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +102,11 @@ pub struct PolicyConfig {
     /// Map a verified downstream client certificate to `X-Remote-User`/`X-Remote-Group`.
     #[serde(default = "yes")]
     pub client_cert_identity: bool,
+    /// With a mapped certificate, also send the user extra kube-apiserver's x509 authenticator
+    /// adds (`authentication.kubernetes.io/credential-id: X509SHA256=<fingerprint>`, 1.3x on),
+    /// which audit logs record.
+    #[serde(default = "yes")]
+    pub x509_credential_id: bool,
 }
 
 fn yes() -> bool {
@@ -97,7 +115,7 @@ fn yes() -> bool {
 
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self { strip_downstream_peer_proxied: true, client_cert_identity: true }
+        Self { strip_downstream_peer_proxied: true, client_cert_identity: true, x509_credential_id: true }
     }
 }
 
@@ -139,6 +157,8 @@ pub struct Apiserver {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServingSet {
     pub cluster: String,
+    /// The twin for requests without credentials (see [`TableConfig::anonymous_cluster_prefix`]).
+    pub anonymous_cluster: Option<String>,
     /// Apiserver ids, in table order.
     pub members: Vec<String>,
     mask: u64,
@@ -173,6 +193,7 @@ pub struct RoutingTable {
     generation: String,
     apiservers: Vec<Apiserver>,
     pool_cluster: String,
+    anonymous_pool_cluster: Option<String>,
     sets: Vec<ServingSet>,
     gvrs: Vec<Gvr>,
     groups: HashMap<String, GroupEntry>,
@@ -207,11 +228,15 @@ impl RoutingTable {
             ));
         }
         let apiservers = compile_apiservers(&config.apiservers)?;
-        let mut clusters: HashMap<&str, String> = HashMap::new();
+        let mut clusters: HashMap<String, String> = HashMap::new();
         for (i, a) in config.apiservers.iter().enumerate() {
             claim_cluster(&mut clusters, &a.cluster, format!("apiservers[{i}].cluster"))?;
         }
         claim_cluster(&mut clusters, &config.pool_cluster, "poolCluster".to_string())?;
+        let anonymous_pool_cluster = config.anonymous_cluster(&config.pool_cluster);
+        if let Some(name) = &anonymous_pool_cluster {
+            claim_cluster(&mut clusters, name, "anonymousClusterPrefix (pool twin)".to_string())?;
+        }
         let all_mask = full_mask(apiservers.len());
         let ids: HashMap<&str, usize> =
             config.apiservers.iter().enumerate().map(|(i, a)| (a.id.as_str(), i)).collect();
@@ -231,7 +256,16 @@ impl RoutingTable {
             if let Some(prev) = set_by_mask.insert(mask, i) {
                 return Err(err(format!("{field}.members"), format!("same members as sets[{prev}]")));
             }
-            sets.push(ServingSet { cluster: s.cluster.clone(), members: s.members.clone(), mask });
+            let anonymous_cluster = config.anonymous_cluster(&s.cluster);
+            if let Some(name) = &anonymous_cluster {
+                claim_cluster(&mut clusters, name, format!("anonymousClusterPrefix (twin of {field})"))?;
+            }
+            sets.push(ServingSet {
+                cluster: s.cluster.clone(),
+                anonymous_cluster,
+                members: s.members.clone(),
+                mask,
+            });
         }
         let serving_for = |mask: u64, field: &str| -> Result<Serving, TableError> {
             if mask == all_mask {
@@ -311,6 +345,7 @@ impl RoutingTable {
             generation: config.generation,
             apiservers,
             pool_cluster: config.pool_cluster,
+            anonymous_pool_cluster,
             sets,
             gvrs,
             groups,
@@ -362,6 +397,16 @@ impl RoutingTable {
     /// Who lists `/apis/<group>` in discovery (the union over its versions).
     pub fn group(&self, group: &str) -> Option<Serving> {
         Some(self.groups.get(group)?.serving)
+    }
+
+    /// The cluster for a request without credentials: the twin of [`RoutingTable::cluster`]
+    /// without the front-proxy certificate, or that cluster itself when the table has no twins.
+    pub fn anonymous_cluster(&self, serving: Serving) -> &str {
+        let twin = match serving {
+            Serving::All => self.anonymous_pool_cluster.as_deref(),
+            Serving::Set(i) => self.sets.get(i).and_then(|s| s.anonymous_cluster.as_deref()),
+        };
+        twin.unwrap_or_else(|| self.cluster(serving))
     }
 
     /// The cluster that reaches exactly the apiservers of `serving`.
@@ -455,9 +500,9 @@ fn compile_apiservers(configs: &[ApiserverConfig]) -> Result<Vec<Apiserver>, Tab
 
 /// Cluster names travel in a request header and name Envoy clusters: keep them to Envoy's
 /// conventional charset and make sure no two roles share one.
-fn claim_cluster<'a>(
-    clusters: &mut HashMap<&'a str, String>,
-    name: &'a str,
+fn claim_cluster(
+    clusters: &mut HashMap<String, String>,
+    name: &str,
     field: String,
 ) -> Result<(), TableError> {
     let valid = !name.is_empty()
@@ -466,7 +511,7 @@ fn claim_cluster<'a>(
     if !valid {
         return Err(err(field, format!("{name:?} is not a cluster name (1-200 of [A-Za-z0-9._-])")));
     }
-    if let Some(prev) = clusters.insert(name, field.clone()) {
+    if let Some(prev) = clusters.insert(name.to_owned(), field.clone()) {
         return Err(err(field, format!("cluster {name:?} is already used by {prev}")));
     }
     Ok(())

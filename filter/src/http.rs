@@ -7,7 +7,7 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use skewgate_core::decision::{self, RequestHead};
-use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
@@ -64,7 +64,7 @@ impl HttpContext for Http {
                 "accept" => accept = Some(String::from_utf8_lossy(value)),
                 "if-none-match" => if_none_match = Some(String::from_utf8_lossy(value)),
                 XFCC => client_cert = true,
-                _ => {}
+                other => head.token |= identity::carries_token(other, value),
             }
         }
         head.method = method.as_deref().unwrap_or("");
@@ -75,12 +75,19 @@ impl HttpContext for Http {
         // (SANITIZE_SET in the shipped bootstrap), so its absence saves a host call on every
         // request of a token client. Its content is never trusted: the subject comes from the
         // verified connection; a forged header only costs that call.
+        // A subject that cannot be read is passed on empty: the decision refuses it rather than
+        // treating the client as one without a certificate.
         let subject = match table.policy().client_cert_identity && client_cert {
-            true => host::property(&["connection", "subject_peer_certificate"]),
+            true => Some(host::property(&["connection", "subject_peer_certificate"]).unwrap_or_default()),
             false => None,
         };
         let subject = subject.as_deref().map(String::from_utf8_lossy);
-        head.client_subject = subject.as_deref().filter(|s| !s.is_empty());
+        head.client_subject = match (client_cert, subject.as_deref()) {
+            (true, Some(s)) => Some(s),
+            // Mapping is off: the certificate still counts as a credential.
+            (true, None) => Some(""),
+            (false, _) => None,
+        };
 
         let decision = decision::decide(table, &head);
         for (name, _) in &headers {
@@ -96,6 +103,11 @@ impl HttpContext for Http {
                 let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
                 let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
                 self.reply(u32::from(reply.status), headers, body)
+            }
+            decision::Action::Refuse(why) => {
+                active.metrics.refused();
+                let body = status::unauthorized(why.as_str()).to_json();
+                self.reply(401, vec![("content-type", "application/json")], Some(body.as_bytes()))
             }
             decision::Action::Route(route) => {
                 host::set_request_header(CLUSTER_HEADER, Some(route.cluster));
@@ -114,6 +126,17 @@ impl HttpContext for Http {
                     host::set_request_header(REMOTE_USER, Some(&identity.user));
                     for group in &identity.groups {
                         host::add_request_header(REMOTE_GROUP, group);
+                    }
+                    if table.policy().x509_credential_id {
+                        // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER,
+                        // which is what kube-apiserver's x509 authenticator records.
+                        if let Some(digest) =
+                            host::property(&["connection", "sha256_peer_certificate_digest"])
+                                .filter(|d| !d.is_empty() && d.iter().all(u8::is_ascii_hexdigit))
+                        {
+                            let value = format!("X509SHA256={}", String::from_utf8_lossy(&digest));
+                            host::set_request_header(CREDENTIAL_ID_HEADER, Some(&value));
+                        }
                     }
                 }
                 Action::Continue

@@ -19,6 +19,7 @@ pub struct Metrics {
     unavailable: Vec<Option<u32>>,
     merged_ok: Option<u32>,
     merged_not_modified: Option<u32>,
+    refused: Option<u32>,
 }
 
 pub fn counter(name: &str) -> Option<u32> {
@@ -78,6 +79,7 @@ impl Metrics {
             unavailable,
             merged_ok: counter("skewgate.merged_discovery_total.code=200;"),
             merged_not_modified: counter("skewgate.merged_discovery_total.code=304;"),
+            refused: counter("skewgate.refused_certificates_total"),
         }
     }
 
@@ -106,6 +108,11 @@ impl Metrics {
             _ => self.unavailable.len().saturating_sub(1),
         };
         increment(self.unavailable.get(index).copied().flatten());
+    }
+
+    /// A client certificate whose identity cannot be forwarded unchanged got a 401.
+    pub fn refused(&self) {
+        increment(self.refused);
     }
 
     pub fn merged_discovery(&self, status: u16) {

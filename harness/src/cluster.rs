@@ -69,6 +69,8 @@ pub struct Options {
     /// Stand-ins (by id) whose serving certificate comes from the rogue CA, which neither Envoy
     /// nor the sidecar trusts: they must never be used.
     pub rogue: BTreeSet<String>,
+    /// The apiservers' `--anonymous-auth`.
+    pub anonymous_auth: bool,
     /// Envoy as a plain load balancer (`envoy-config/plain-lb.yaml`: no skewgate filter, every
     /// request to the pool) over a static CDS built once from the stand-ins. Needs `sidecar: false`.
     pub plain_lb: bool,
@@ -94,6 +96,7 @@ impl Options {
             poll_period: Duration::from_secs(1),
             grace_period: None,
             rogue: BTreeSet::new(),
+            anonymous_auth: true,
             plain_lb: false,
         }
     }
@@ -493,6 +496,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                     user: "admin".into(),
                     groups: vec!["system:masters".into()],
                 }],
+                anonymous: o.anonymous_auth,
             },
             bookmark_interval: Duration::from_secs(15),
         };
@@ -606,6 +610,8 @@ fn upstream_tls(pki: &Pki) -> UpstreamTls {
         client_cert: pki.front_proxy.cert.display().to_string(),
         client_key: pki.front_proxy.key.display().to_string(),
         server_name: APISERVER_NAME.into(),
+        health_user: "system:apiserver".into(),
+        health_groups: vec!["system:authenticated".into()],
     }
 }
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -151,14 +151,17 @@ impl Envoy {
         let bootstrap = settings.dir.join("bootstrap.yaml");
         std::fs::write(&bootstrap, render_bootstrap(&settings)?)?;
         let log = settings.dir.join("envoy.log");
+        std::fs::File::create(&log)?;
+        let append = || std::fs::OpenOptions::new().append(true).open(&log);
         let child = Command::new(paths::envoy_binary()?)
             .arg("-c")
             .arg(&bootstrap)
             .args(["--concurrency", &settings.concurrency.to_string()])
             .args(["--use-dynamic-base-id", "--log-level", "warn", "--component-log-level", "wasm:info"])
             .args(["--drain-time-s", "1"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
+            // The access log (stdout) and Envoy's own log (stderr) in one file, in order.
+            .stdout(append()?)
+            .stderr(append()?)
             .spawn()
             .context("starting envoy")?;
         let mut envoy = Self { settings, child, log, http: reqwest::Client::new() };

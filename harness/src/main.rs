@@ -141,6 +141,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 poll_period: std::time::Duration::from_millis(poll_ms),
                 grace_period: None,
                 rogue: Default::default(),
+                anonymous_auth: true,
                 plain_lb: false,
             };
             let running = cluster::start(&options).await?;
@@ -211,6 +212,7 @@ async fn run_standin(
             requestheader_allowed_names: vec![FRONT_PROXY_CN.to_string()],
             client_ca: pki.join("cluster-ca.crt"),
             tokens,
+            anonymous: true,
         },
         bookmark_interval: standin::Options::BOOKMARK_INTERVAL,
     };

@@ -38,6 +38,8 @@ const DEVICECLASSES: &str = "deviceclasses.v1alpha3.resource.k8s.io";
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const NOPEER: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json";
+/// The user extra kube-apiserver's x509 authenticator adds.
+const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
 /// The client's per-request timeout in the load loops.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -1078,6 +1080,15 @@ async fn upgrade_in_place() -> Result<Row> {
 // 7. Identity and spoofing
 
 /// Which stand-in served a response, and what it recorded of the request.
+/// Lower-case hex SHA-256 of the DER of the first certificate in a PEM file.
+fn cert_sha256(pem: &Path) -> Result<String> {
+    use sha2::Digest;
+    let der = rustls_pemfile::certs(&mut BufReader::new(std::fs::File::open(pem)?))
+        .next()
+        .context("no certificate in the file")??;
+    Ok(sha2::Sha256::digest(der.as_ref()).iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn served(c: &Cluster, h: &reqwest::header::HeaderMap) -> Result<skewgate_harness::standin::Served> {
     let by = header(h, SERVED_BY).context("no x-skewgate-served-by: not an apiserver's answer")?;
     let audit = header(h, "audit-id").context("no Audit-Id")?;
@@ -1109,6 +1120,11 @@ async fn identity() -> Result<Row> {
     ];
     let mut seen_by: BTreeSet<String> = BTreeSet::new();
     let alice_groups = ids(&["devs", "system:authenticated"]);
+    // R3: what kube-apiserver 1.36's x509 authenticator adds for the certificate itself.
+    let alice_extra = BTreeMap::from([(
+        CREDENTIAL_ID.to_string(),
+        vec![format!("X509SHA256={}", cert_sha256(&c.pki.alice.cert)?)],
+    )]);
     for round in 0..30 {
         let path = paths[round % paths.len()];
         for spoofing in [false, true] {
@@ -1127,7 +1143,8 @@ async fn identity() -> Result<Row> {
             // Exactly what the certificate says, through Envoy's front-proxy identity.
             assert_eq!(who.user, "alice", "{path} spoofing={spoofing}");
             assert_eq!(who.groups, alice_groups, "{path} spoofing={spoofing}");
-            assert!(who.uid.is_empty() && who.extra.is_empty(), "{who:?}");
+            assert!(who.uid.is_empty(), "{who:?}");
+            assert_eq!(who.extra, alice_extra, "{path} spoofing={spoofing}");
             assert_eq!(who.method, skewgate_harness::standin::AuthMethod::FrontProxy);
         }
     }
@@ -1173,8 +1190,9 @@ async fn identity() -> Result<Row> {
     row.requests += 1;
     assert_eq!(admin, "admin");
 
-    // No credentials: the apiserver's own 401, spoofed headers or not.
-    let mut unauthorized = 0;
+    // No credentials: anonymous at the apiserver, as without Envoy (R2): RBAC's 403 for
+    // resources, spoofed headers or not.
+    let mut forbidden = 0;
     for spoofing in [false, true] {
         for path in paths {
             let mut req = anonymous.get(format!("{base}{path}"));
@@ -1185,12 +1203,13 @@ async fn identity() -> Result<Row> {
             }
             let r = req.send().await?;
             row.requests += 1;
-            assert_eq!(r.status(), 401, "{path} spoofing={spoofing}");
+            assert_eq!(r.status(), 403, "{path} spoofing={spoofing}");
             let s = served(&c, r.headers())?;
             assert!(s.identity.is_none(), "{s:?}");
             let body: Value = r.json().await?;
-            assert_eq!((&body["kind"], &body["reason"]), (&json!("Status"), &json!("Unauthorized")));
-            unauthorized += 1;
+            assert_eq!((&body["kind"], &body["reason"]), (&json!("Status"), &json!("Forbidden")));
+            assert!(body["message"].as_str().unwrap_or_default().contains("system:anonymous"), "{body}");
+            forbidden += 1;
         }
     }
     // kubectl with a token nobody issued: the 401 comes from an apiserver.
@@ -1209,7 +1228,7 @@ async fn identity() -> Result<Row> {
     assert!(last.header(SERVED_BY).is_some(), "401 not from an apiserver: {last:?}");
     row.figure(format!(
         "alice (cert) seen as alice/[devs] on {seen_by:?}, spoofed X-Remote-* dropped; token → admin \
-         (Token); {unauthorized}×401 from apiservers without credentials"
+         (Token); {forbidden}×403 for system:anonymous from apiservers without credentials"
     ));
     finish(c, &mut row).await?;
     Ok(row)
@@ -1459,10 +1478,11 @@ async fn hostile_input() -> Result<Row> {
             }
         }
         if let Some(who) = &seen.identity {
+            let credential_id = format!("X509SHA256={}", cert_sha256(&c.pki.alice.cert)?);
             ensure!(
                 who.user == "alice"
                     && who.groups == ids(&["devs", "system:authenticated"])
-                    && who.extra.is_empty(),
+                    && who.extra == BTreeMap::from([(CREDENTIAL_ID.to_string(), vec![credential_id])]),
                 "{shown}: {who:?}"
             );
         }
@@ -1594,4 +1614,188 @@ async fn control_plane_faults() -> Result<Row> {
     ));
     finish(c, &mut row).await?;
     Ok(row)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. The edge against real apiservers' authentication, and adversarial clients
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s11_edge_authentication() -> Result<()> {
+    scenario("11", "edge authentication and hardening", edge_authentication()).await
+}
+
+async fn edge_authentication() -> Result<Row> {
+    let mut row = Row::default();
+    let c = start("s11", ERAS, |_| {}).await?;
+    let base = c.envoy_url()?;
+    let envoy = c.envoy()?;
+    let claims = format!("{base}/apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
+
+    // R1: the stand-ins answer the front-proxy certificate without X-Remote-User with 401 as
+    // kube-apiserver does, so Envoy's health checks must carry the sidecar's identity: every
+    // host of every cluster, twins without the certificate included, is healthy.
+    let hosts = c.envoy_hosts().await?;
+    ensure!(
+        hosts.keys().any(|(cluster, _)| cluster.starts_with("skewgate-anonymous-")),
+        "no twins: {hosts:?}"
+    );
+    ensure!(hosts.values().all(|healthy| *healthy), "unhealthy hosts: {hosts:?}");
+
+    // R2: no credentials → the apiserver's own anonymous answers.
+    let anonymous = c.client(Credentials::Anonymous, TIMEOUT)?;
+    for (path, status) in [("/version", 200), ("/readyz", 200), ("/livez", 200), ("/api/v1/namespaces", 403)]
+    {
+        let r = anonymous.get(format!("{base}{path}")).send().await?;
+        row.requests += 1;
+        ensure!(r.status() == status, "{path}: {} (want {status})", r.status());
+        ensure!(header(r.headers(), SERVED_BY).is_some(), "{path}: not answered by an apiserver");
+    }
+
+    // F1: a certificate from the client CA whose O or CN a header would change is refused by
+    // the filter, never forwarded as somebody else.
+    let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let whoami = format!("{base}/apis/authentication.k8s.io/v1/selfsubjectreviews");
+    for (file, cn, orgs) in [
+        ("mallory", "mallory", vec![" system:masters"]),
+        ("padded-admin", "admin ", vec![]),
+        ("tab", "eve", vec!["devs\t"]),
+    ] {
+        let pair = c.pki.cluster_ca.client(&c.pki.dir, file, cn, &orgs)?;
+        let client = client_with(&c, &pair)?;
+        let r = client.post(&whoami).json(&review).send().await?;
+        row.requests += 1;
+        ensure!(
+            r.status() == 401 && header(r.headers(), SERVED_BY).is_none(),
+            "{cn:?} {orgs:?}: {}",
+            r.status()
+        );
+        let body: Value = r.json().await?;
+        ensure!(body["reason"] == "Unauthorized", "{body}");
+    }
+    for id in ["a", "b", "c"] {
+        let privileged = c.standin(id)?.identities().into_iter().find(|i| {
+            i.user.trim() == "admin"
+                || i.user == "mallory"
+                || i.groups.iter().any(|g| g.trim() == "system:masters")
+        });
+        ensure!(privileged.is_none(), "{id} saw {privileged:?}");
+    }
+
+    // R6 + F6: the access log (on at run time through the runtime key) shows where a request
+    // went; a client's own x-skewgate-route does not buy the route without timeout.
+    let set = reqwest::Client::new()
+        .post(envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .send()
+        .await?;
+    ensure!(set.status().is_success(), "runtime_modify: {}", set.status());
+    let alice = c.client(Credentials::Alice, TIMEOUT)?;
+    let r = alice.get(format!("{claims}?limit=11")).header("x-skewgate-route", "long-running").send().await?;
+    row.requests += 1;
+    ensure!(r.status() == 200, "{}", r.status());
+    let line = until("the access log line", Duration::from_secs(10), || {
+        Ok(envoy.log().lines().find(|l| l.contains("resourceclaims?limit=11")).map(str::to_string))
+    })
+    .await?;
+    ensure!(line.contains("route=default") && line.contains("cluster=skewgate-set-c"), "{line}");
+    let r = alice.get(format!("{claims}?watch=true&timeoutSeconds=1&limit=12")).send().await?;
+    row.requests += 1;
+    ensure!(r.status() == 200, "{}", r.status());
+    r.bytes().await?;
+    let line = until("the watch's access log line", Duration::from_secs(10), || {
+        Ok(envoy.log().lines().find(|l| l.contains("limit=12")).map(str::to_string))
+    })
+    .await?;
+    ensure!(line.contains("route=long-running"), "{line}");
+
+    // F9: header names with underscores never reach an apiserver (HTTP/1 and HTTP/2 codecs
+    // count them apart).
+    let dropped = || async {
+        let stats = envoy.stats().await?;
+        anyhow::Ok(
+            stats
+                .iter()
+                .filter(|(k, _)| k.ends_with(".dropped_headers_with_underscores"))
+                .map(|(_, v)| v)
+                .sum::<u64>(),
+        )
+    };
+    let before = dropped().await?;
+    let r = alice
+        .get(&claims)
+        .header("x_remote_user", "system:admin")
+        .header("x_remote_group", "system:masters")
+        .send()
+        .await?;
+    row.requests += 1;
+    ensure!(r.status() == 200, "{}", r.status());
+    let who = served(&c, r.headers())?.identity.context("alice not authenticated")?;
+    ensure!(who.user == "alice" && who.groups == ids(&["devs", "system:authenticated"]), "{who:?}");
+    let after = dropped().await?;
+    ensure!(after > before, "dropped headers with underscores: {before} → {after}");
+
+    // F10: a client that never finishes its request headers is cut off.
+    let closed_in = slow_headers_closed(&c).await?;
+    row.requests += 1;
+    println!("slow-header connection closed by Envoy after {closed_in:?}");
+
+    // R2 with anonymous access off at the apiservers: their 401, still not Envoy's.
+    let off = start("s11-anonymous-off", ERAS, |o| o.anonymous_auth = false).await?;
+    let anonymous = off.client(Credentials::Anonymous, TIMEOUT)?;
+    for path in ["/version", "/readyz", "/api/v1/namespaces"] {
+        let r = anonymous.get(format!("{}{path}", off.envoy_url()?)).send().await?;
+        row.requests += 1;
+        ensure!(r.status() == 401 && header(r.headers(), SERVED_BY).is_some(), "{path}: {}", r.status());
+    }
+    let alice_off = off.client(Credentials::Alice, TIMEOUT)?;
+    let r = alice_off.get(format!("{}/version", off.envoy_url()?)).send().await?;
+    row.requests += 1;
+    ensure!(r.status() == 200, "alice with anonymous off: {}", r.status());
+    finish(off, &mut Row::default()).await?;
+
+    row.figure(format!(
+        "health checks pass with the front-proxy identity; anonymous: /version 200, resources 403 \
+         (401 with --anonymous-auth=false); 3 padded/control-character certificates → 401 from the \
+         filter, none forwarded; client x-skewgate-route ignored; underscore headers dropped; \
+         slow headers cut after {:.1}s",
+        closed_in.as_secs_f64()
+    ));
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
+/// A client with its own certificate (from `pair`), trusting the cluster CA.
+fn client_with(c: &Cluster, pair: &skewgate_harness::pki::Pair) -> Result<reqwest::Client> {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&c.pki.cluster_ca.cert_path)?)?;
+    Ok(reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .identity(reqwest::Identity::from_pem(&pair.identity_pem()?)?)
+        .no_proxy()
+        .timeout(TIMEOUT)
+        .build()?)
+}
+
+/// Opens a TLS connection, sends half a request head and waits for Envoy to close it.
+async fn slow_headers_closed(c: &Cluster) -> Result<Duration> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in echo::load_certs(&c.pki.cluster_ca.cert_path)? {
+        roots.add(cert)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", c.envoy()?.settings.listen_port)).await?;
+    let mut tls = connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?;
+    let started = Instant::now();
+    tls.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n").await?;
+    let mut rest = Vec::new();
+    match tokio::time::timeout(Duration::from_secs(60), tls.read_to_end(&mut rest)).await {
+        Ok(_) => Ok(started.elapsed()),
+        Err(_) => bail!("the connection with unfinished headers is still open after 60s"),
+    }
 }

@@ -84,6 +84,8 @@ impl Fixture {
             client_cert: pki.front_proxy.cert.display().to_string(),
             client_key: pki.front_proxy.key.display().to_string(),
             server_name: APISERVER_NAME.into(),
+            health_user: "system:apiserver".into(),
+            health_groups: vec!["system:authenticated".into()],
         };
         let settings = Settings {
             config: Config::Skewgate,

@@ -27,6 +27,7 @@ async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
         poll_period: Duration::from_secs(1),
         grace_period: None,
         rogue: Default::default(),
+        anonymous_auth: true,
         plain_lb: false,
     };
     cluster::start(&options).await

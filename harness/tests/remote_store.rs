@@ -31,6 +31,7 @@ fn options(pki: &Pki, id: &str, profile: &str) -> Result<Options> {
                 user: "admin".into(),
                 groups: vec!["system:masters".into()],
             }],
+            anonymous: true,
         },
         bookmark_interval: Duration::from_secs(15),
     })

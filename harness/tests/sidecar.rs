@@ -61,6 +61,7 @@ impl Cluster {
                 requestheader_allowed_names: vec![FRONT_PROXY_CN.to_owned()],
                 client_ca: self.pki.cluster_ca.cert_path.clone(),
                 tokens: Vec::new(),
+                anonymous: true,
             },
             bookmark_interval: Options::BOOKMARK_INTERVAL,
         };

@@ -28,6 +28,7 @@ fn auth(pki: &Pki) -> Auth {
         requestheader_allowed_names: vec![FRONT_PROXY_CN.into()],
         client_ca: pki.cluster_ca.cert_path.clone(),
         tokens: vec![Token { token: "t0k3n".into(), user: "bob".into(), groups: vec!["ops".into()] }],
+        anonymous: true,
     }
 }
 
@@ -156,24 +157,31 @@ async fn authentication_paths() -> Result<()> {
         req.send()
     };
 
-    // Anonymous: health and version only.
+    // Anonymous: health and version only; elsewhere RBAC's 403, as kube-apiserver words it.
     let anonymous = client(&f.pki, None)?;
     assert_eq!(anonymous.get(f.url(0, "/version")).send().await?.status(), 200);
     assert_eq!(anonymous.get(f.url(0, "/readyz")).send().await?.text().await?, "ok");
     let denied = anonymous.get(f.url(0, "/api")).send().await?;
-    assert_eq!(denied.status(), 401);
+    assert_eq!(denied.status(), 403);
     assert_eq!(denied.headers()["x-skewgate-served-by"], "a");
-    assert_eq!(denied.text().await?, UNAUTHORIZED);
+    assert_eq!(
+        denied.text().await?,
+        r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden: User \"system:anonymous\" cannot get path \"/api\"","reason":"Forbidden","details":{},"code":403}"#
+    );
 
     // A cluster-CA certificate: user = CN, groups = O; X-Remote-* are ignored without the proxy cert.
     let resp = post(&f.alice, &[("X-Remote-User", "root"), ("X-Remote-Group", "system:masters")]).await?;
     assert_eq!(resp.status(), 201);
     let body: Value = resp.json().await?;
     assert_eq!(body["kind"], "SelfSubjectReview");
+    let user = &body["status"]["userInfo"];
     assert_eq!(
-        body["status"]["userInfo"],
-        json!({"username": "alice", "groups": ["devs", "system:authenticated"]})
+        (&user["username"], &user["groups"]),
+        (&json!("alice"), &json!(["devs", "system:authenticated"]))
     );
+    // 1.36's x509 authenticator records the certificate's SHA-256 as the credential id.
+    let id = user["extra"]["authentication.kubernetes.io/credential-id"][0].as_str().unwrap_or_default();
+    assert!(id.starts_with("X509SHA256=") && id.len() == "X509SHA256=".len() + 64, "{user}");
 
     // Front proxy with an allowed CN: identity from the headers, one group per header line.
     let proxy = client(&f.pki, Some(&f.pki.front_proxy))?;
@@ -189,8 +197,11 @@ async fn authentication_paths() -> Result<()> {
         body["status"]["userInfo"],
         json!({"username": "carol", "uid": "u-1", "groups": ["g1", "g2,still-g2", "system:authenticated"], "extra": {"scopes/x": ["s1"]}})
     );
-    // The proxy certificate alone is nobody.
+    // The proxy certificate alone is a client certificate the client CA did not sign: 401,
+    // also for /readyz (what Envoy's health checks must avoid); a token next to it still works.
     assert_eq!(post(&proxy, &[]).await?.status(), 401);
+    assert_eq!(proxy.get(f.url(0, "/readyz")).send().await?.status(), 401);
+    assert_eq!(post(&proxy, &[("Authorization", "Bearer t0k3n")]).await?.status(), 201);
     // A requestheader-CA certificate whose CN is not allowed.
     let intruder = f.pki.requestheader_ca.client(&f.pki.dir, "intruder", "intruder", &[])?;
     assert_eq!(post(&client(&f.pki, Some(&intruder))?, &headers).await?.status(), 401);
@@ -205,7 +216,12 @@ async fn authentication_paths() -> Result<()> {
     let users: Vec<(&str, AuthMethod)> = seen.iter().map(|i| (i.user.as_str(), i.method)).collect();
     assert_eq!(
         users,
-        [("alice", AuthMethod::ClientCert), ("carol", AuthMethod::FrontProxy), ("bob", AuthMethod::Token)]
+        [
+            ("alice", AuthMethod::ClientCert),
+            ("carol", AuthMethod::FrontProxy),
+            ("bob", AuthMethod::Token),
+            ("bob", AuthMethod::Token)
+        ]
     );
     assert_eq!(
         f.standins[0].last_identity().map(|i| i.groups),

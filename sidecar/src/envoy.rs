@@ -28,6 +28,11 @@ pub struct UpstreamTls {
     pub client_key: String,
     /// SNI and the DNS SAN required in every apiserver's serving certificate.
     pub server_name: String,
+    /// Who Envoy's health checks are, in `X-Remote-User` / `X-Remote-Group`: kube-apiserver
+    /// answers 401 to the front-proxy certificate without a user (it is then an unverifiable
+    /// client certificate, not an anonymous request), which would mark every apiserver down.
+    pub health_user: String,
+    pub health_groups: Vec<String>,
 }
 
 /// How Envoy watches the apiservers' health.
@@ -55,7 +60,8 @@ impl std::fmt::Display for CdsError {
 
 impl std::error::Error for CdsError {}
 
-/// `cds.json`: the pool, one cluster per apiserver and one per serving set of `table`.
+/// `cds.json`: the pool, one cluster per apiserver and one per serving set of `table`, and the
+/// pool's and every set's twin without the front-proxy certificate when the table has twins.
 pub fn cds(
     table: &TableConfig,
     endpoints: &[Endpoint],
@@ -70,18 +76,42 @@ pub fn cds(
     };
     let all: Vec<&Endpoint> =
         table.apiservers.iter().map(|a| endpoint_of(&a.id)).collect::<Result<_, _>>()?;
-    let mut resources = vec![cluster(&table.pool_cluster, &all, tls, health)];
+    let mut resources = vec![cluster(&table.pool_cluster, &all, tls, health, Upstream::FrontProxy)];
     for (a, e) in table.apiservers.iter().zip(&all) {
-        resources.push(cluster(&a.cluster, &[*e], tls, health));
+        resources.push(cluster(&a.cluster, &[*e], tls, health, Upstream::FrontProxy));
     }
+    let mut sets = vec![(&table.pool_cluster, all.clone())];
     for set in &table.sets {
         let members: Vec<&Endpoint> = set.members.iter().map(|m| endpoint_of(m)).collect::<Result<_, _>>()?;
-        resources.push(cluster(&set.cluster, &members, tls, health));
+        resources.push(cluster(&set.cluster, &members, tls, health, Upstream::FrontProxy));
+        sets.push((&set.cluster, members));
+    }
+    for (name, members) in sets {
+        if let Some(twin) = table.anonymous_cluster(name) {
+            resources.push(cluster(&twin, &members, tls, health, Upstream::Anonymous));
+        }
     }
     Ok(json!({ "resources": resources }))
 }
 
-fn cluster(name: &str, members: &[&Endpoint], tls: &UpstreamTls, health: Health) -> Value {
+/// How Envoy presents itself to the apiservers of a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upstream {
+    /// The front-proxy client certificate: the filter's `X-Remote-*` headers (or a token) say
+    /// who the request is.
+    FrontProxy,
+    /// No client certificate, for requests without any credential: the apiserver treats them
+    /// as it treats an anonymous client, allowing or refusing them by its own flags.
+    Anonymous,
+}
+
+fn cluster(
+    name: &str,
+    members: &[&Endpoint],
+    tls: &UpstreamTls,
+    health: Health,
+    upstream: Upstream,
+) -> Value {
     let is_ip = members.iter().all(|e| e.address.parse::<std::net::IpAddr>().is_ok());
     let lb_endpoints: Vec<Value> = members
         .iter()
@@ -92,6 +122,36 @@ fn cluster(name: &str, members: &[&Endpoint], tls: &UpstreamTls, health: Health)
             })
         })
         .collect();
+    let mut common_tls = json!({
+        "validation_context": {
+            "trusted_ca": {"filename": tls.peer_ca},
+            "match_typed_subject_alt_names": [
+                {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+            ]
+        }
+    });
+    let http_health_check = match upstream {
+        Upstream::FrontProxy => {
+            common_tls["tls_certificates"] = json!([{
+                "certificate_chain": {"filename": tls.client_cert},
+                "private_key": {"filename": tls.client_key}
+            }]);
+            let identity = std::iter::once(("X-Remote-User", &tls.health_user))
+                .chain(tls.health_groups.iter().map(|g| ("X-Remote-Group", g)))
+                .map(|(key, value)| {
+                    json!({"header": {"key": key, "value": value}, "append_action": "APPEND_IF_EXISTS_OR_ADD"})
+                })
+                .collect::<Vec<_>>();
+            json!({"path": "/readyz", "request_headers_to_add": identity})
+        }
+        // Without credentials `/readyz` is the apiserver's to allow: 200 or 500 where anonymous
+        // access is on, 401 always where it is off. Either way the apiserver is up and answers
+        // anonymous requests as it would directly.
+        Upstream::Anonymous => json!({
+            "path": "/readyz",
+            "expected_statuses": [{"start": 200, "end": 201}, {"start": 401, "end": 402}]
+        }),
+    };
     json!({
         "@type": CLUSTER_TYPE,
         "name": name,
@@ -108,7 +168,7 @@ fn cluster(name: &str, members: &[&Endpoint], tls: &UpstreamTls, health: Health)
             "no_traffic_interval": duration(health.interval_ms),
             "unhealthy_threshold": 2,
             "healthy_threshold": 1,
-            "http_health_check": {"path": "/readyz"}
+            "http_health_check": http_health_check
         }],
         // Eject on connection-level failures only; apiservers' own 5xx answers are the client's.
         "outlier_detection": {
@@ -133,18 +193,7 @@ fn cluster(name: &str, members: &[&Endpoint], tls: &UpstreamTls, health: Health)
             "typed_config": {
                 "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
                 "sni": tls.server_name,
-                "common_tls_context": {
-                    "tls_certificates": [{
-                        "certificate_chain": {"filename": tls.client_cert},
-                        "private_key": {"filename": tls.client_key}
-                    }],
-                    "validation_context": {
-                        "trusted_ca": {"filename": tls.peer_ca},
-                        "match_typed_subject_alt_names": [
-                            {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
-                        ]
-                    }
-                }
+                "common_tls_context": common_tls
             }
         }
     })
@@ -218,6 +267,8 @@ mod tests {
             client_cert: "/c.crt".into(),
             client_key: "/c.key".into(),
             server_name: "kubernetes.default.svc".into(),
+            health_user: "system:apiserver".into(),
+            health_groups: vec!["system:authenticated".into()],
         }
     }
 
@@ -240,6 +291,48 @@ mod tests {
         assert_eq!(v["resources"][0]["connect_timeout"], "1.000s");
         let e = cds(&table(), &endpoints[..1], &tls(), Health::default()).unwrap_err();
         assert!(e.0.contains("\"b\""), "{e}");
+    }
+
+    /// R1: a real apiserver answers the front-proxy certificate without X-Remote-User with 401.
+    #[test]
+    fn health_checks_assert_an_identity_and_twins_carry_no_certificate() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "127.0.0.1".into(), port: 7002 },
+        ];
+        let mut t = table();
+        t.anonymous_cluster_prefix = Some("anon-".into());
+        let v = cds(&t, &endpoints, &tls(), Health::default()).unwrap();
+        let clusters = v["resources"].as_array().unwrap();
+        let names: Vec<&str> = clusters.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["pool", "ap-a", "ap-b", "set-b", "anon-pool", "anon-set-b"]);
+        for c in &clusters[..4] {
+            let check = &c["health_checks"][0]["http_health_check"];
+            let headers: Vec<(&str, &str)> = check["request_headers_to_add"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| (h["header"]["key"].as_str().unwrap(), h["header"]["value"].as_str().unwrap()))
+                .collect();
+            assert_eq!(
+                headers,
+                [("X-Remote-User", "system:apiserver"), ("X-Remote-Group", "system:authenticated")]
+            );
+            let tls = &c["transport_socket"]["typed_config"]["common_tls_context"];
+            assert_eq!(tls["tls_certificates"][0]["certificate_chain"]["filename"], "/c.crt");
+        }
+        for c in &clusters[4..] {
+            let tls = &c["transport_socket"]["typed_config"]["common_tls_context"];
+            assert!(tls.get("tls_certificates").is_none(), "{c}");
+            assert_eq!(tls["validation_context"]["trusted_ca"]["filename"], "/ca.crt");
+            let check = &c["health_checks"][0]["http_health_check"];
+            assert!(check.get("request_headers_to_add").is_none());
+            assert_eq!(check["expected_statuses"][1]["start"], 401);
+        }
+        let hosts = |i: usize| {
+            clusters[i]["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len()
+        };
+        assert_eq!((hosts(4), hosts(5)), (2, 1));
     }
 
     #[test]

@@ -5,8 +5,9 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
 use skewgate_core::decision::{self, Action, Reason, RequestHead};
-use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
+use skewgate_core::status;
 use skewgate_core::table::RoutingTable;
 
 use crate::envoy::table_from_ecds;
@@ -45,6 +46,10 @@ pub fn explain(table: &RoutingTable, req: &Request) -> Value {
         accept: req.header("accept"),
         if_none_match: req.header("if-none-match"),
         client_subject: req.client_cert_subject.as_deref(),
+        token: req
+            .headers
+            .iter()
+            .any(|(n, v)| identity::carries_token(&n.to_ascii_lowercase(), v.as_bytes())),
     };
     let (raw_path, query) = split_target(&req.target);
     let decoded = decode_path(raw_path);
@@ -71,7 +76,16 @@ pub fn explain(table: &RoutingTable, req: &Request) -> Value {
             out.insert("rerouted".into(), json!(route.rerouted));
             out.insert("longRunning".into(), json!(route.long_running));
             out.insert("servingSet".into(), json!(serving));
-            out.insert("requestHeaders".into(), header_edits(req, &decision, route));
+            out.insert("anonymous".into(), json!(decision.anonymous));
+            out.insert(
+                "requestHeaders".into(),
+                header_edits(req, &decision, route, table.policy().x509_credential_id),
+            );
+        }
+        Action::Refuse(why) => {
+            out.insert("action".into(), json!("respond"));
+            out.insert("status".into(), json!(401));
+            out.insert("body".into(), json!(status::unauthorized(why.as_str()).message));
         }
         Action::Respond(reply) => {
             out.insert("action".into(), json!("respond"));
@@ -91,7 +105,12 @@ pub fn explain(table: &RoutingTable, req: &Request) -> Value {
 }
 
 /// What the filter removes and sets on the way upstream.
-fn header_edits(req: &Request, d: &decision::Decision<'_, '_>, route: &decision::Route<'_>) -> Value {
+fn header_edits(
+    req: &Request,
+    d: &decision::Decision<'_, '_>,
+    route: &decision::Route<'_>,
+    credential_id: bool,
+) -> Value {
     let removed: Vec<&str> = req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
     let mut set: Vec<(String, Cow<'_, str>)> =
         vec![("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster))];
@@ -104,6 +123,12 @@ fn header_edits(req: &Request, d: &decision::Decision<'_, '_>, route: &decision:
     if let Some(identity) = &d.identity {
         set.push((REMOTE_USER.into(), identity.user.clone()));
         set.extend(identity.groups.iter().map(|g| (REMOTE_GROUP.to_string(), g.clone())));
+        if credential_id {
+            set.push((
+                CREDENTIAL_ID_HEADER.into(),
+                Cow::Borrowed("X509SHA256=<SHA-256 of the client certificate>"),
+            ));
+        }
     }
     let set: Vec<Value> = set.into_iter().map(|(k, v)| json!([k, v])).collect();
     json!({"remove": removed, "set": set})

@@ -313,15 +313,10 @@ impl Fetcher {
         Ok(Documents { version, core, apis, legacy: legacy_core || legacy_apis })
     }
 
-    /// `/version`'s `gitVersion`; a failure only costs the label.
+    /// `/version` as a label; a failure only costs the label.
     async fn version(&self) -> String {
-        #[derive(Deserialize)]
-        struct Info {
-            #[serde(rename = "gitVersion", default)]
-            git_version: String,
-        }
         match self.get("/version", ACCEPT_JSON).await {
-            Ok(body) => serde_json::from_slice::<Info>(&body).map(|i| i.git_version).unwrap_or_default(),
+            Ok(body) => version_label(&body),
             Err(e) => {
                 tracing::debug!(apiserver = %self.id, error = %e, "no version");
                 String::new()
@@ -492,6 +487,33 @@ fn is_segment(value: &str) -> bool {
         && value != ".."
 }
 
+/// `gitVersion`, and the API level the apiserver serves when it emulates an older release
+/// (`--emulated-version`): `v1.36.2 (emulating 1.33)`. "" for a body that is not `/version`.
+pub fn version_label(body: &[u8]) -> String {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Info {
+        #[serde(default)]
+        git_version: String,
+        #[serde(default)]
+        major: String,
+        #[serde(default)]
+        minor: String,
+        #[serde(default)]
+        emulation_major: String,
+        #[serde(default)]
+        emulation_minor: String,
+    }
+    let Ok(info) = serde_json::from_slice::<Info>(body) else { return String::new() };
+    // `minor` may carry a `+` (vendor builds); emulation fields are plain numbers.
+    let number = |s: &str| s.trim_end_matches('+').to_string();
+    let emulated = (number(&info.emulation_major), number(&info.emulation_minor));
+    if emulated.0.is_empty() || emulated == (number(&info.major), number(&info.minor)) {
+        return info.git_version;
+    }
+    format!("{} (emulating {}.{})", info.git_version, emulated.0, emulated.1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -653,6 +675,19 @@ mod tests {
             assert_eq!(error.kind, ErrorKind::Tls, "{error}");
             assert!(seen.lock().unwrap().is_empty(), "a request went out: {error}");
         }
+    }
+
+    #[test]
+    fn version_labels_name_the_emulated_release() {
+        let emulated = include_bytes!("../../testdata/real-apiserver/version-emulated-1.33.json");
+        assert_eq!(version_label(emulated), "v1.36.2 (emulating 1.33)");
+        let native = br#"{"major":"1","minor":"36","emulationMajor":"1","emulationMinor":"36","gitVersion":"v1.36.2"}"#;
+        assert_eq!(version_label(native), "v1.36.2");
+        assert_eq!(
+            version_label(br#"{"major":"1","minor":"30+","gitVersion":"v1.30.1-eks"}"#),
+            "v1.30.1-eks"
+        );
+        assert_eq!(version_label(b"not json"), "");
     }
 
     #[tokio::test]

@@ -462,6 +462,8 @@ mod tests {
             client_cert: "/c".into(),
             client_key: "/k".into(),
             server_name: "kubernetes.default.svc".into(),
+            health_user: "system:apiserver".into(),
+            health_groups: vec!["system:authenticated".into()],
         };
         routing::render(&t, &endpoints, &tls, Health::default(), Path::new("/f.wasm")).unwrap()
     }

@@ -182,6 +182,8 @@ impl Sidecar {
             client_cert: path(&config.tls.client_cert),
             client_key: path(&config.tls.client_key),
             server_name: config.server_name.clone(),
+            health_user: config.identity.user.clone(),
+            health_groups: config.identity.groups.clone(),
         };
         let memory = config.apiservers.iter().map(|_| Memory::default()).collect();
         Ok(Self { config, fetchers, memory, pusher, upstream, shared: Arc::new(Shared::default()) })

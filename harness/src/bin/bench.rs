@@ -139,6 +139,8 @@ async fn main() -> Result<()> {
         client_cert: pki.front_proxy.cert.display().to_string(),
         client_key: pki.front_proxy.key.display().to_string(),
         server_name: APISERVER_NAME.into(),
+        health_user: "system:apiserver".into(),
+        health_groups: vec!["system:authenticated".into()],
     };
     let base: TableConfig = serde_json::from_slice(&std::fs::read(
         paths::workspace_root().join("envoy-config/examples/table.json"),

@@ -20,6 +20,8 @@ pub struct Auth {
     pub client_ca: PathBuf,
     /// `--token-auth-file`.
     pub tokens: Vec<Token>,
+    /// `--anonymous-auth` (kube-apiserver's default: on).
+    pub anonymous: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,30 +69,48 @@ pub fn anonymous_allowed(path: &str) -> bool {
     matches!(path, "/version" | "/version/" | "/readyz" | "/livez" | "/healthz")
 }
 
+/// A credential was presented and failed: kube-apiserver answers 401 even where anonymous
+/// access is on (its union authenticator fails on an error before trying anonymous).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unauthorized;
+
 impl Auth {
-    /// The identity, or None (401).
-    pub fn authenticate(&self, peer: &PeerCert, headers: &HeaderMap) -> Option<Identity> {
-        let mut identity = self
-            .front_proxy(peer, headers)
-            .or_else(|| client_cert(peer))
-            .or_else(|| self.bearer_token(headers))?;
-        if !identity.groups.iter().any(|g| g == AUTHENTICATED) {
-            identity.groups.push(AUTHENTICATED.into());
+    /// The identity: a user, anonymous (`--anonymous-auth` and no credential at all, or none
+    /// that yields a user), or 401.
+    pub fn authenticate(&self, peer: &PeerCert, headers: &HeaderMap) -> Result<Identity, Unauthorized> {
+        // kube-apiserver's union goes on past an authenticator's error (a token still works next
+        // to the front-proxy certificate without a user), but an error with no success is a 401
+        // that anonymous access cannot turn into system:anonymous.
+        let results = [self.front_proxy(peer, headers), client_cert(peer), self.bearer_token(headers)];
+        let mut failed = false;
+        for result in results {
+            match result {
+                Ok(Some(mut identity)) => {
+                    if !identity.groups.iter().any(|g| g == AUTHENTICATED) {
+                        identity.groups.push(AUTHENTICATED.into());
+                    }
+                    return Ok(identity);
+                }
+                Ok(None) => {}
+                Err(Unauthorized) => failed = true,
+            }
         }
-        Some(identity)
+        if self.anonymous && !failed { Ok(Identity::anonymous()) } else { Err(Unauthorized) }
     }
 
-    fn front_proxy(&self, peer: &PeerCert, headers: &HeaderMap) -> Option<Identity> {
-        let subject = peer.front_proxy.as_ref()?;
+    /// The requestheader authenticator: a certificate of its CA with a name it does not allow
+    /// is an error; without `X-Remote-User` it yields to the next authenticator.
+    fn front_proxy(&self, peer: &PeerCert, headers: &HeaderMap) -> Result<Option<Identity>, Unauthorized> {
+        let Some(subject) = peer.front_proxy.as_ref() else { return Ok(None) };
         let allowed = self.requestheader_allowed_names.is_empty()
             || self.requestheader_allowed_names.contains(&subject.common_name);
         if !allowed {
-            return None;
+            return Err(Unauthorized);
         }
         let values = |name: &str| -> Vec<String> {
             headers.get_all(name).iter().filter_map(|v| v.to_str().ok()).map(str::to_string).collect()
         };
-        let user = values("x-remote-user").into_iter().find(|u| !u.is_empty())?;
+        let Some(user) = values("x-remote-user").into_iter().find(|u| !u.is_empty()) else { return Ok(None) };
         let uid = values("x-remote-uid").into_iter().next().unwrap_or_default();
         let mut extra: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (name, value) in headers {
@@ -98,37 +118,55 @@ impl Auth {
             let Ok(value) = value.to_str() else { continue };
             extra.entry(unescape_extra_key(key)).or_default().push(value.to_string());
         }
-        Some(Identity { user, uid, groups: values("x-remote-group"), extra, method: Method::FrontProxy })
+        let groups = values("x-remote-group").into_iter().filter(|g| !g.is_empty()).collect();
+        Ok(Some(Identity { user, uid, groups, extra, method: Method::FrontProxy }))
     }
 
-    fn bearer_token(&self, headers: &HeaderMap) -> Option<Identity> {
-        let value = headers.get(hyper::header::AUTHORIZATION)?.to_str().ok()?.trim();
-        let (scheme, token) = value.split_once(' ')?;
+    /// A bearer token that no authenticator accepts is an error, not anonymous.
+    fn bearer_token(&self, headers: &HeaderMap) -> Result<Option<Identity>, Unauthorized> {
+        let Some(value) = headers.get(hyper::header::AUTHORIZATION) else { return Ok(None) };
+        let value = value.to_str().map_err(|_| Unauthorized)?.trim();
+        let Some((scheme, token)) = value.split_once(' ') else { return Ok(None) };
         if !scheme.eq_ignore_ascii_case("bearer") {
-            return None;
+            return Ok(None);
         }
         let token = token.trim();
-        let found = self.tokens.iter().find(|t| !token.is_empty() && t.token == token)?;
-        Some(Identity {
+        if token.is_empty() {
+            return Ok(None);
+        }
+        let found = self.tokens.iter().find(|t| t.token == token).ok_or(Unauthorized)?;
+        Ok(Some(Identity {
             user: found.user.clone(),
             uid: String::new(),
             groups: found.groups.clone(),
             extra: BTreeMap::new(),
             method: Method::Token,
-        })
+        }))
     }
 }
 
-fn client_cert(peer: &PeerCert) -> Option<Identity> {
-    let subject = peer.client.as_ref().filter(|s| !s.common_name.is_empty())?;
-    Some(Identity {
+/// The x509 authenticator: a certificate the client CA did not sign is an error (the
+/// front-proxy certificate without `X-Remote-User` included); one without a CN yields. 1.36
+/// records the certificate's fingerprint as the user's credential id.
+fn client_cert(peer: &PeerCert) -> Result<Option<Identity>, Unauthorized> {
+    let Some(subject) = peer.client.as_ref() else {
+        return if peer.front_proxy.is_some() { Err(Unauthorized) } else { Ok(None) };
+    };
+    if subject.common_name.is_empty() {
+        return Ok(None);
+    }
+    let credential_id = format!("X509SHA256={}", subject.fingerprint);
+    Ok(Some(Identity {
         user: subject.common_name.clone(),
         uid: String::new(),
         groups: subject.organizations.clone(),
-        extra: BTreeMap::new(),
+        extra: BTreeMap::from([(CREDENTIAL_ID.to_string(), vec![credential_id])]),
         method: Method::ClientCert,
-    })
+    }))
 }
+
+/// `user.CredentialIDKey`.
+pub const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
 
 /// Header names arrive lower-cased; the key is then path-unescaped (`%2F` → `/`), as upstream.
 fn unescape_extra_key(key: &str) -> String {
@@ -165,11 +203,16 @@ mod tests {
             requestheader_allowed_names: allowed.iter().map(|s| s.to_string()).collect(),
             client_ca: PathBuf::new(),
             tokens: vec![Token { token: "t0k3n".into(), user: "bob".into(), groups: vec!["ops".into()] }],
+            anonymous: true,
         }
     }
 
     fn subject(cn: &str, orgs: &[&str]) -> Option<Subject> {
-        Some(Subject { common_name: cn.into(), organizations: orgs.iter().map(|s| s.to_string()).collect() })
+        Some(Subject {
+            common_name: cn.into(),
+            organizations: orgs.iter().map(|s| s.to_string()).collect(),
+            fingerprint: "ab12".into(),
+        })
     }
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
@@ -195,9 +238,28 @@ mod tests {
         assert_eq!(id.groups, ["a,b", "c", "system:authenticated"]);
         assert_eq!(id.extra["scopes/x"], ["s1", "s2"]);
         assert_eq!(id.method, Method::FrontProxy);
-        assert!(auth(&[]).authenticate(&peer, &h).is_some());
-        assert!(auth(&["other"]).authenticate(&peer, &h).is_none());
-        assert!(auth(&["proxy"]).authenticate(&peer, &headers(&[])).is_none());
+        assert!(auth(&[]).authenticate(&peer, &h).is_ok());
+        assert_eq!(auth(&["other"]).authenticate(&peer, &h), Err(Unauthorized));
+        // As kube-apiserver: the front-proxy certificate without a user is an x509 client
+        // certificate the client CA did not sign, so 401 even with anonymous access on (R1).
+        assert_eq!(auth(&["proxy"]).authenticate(&peer, &headers(&[])), Err(Unauthorized));
+        // A token next to it still authenticates: the union goes on past the x509 error.
+        let token = headers(&[("Authorization", "Bearer t0k3n")]);
+        assert_eq!(auth(&["proxy"]).authenticate(&peer, &token).map(|i| i.user), Ok("bob".to_string()));
+    }
+
+    #[test]
+    fn anonymous_only_without_any_credential() {
+        let none = PeerCert::default();
+        assert_eq!(auth(&[]).authenticate(&none, &headers(&[])).unwrap().method, Method::Anonymous);
+        let mut off = auth(&[]);
+        off.anonymous = false;
+        assert_eq!(off.authenticate(&none, &headers(&[])), Err(Unauthorized));
+        // A certificate without a CN yields: anonymous, or the token.
+        let no_cn = PeerCert { front_proxy: None, client: subject("", &["devs"]) };
+        assert_eq!(auth(&[]).authenticate(&no_cn, &headers(&[])).unwrap().method, Method::Anonymous);
+        let token = headers(&[("Authorization", "Bearer t0k3n")]);
+        assert_eq!(auth(&[]).authenticate(&no_cn, &token).unwrap().user, "bob");
     }
 
     #[test]
@@ -206,9 +268,9 @@ mod tests {
         let id = auth(&[]).authenticate(&peer, &headers(&[("X-Remote-User", "root")])).unwrap();
         assert_eq!((id.user.as_str(), id.method), ("alice", Method::ClientCert));
         assert_eq!(id.groups, ["devs", "system:authenticated"]);
-        assert!(
-            auth(&[]).authenticate(&PeerCert::default(), &headers(&[("X-Remote-User", "root")])).is_none()
-        );
+        assert_eq!(id.extra[CREDENTIAL_ID], ["X509SHA256=ab12"]);
+        let spoofed = auth(&[]).authenticate(&PeerCert::default(), &headers(&[("X-Remote-User", "root")]));
+        assert_eq!(spoofed.unwrap().method, Method::Anonymous);
     }
 
     #[test]
@@ -216,8 +278,13 @@ mod tests {
         let none = PeerCert::default();
         let id = auth(&[]).authenticate(&none, &headers(&[("Authorization", "Bearer t0k3n")])).unwrap();
         assert_eq!((id.user.as_str(), id.method), ("bob", Method::Token));
-        for bad in ["Bearer nope", "Basic t0k3n", "Bearer ", "t0k3n"] {
-            assert!(auth(&[]).authenticate(&none, &headers(&[("Authorization", bad)])).is_none(), "{bad}");
+        assert_eq!(
+            auth(&[]).authenticate(&none, &headers(&[("Authorization", "Bearer nope")])),
+            Err(Unauthorized)
+        );
+        for ignored in ["Basic t0k3n", "Bearer ", "t0k3n"] {
+            let id = auth(&[]).authenticate(&none, &headers(&[("Authorization", ignored)]));
+            assert_eq!(id.map(|i| i.method), Ok(Method::Anonymous), "{ignored}");
         }
     }
 

@@ -406,13 +406,20 @@ impl Instance {
             return reply::error(&Status::bad_request(format!("invalid URL escape in {raw_path:?}")));
         };
         let identity = match self.auth.authenticate(peer, &parts.headers) {
-            Some(identity) => {
+            Ok(identity) if identity.method == AuthMethod::Anonymous => {
+                // system:public-info-viewer is all RBAC grants system:anonymous by default.
+                if !auth::anonymous_allowed(&path) {
+                    let verb = parts.method.as_str().to_ascii_lowercase();
+                    return reply::error(&Status::forbidden_path(&identity.user, &verb, &path));
+                }
+                identity
+            }
+            Ok(identity) => {
                 self.remember(&identity);
                 *seen = Some(identity.clone());
                 identity
             }
-            None if auth::anonymous_allowed(&path) => Identity::anonymous(),
-            None => return reply::error(&Status::unauthorized()),
+            Err(auth::Unauthorized) => return reply::error(&Status::unauthorized()),
         };
         let body = match Limited::new(body, MAX_BODY).collect().await {
             Ok(collected) => collected.to_bytes(),

@@ -112,6 +112,13 @@ impl Status {
         Status::failure(401, "Unauthorized", "Unauthorized")
     }
 
+    /// What RBAC answers a user it grants nothing on a path (system:anonymous off the public
+    /// paths), with the empty `details` upstream writes.
+    pub fn forbidden_path(user: &str, verb: &str, path: &str) -> Status {
+        Status::failure(403, "Forbidden", format!("forbidden: User \"{user}\" cannot {verb} path \"{path}\""))
+            .with_details(Details::default())
+    }
+
     pub fn method_not_allowed() -> Status {
         Status::failure(
             405,

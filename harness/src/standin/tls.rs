@@ -9,6 +9,7 @@ use rustls::RootCertStore;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
+use sha2::Digest;
 
 use super::auth::Auth;
 use crate::echo::{load_certs, load_key};
@@ -27,6 +28,8 @@ pub struct PeerCert {
 pub struct Subject {
     pub common_name: String,
     pub organizations: Vec<String>,
+    /// Lower-case hex SHA-256 of the certificate's DER.
+    pub fingerprint: String,
 }
 
 /// Builds the server config and the two single-CA verifiers used after the handshake.
@@ -87,5 +90,6 @@ fn subject(der: &CertificateDer<'_>) -> Option<Subject> {
     let common_name = name.iter_common_name().filter_map(|a| a.as_str().ok()).last()?.to_string();
     let organizations =
         name.iter_organization().filter_map(|a| a.as_str().ok().map(str::to_string)).collect();
-    Some(Subject { common_name, organizations })
+    let fingerprint = sha2::Sha256::digest(der.as_ref()).iter().map(|b| format!("{b:02x}")).collect();
+    Some(Subject { common_name, organizations, fingerprint })
 }
