@@ -8,6 +8,7 @@
 //! Every response carries `x-skewgate-served-by: <id>` so tests can see where a request went.
 
 mod auth;
+pub mod captured;
 mod catalog;
 mod clock;
 mod discovery;
@@ -211,7 +212,9 @@ struct Instance {
     auth: Auth,
     catalog: Catalog,
     discovery: discovery::Discovery,
-    openapi: openapi::OpenApi,
+    openapi: Arc<openapi::OpenApi>,
+    /// `/version`.
+    version: Bytes,
     store: StoreHandle,
     identities: Mutex<VecDeque<Identity>>,
     recent: Mutex<VecDeque<Served>>,
@@ -245,10 +248,15 @@ async fn start(options: Options, store: StoreHandle, ready: bool) -> Result<Stan
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let catalog = Catalog::new(&options.profile);
     let requests = Arc::new(AtomicU64::new(0));
+    let context =
+        |what: &str| format!("stand-in {}: {what} of profile {}", options.id, options.profile.name());
     let instance = Arc::new(Instance {
         id: options.id.clone(),
-        discovery: discovery::Discovery::new(&options.profile, &addr.to_string()),
-        openapi: openapi::OpenApi::new(&catalog, &options.profile.git_version),
+        discovery: discovery::Discovery::new(&options.profile, &addr.to_string())
+            .with_context(|| context("discovery"))?,
+        openapi: openapi::OpenApi::for_profile(&options.profile, &catalog)
+            .with_context(|| context("OpenAPI"))?,
+        version: version(&options.profile).with_context(|| context("/version"))?,
         catalog,
         profile: options.profile,
         auth: options.auth,
@@ -477,54 +485,45 @@ impl Instance {
             "/readyz" => {
                 return reply::text(500, "[-]shutdown failed: reason withheld\nreadyz check failed\n");
             }
-            "/version" | "/version/" => return reply::json(200, &self.version()),
-            "/openapi/v3" | "/openapi/v3/" => {
-                return reply::bytes(200, "application/json", self.openapi.index());
-            }
+            "/version" | "/version/" => return reply::bytes(200, "application/json", self.version.clone()),
             _ => {}
         }
-        if let Some(key) = path.strip_prefix("/openapi/v3/") {
-            return match self.openapi.document(key.trim_end_matches('/')) {
-                Some((doc, hash)) => {
-                    let mut resp = reply::bytes(200, "application/json", doc);
-                    let asked = params::Params::parse(query).get("hash").is_some_and(|h| h == hash);
-                    let cache = if asked { "public, immutable" } else { "no-cache, private" };
-                    resp.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static(cache));
-                    if let Ok(etag) = HeaderValue::from_str(&format!("\"{hash}\"")) {
-                        resp.headers_mut().insert(hyper::header::ETAG, etag);
-                    }
-                    resp
-                }
-                None => reply::error(&Status::no_route()),
-            };
+        if let Some(reply) = self.openapi.respond(path, query, headers) {
+            return reply;
         }
         self.discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
     }
+}
 
-    fn version(&self) -> serde_json::Value {
-        let (major, minor) = self.profile.major_minor();
-        let commit: String = self
-            .profile
-            .git_version
-            .bytes()
-            .cycle()
-            .take(40)
-            .map(|b| char::from(b"0123456789abcdef"[usize::from(b % 16)]))
-            .collect();
-        json!({
-            "major": major,
-            "minor": minor,
-            "emulationMajor": major,
-            "emulationMinor": minor,
-            "minCompatibilityMajor": major,
-            "minCompatibilityMinor": minor.parse::<u32>().map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string()),
-            "gitVersion": self.profile.git_version,
-            "gitCommit": commit,
-            "gitTreeState": "clean",
-            "buildDate": "2026-01-01T00:00:00Z",
-            "goVersion": self.profile.go_version(),
-            "compiler": "gc",
-            "platform": "linux/amd64",
-        })
+/// `/version`: the captured one, or one in the same shape for an era.
+fn version(profile: &Profile) -> Result<Bytes> {
+    if let Some(capture) = profile.capture {
+        return Ok(captured::documents(capture)?.file("version.json")?.clone());
     }
+    let (major, minor) = profile.major_minor();
+    let commit: String = profile
+        .git_version
+        .bytes()
+        .cycle()
+        .take(40)
+        .map(|b| char::from(b"0123456789abcdef"[usize::from(b % 16)]))
+        .collect();
+    let minimum =
+        minor.parse::<u32>().map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string());
+    Ok(serde_json::to_vec_pretty(&json!({
+        "major": major,
+        "minor": minor,
+        "emulationMajor": major,
+        "emulationMinor": minor,
+        "minCompatibilityMajor": major,
+        "minCompatibilityMinor": minimum,
+        "gitVersion": profile.git_version,
+        "gitCommit": commit,
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": profile.go_version(),
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }))?
+    .into())
 }
