@@ -281,8 +281,10 @@ impl Cluster {
         self.start_with(id, profile, serving, None).await
     }
 
-    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts: it serves at once
-    /// (discovery included) while `/readyz` fails for `startup` (its post-start hooks).
+    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts, ready `startup`
+    /// from now ([`standin::Startup::like_kube_apiserver`]): connections refused at first, then
+    /// 403 for all but `system:masters` (RBAC not synced), then discovery and everything else
+    /// served while `/readyz` still fails (post-start hooks).
     pub async fn boot_apiserver(&mut self, id: &str, profile: &str, startup: Duration) -> Result<()> {
         let serving = self.pki.apiserver.clone();
         self.start_with(id, profile, serving, Some(startup)).await
@@ -309,10 +311,9 @@ impl Cluster {
         options.serving = serving;
         let standin = match startup {
             None => standin::serve(options, self.store.clone()).await?,
-            Some(delay) => {
-                let standin = standin::serve_unready(options, self.store.clone()).await?;
-                standin.ready_after(delay);
-                standin
+            Some(ready_after) => {
+                let startup = standin::Startup::like_kube_apiserver(ready_after);
+                standin::serve_booting(options, self.store.clone(), startup).await?
             }
         };
         self.plaintext.push(standin.plaintext_attempts.clone());

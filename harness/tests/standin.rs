@@ -1011,3 +1011,103 @@ async fn real_profiles_do_crud_on_what_they_list() -> Result<()> {
     assert_eq!(code, 200);
     Ok(())
 }
+
+/// What one `/readyz` poll saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    Refused,
+    Code(u16),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn booting_refuses_then_forbids_then_is_unready_then_ready() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("skewgate-standin-boot-{}", std::process::id()));
+    let pki = Pki::generate(&dir)?;
+    let mut opts = options(&pki, "a", "1.36-real")?;
+    opts.auth.tokens.push(Token {
+        token: "m4st3r".into(),
+        user: "root".into(),
+        groups: vec!["system:masters".into()],
+    });
+    let phase = Duration::from_millis(1000);
+    let startup = standin::Startup { refusing: phase, forbidding: phase, unready: phase };
+    let started = tokio::time::Instant::now();
+    let s = standin::serve_booting(opts, Store::new(100), startup).await?;
+    let alice = client(&pki, Some(&pki.alice))?;
+    // A client certificate would win over the token (the x509 authenticator comes first).
+    let tokens = client(&pki, None)?;
+    let url = |path: &str| format!("https://127.0.0.1:{}{path}", s.addr.port());
+    let mut seen: Vec<(Seen, Duration)> = Vec::new();
+    let deadline = started + Duration::from_secs(20);
+    while seen.last().map(|s| s.0) != Some(Seen::Code(200)) {
+        assert!(tokio::time::Instant::now() < deadline, "not ready after 20 s: {seen:?}");
+        let now = match alice.get(url("/readyz")).send().await {
+            Ok(resp) => Seen::Code(resp.status().as_u16()),
+            Err(e) if e.is_connect() => Seen::Refused,
+            Err(e) => return Err(e.into()),
+        };
+        if seen.last().map(|s| s.0) != Some(now) {
+            seen.push((now, started.elapsed()));
+            match now {
+                Seen::Code(403) => {
+                    // RBAC not synced: alice is denied everything, system:masters is not.
+                    let resp = alice.get(url("/readyz")).send().await?;
+                    let body = resp.text().await?;
+                    if body.contains("Forbidden") {
+                        assert_eq!(
+                            body,
+                            r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"forbidden: User \"alice\" cannot get path \"/readyz\"","reason":"Forbidden","details":{},"code":403}"#
+                        );
+                    }
+                    let admin = tokens.get(url("/readyz")).bearer_auth("m4st3r").send().await?;
+                    assert_ne!(admin.status(), 403);
+                }
+                Seen::Code(500) => {
+                    // Post-start hooks still running: discovery is served already.
+                    let apis = alice.get(url("/apis")).header("Accept", V2).send().await?;
+                    assert_eq!(apis.status(), 200);
+                    let readyz = alice.get(url("/readyz")).send().await?;
+                    if readyz.status() == 500 {
+                        assert!(readyz.text().await?.ends_with("[+]shutdown ok\nreadyz check failed\n"));
+                    }
+                }
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let order: Vec<Seen> = seen.iter().map(|s| s.0).collect();
+    println!("boot of a {:?} startup: {seen:?}", startup.total());
+    assert_eq!(order, [Seen::Refused, Seen::Code(403), Seen::Code(500), Seen::Code(200)]);
+    s.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bookmark_comes_just_before_the_watch_times_out() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("skewgate-standin-pretimeout-{}", std::process::id()));
+    let pki = Pki::generate(&dir)?;
+    let mut opts = options(&pki, "a", "1.36")?;
+    // Upstream's minute: no periodic bookmark within this test.
+    opts.bookmark_interval = Duration::from_secs(60);
+    let s = standin::serve(opts, Store::new(100)).await?;
+    let alice = client(&pki, Some(&pki.alice))?;
+    let base = format!("https://127.0.0.1:{}/api/v1/namespaces/default/configmaps", s.addr.port());
+    let list: Value = alice.get(&base).send().await?.json().await?;
+    let at = list["metadata"]["resourceVersion"].as_str().unwrap_or_default().to_string();
+    let opened = tokio::time::Instant::now();
+    let url = format!("{base}?watch=1&resourceVersion={at}&allowWatchBookmarks=true&timeoutSeconds=3");
+    let mut events = Events::open(&alice, &url).await?;
+    let bookmark = events.next_within(Duration::from_secs(10)).await.expect("a bookmark before the timeout");
+    let bookmarked = opened.elapsed();
+    assert_eq!(bookmark["type"], "BOOKMARK");
+    assert_eq!(bookmark["object"]["metadata"]["resourceVersion"], json!(at));
+    assert!(events.next_within(Duration::from_secs(10)).await.is_none(), "the watch ends at its timeout");
+    println!("bookmark {bookmarked:?} into a 3 s watch, end at {:?}", opened.elapsed());
+    // Without allowWatchBookmarks: nothing, then the end.
+    let url = format!("{base}?watch=1&resourceVersion={at}&timeoutSeconds=3");
+    let mut events = Events::open(&alice, &url).await?;
+    assert!(events.next_within(Duration::from_secs(10)).await.is_none());
+    s.shutdown().await;
+    Ok(())
+}
