@@ -25,7 +25,8 @@ enum Command {
     /// Run stand-in apiservers (one shared store) with Envoy and the skewgate filter in front.
     /// Prints one JSON line when ready; runs until SIGINT or SIGTERM.
     Cluster {
-        /// ID=PROFILE[:disable=GROUP/VERSION,...], e.g. a=1.33 or c=1.36:disable=resource.k8s.io/v1beta1.
+        /// ID=PROFILE[:disable=GROUP/VERSION,...], e.g. a=1.33, c=1.36:disable=resource.k8s.io/v1beta1
+        /// or b=1.36-real (the documents a real kube-apiserver v1.36.2 served, as captured).
         #[arg(long = "apiserver", required = true)]
         apiservers: Vec<ApiserverSpec>,
         /// Where certificates, Envoy's files and the kubeconfig go.
@@ -82,7 +83,8 @@ enum Command {
         /// A DNS label; it names the apiserver in x-skewgate-served-by and in the routing table.
         #[arg(long)]
         id: String,
-        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36.
+        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36; or 1.33-real / 1.36-real, every
+        /// document a real kube-apiserver v1.36.2 served (emulating 1.33 with betas on, or native).
         #[arg(long)]
         profile: String,
         #[arg(long, default_value = "127.0.0.1:7001")]
