@@ -40,7 +40,6 @@ pub struct Decision<'t, 'r> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action<'t> {
     Route(Route<'t>),
-    Respond(Reply<'t>),
     /// 401: the client certificate's identity cannot be forwarded unchanged.
     Refuse(Unforwardable),
 }
@@ -52,9 +51,14 @@ pub struct Route<'t> {
     pub rerouted: bool,
     /// Watches, exec, logs and the like (kube-apiserver's long-running check): no route timeout.
     pub long_running: bool,
+    /// A document composed at the edge: the request still goes upstream without
+    /// `If-None-Match`, so that an apiserver authenticates and authorizes it; only a 2xx or 304
+    /// answer is replaced by this reply, a 401 or 403 reaches the client as the apiserver sent it.
+    pub compose: Option<Reply<'t>>,
 }
 
-/// An answer the filter gives itself: the merged discovery document or a 304.
+/// What the filter answers in place of an authorized upstream answer: the merged discovery
+/// document, or a 304 when the client already has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply<'t> {
     pub status: u16,
@@ -138,7 +142,7 @@ impl<'t> Decision<'t, '_> {
     pub fn route(&self) -> Option<&Route<'t>> {
         match &self.action {
             Action::Route(r) => Some(r),
-            Action::Respond(_) | Action::Refuse(_) => None,
+            Action::Refuse(_) => None,
         }
     }
 }
@@ -214,12 +218,17 @@ fn finish<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>, o: Outcome<'t
 }
 
 fn pool(table: &RoutingTable, reason: Reason) -> Outcome<'_> {
-    let route = Route { cluster: table.pool_cluster(), rerouted: false, long_running: false };
+    let route = Route { cluster: table.pool_cluster(), rerouted: false, long_running: false, compose: None };
     Outcome { action: Action::Route(route), reason, gvr: None, serving: None }
 }
 
 fn to_serving(table: &RoutingTable, serving: Serving, long_running: bool) -> Route<'_> {
-    Route { cluster: table.cluster(serving), rerouted: matches!(serving, Serving::Set(_)), long_running }
+    Route {
+        cluster: table.cluster(serving),
+        rerouted: matches!(serving, Serving::Set(_)),
+        long_running,
+        compose: None,
+    }
 }
 
 fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>) -> Outcome<'t> {
@@ -231,7 +240,12 @@ fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>) -> Outcome<'t> 
     // `pods/resize` too, or 404s it, as upstream does.
     let Some(gvr) = table.gvr(info.api_group, info.api_version, info.resource) else {
         let mut o = pool(table, Reason::ServedByNone);
-        o.action = Action::Route(Route { cluster: table.pool_cluster(), rerouted: false, long_running });
+        o.action = Action::Route(Route {
+            cluster: table.pool_cluster(),
+            rerouted: false,
+            long_running,
+            compose: None,
+        });
         return o;
     };
     let reason = match gvr.serving {
@@ -292,8 +306,11 @@ fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t>
     } else {
         (200, merged.document.as_str(), Reason::MergedDiscovery)
     };
-    let reply = Reply { status, etag, body };
-    Outcome { action: Action::Respond(reply), reason, gvr: None, serving: None }
+    let mut o = pool(table, reason);
+    if let Action::Route(route) = &mut o.action {
+        route.compose = Some(Reply { status, etag, body });
+    }
+    o
 }
 
 #[cfg(test)]
@@ -475,7 +492,9 @@ mod tests {
         let mut h = head("GET", "/apis");
         h.accept = Some(V2);
         let d = decide(&t, &h);
-        let Action::Respond(reply) = d.action else { panic!("{d:?}") };
+        // F2: composed only after an apiserver has authorized the request.
+        assert_eq!(d.route().map(|r| r.cluster), Some("pool"));
+        let reply = d.route().and_then(|r| r.compose).unwrap();
         assert_eq!(
             (reply.status, reply.etag, reply.body),
             (200, "\"ABC123\"", "{\"kind\":\"APIGroupDiscoveryList\"}")
@@ -485,11 +504,11 @@ mod tests {
         assert_eq!(d.reason, Reason::MergedDiscovery);
 
         h.if_none_match = Some("\"ABC123\"");
-        let Action::Respond(reply) = decide(&t, &h).action else { panic!() };
+        let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
         assert_eq!((reply.status, reply.body), (304, ""));
 
         h.if_none_match = Some("\"OLD\"");
-        let Action::Respond(reply) = decide(&t, &h).action else { panic!() };
+        let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
         assert_eq!(reply.status, 200);
 
         for (method, target, accept) in [
