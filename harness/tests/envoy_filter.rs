@@ -349,7 +349,7 @@ async fn envoy_failures_become_503_status() -> Result<()> {
         let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} 1");
         assert!(prom.lines().any(|l| l == want), "{want} missing:\n{}", grep(&prom, "unavailable"));
     }
-    assert_eq!(f.envoy.stat("wasm.envoy.wasm.runtime.v8.vm_reload_success").await.unwrap_or(0), 0);
+    assert_eq!(f.envoy.stat("wasm.skewgate.vm_reload_success").await?, 0);
     Ok(())
 }
 
