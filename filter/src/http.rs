@@ -30,11 +30,13 @@ pub struct Http {
     gvr_id: Option<usize>,
     /// The response is ours (merged discovery or a rewritten 503): leave it alone.
     replied: bool,
+    /// The status of the composed answer (200 or 304) that replaces an authorized upstream one.
+    compose: Option<u16>,
 }
 
 impl Http {
     pub fn new(active: Option<Rc<Active>>) -> Self {
-        Self { active, serving: None, gvr_id: None, replied: false }
+        Self { active, serving: None, gvr_id: None, replied: false, compose: None }
     }
 
     fn reply(&mut self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -98,12 +100,6 @@ impl HttpContext for Http {
         self.serving = decision.serving;
         self.gvr_id = decision.gvr.map(|g| g.id);
         match decision.action {
-            decision::Action::Respond(reply) => {
-                active.metrics.merged_discovery(reply.status);
-                let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
-                let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
-                self.reply(u32::from(reply.status), headers, body)
-            }
             decision::Action::Refuse(why) => {
                 active.metrics.refused();
                 let body = status::unauthorized(why.as_str()).to_json();
@@ -111,6 +107,12 @@ impl HttpContext for Http {
             }
             decision::Action::Route(route) => {
                 host::set_request_header(CLUSTER_HEADER, Some(route.cluster));
+                if let Some(reply) = route.compose {
+                    // The apiserver must answer 200 (authorized) or 401/403, not 304 for an
+                    // ETag of its own document.
+                    host::set_request_header("if-none-match", None);
+                    self.compose = Some(reply.status);
+                }
                 // Every host call costs a few µs; most requests take the default route, and a
                 // client that names the long-running route itself only drops its own timeout.
                 if route.long_running {
@@ -151,6 +153,9 @@ impl HttpContext for Http {
         let status = host::response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
             .unwrap_or(0);
+        if let (Some(compose), true) = (self.compose, (200..300).contains(&status) || status == 304) {
+            return self.compose_reply(compose);
+        }
         if status < 500 {
             return Action::Continue;
         }
@@ -186,6 +191,24 @@ impl HttpContext for Http {
             }
         };
         self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+    }
+}
+
+impl Http {
+    /// The merged document (or 304) in place of an answer an apiserver authorized. Read from the
+    /// table the request was decided on, so a table swap in between cannot mix two documents.
+    fn compose_reply(&mut self, status: u16) -> Action {
+        let Some(active) = self.active.clone() else { return Action::Continue };
+        let Some(merged) = active.table.merged_discovery() else { return Action::Continue };
+        active.metrics.merged_discovery(status);
+        let reply = decision::Reply {
+            status,
+            etag: &merged.quoted_etag,
+            body: if status == 304 { "" } else { &merged.document },
+        };
+        let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
+        let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
+        self.reply(u32::from(status), headers, body)
     }
 }
 

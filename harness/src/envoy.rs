@@ -205,8 +205,16 @@ impl Envoy {
             .collect())
     }
 
+    /// A counter or gauge by its full name; a name Envoy does not have is an error, so that a
+    /// check for 0 cannot pass on a misspelt or renamed stat.
     pub async fn stat(&self, name: &str) -> Result<u64> {
-        Ok(self.stats().await?.get(name).copied().unwrap_or(0))
+        let stats = self.stats().await?;
+        if let Some(value) = stats.get(name) {
+            return Ok(*value);
+        }
+        let last = name.rsplit('.').next().unwrap_or(name);
+        let similar: Vec<&String> = stats.keys().filter(|k| k.contains(last)).take(10).collect();
+        bail!("Envoy has no stat {name:?}; similar: {similar:?}")
     }
 
     pub async fn prometheus(&self) -> Result<String> {

@@ -1651,6 +1651,52 @@ async fn edge_authentication() -> Result<Row> {
         ensure!(header(r.headers(), SERVED_BY).is_some(), "{path}: not answered by an apiserver");
     }
 
+    // F2 (issue 12): the merged /apis only after an apiserver authorized the request; its own
+    // 403 (anonymous) or 401 (a token nobody issued) otherwise.
+    let stranger = {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, "Bearer garbage".parse()?);
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
+                &c.pki.cluster_ca.cert_path,
+            )?)?)
+            .default_headers(headers)
+            .no_proxy()
+            .timeout(TIMEOUT)
+            .build()?
+    };
+    let merged = c.table_on_disk()?.merged_discovery().context("no merged document")?.clone();
+    for (who, client, status) in [("anonymous", &anonymous, 403), ("bad token", &stranger, 401)] {
+        for inm in [None, Some(merged.quoted_etag.as_str())] {
+            let mut req = client.get(format!("{base}/apis")).header("accept", V2);
+            if let Some(etag) = inm {
+                req = req.header("if-none-match", etag);
+            }
+            let r = req.send().await?;
+            row.requests += 1;
+            ensure!(r.status() == status, "{who} /apis (If-None-Match {inm:?}): {}", r.status());
+            ensure!(header(r.headers(), SERVED_BY).is_some(), "{who}: not the apiserver's answer");
+            ensure!(r.headers().get("etag").is_none_or(|e| e.as_bytes() != merged.quoted_etag.as_bytes()));
+            let body = r.text().await?;
+            ensure!(!body.contains("APIGroupDiscoveryList"), "{who} got discovery: {body:.200}");
+        }
+    }
+    let alice = c.client(Credentials::Alice, TIMEOUT)?;
+    let r = alice.get(format!("{base}/apis")).header("accept", V2).send().await?;
+    row.requests += 1;
+    ensure!(r.status() == 200 && header(r.headers(), "etag").as_deref() == Some(merged.quoted_etag.as_str()));
+    ensure!(r.text().await? == merged.document, "alice did not get the merged document");
+    let r = alice
+        .get(format!("{base}/apis"))
+        .header("accept", V2)
+        .header("if-none-match", &merged.quoted_etag)
+        .send()
+        .await?;
+    row.requests += 1;
+    ensure!(r.status() == 304, "alice with the merged ETag: {}", r.status());
+
     // F1: a certificate from the client CA whose O or CN a header would change is refused by
     // the filter, never forwarded as somebody else.
     let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
@@ -1688,7 +1734,6 @@ async fn edge_authentication() -> Result<Row> {
         .send()
         .await?;
     ensure!(set.status().is_success(), "runtime_modify: {}", set.status());
-    let alice = c.client(Credentials::Alice, TIMEOUT)?;
     let r = alice.get(format!("{claims}?limit=11")).header("x-skewgate-route", "long-running").send().await?;
     row.requests += 1;
     ensure!(r.status() == 200, "{}", r.status());

@@ -81,23 +81,28 @@ pub fn explain(table: &RoutingTable, req: &Request) -> Value {
                 "requestHeaders".into(),
                 header_edits(req, &decision, route, table.policy().x509_credential_id),
             );
+            if let Some(reply) = route.compose {
+                let headers: Map<String, Value> = reply
+                    .headers()
+                    .iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| ((*k).into(), json!(v)))
+                    .collect();
+                out.insert(
+                    "composed".into(),
+                    json!({
+                        "when": "the apiserver answers 2xx or 304; its 401/403 reach the client unchanged",
+                        "status": reply.status,
+                        "responseHeaders": headers,
+                        "body": body_summary(reply.body),
+                    }),
+                );
+            }
         }
         Action::Refuse(why) => {
             out.insert("action".into(), json!("respond"));
             out.insert("status".into(), json!(401));
             out.insert("body".into(), json!(status::unauthorized(why.as_str()).message));
-        }
-        Action::Respond(reply) => {
-            out.insert("action".into(), json!("respond"));
-            out.insert("status".into(), json!(reply.status));
-            let headers: Map<String, Value> = reply
-                .headers()
-                .iter()
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(k, v)| ((*k).into(), json!(v)))
-                .collect();
-            out.insert("responseHeaders".into(), Value::Object(headers));
-            out.insert("body".into(), json!(body_summary(reply.body)));
         }
     }
     out.insert("reason".into(), json!(decision.reason.as_str()));
@@ -111,11 +116,15 @@ fn header_edits(
     route: &decision::Route<'_>,
     credential_id: bool,
 ) -> Value {
-    let removed: Vec<&str> = req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
+    let mut removed: Vec<&str> =
+        req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
     let mut set: Vec<(String, Cow<'_, str>)> =
         vec![("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster))];
     if route.long_running {
         set.push(("x-skewgate-route".into(), Cow::Borrowed("long-running")));
+    }
+    if route.compose.is_some() {
+        removed.push("if-none-match");
     }
     if route.rerouted {
         set.push((PEER_PROXIED.into(), Cow::Borrowed("true")));
