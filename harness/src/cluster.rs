@@ -64,8 +64,6 @@ pub struct Options {
     /// The sidecar's /healthz, /readyz, /metrics.
     pub sidecar_port: u16,
     pub poll_period: Duration,
-    /// How long a failing apiserver's last good discovery still counts; `None`: five poll periods.
-    pub grace_period: Option<Duration>,
     /// Stand-ins (by id) whose serving certificate comes from the rogue CA, which neither Envoy
     /// nor the sidecar trusts: they must never be used.
     pub rogue: BTreeSet<String>,
@@ -94,7 +92,6 @@ impl Options {
             sidecar: true,
             sidecar_port: 0,
             poll_period: Duration::from_secs(1),
-            grace_period: None,
             rogue: BTreeSet::new(),
             anonymous_auth: true,
             plain_lb: false,
@@ -645,7 +642,6 @@ fn sidecar_config(
             "adminUrl": format!("http://127.0.0.1:{admin_port}"),
         },
         "pollPeriod": ms(o.poll_period.as_millis() as u64),
-        "gracePeriod": ms(o.grace_period.unwrap_or(o.poll_period * 5).as_millis() as u64),
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
         "listen": format!("127.0.0.1:{}", o.sidecar_port),
     }))

@@ -141,7 +141,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 sidecar: !no_sidecar,
                 sidecar_port,
                 poll_period: std::time::Duration::from_millis(poll_ms),
-                grace_period: None,
                 rogue: Default::default(),
                 anonymous_auth: true,
                 plain_lb: false,

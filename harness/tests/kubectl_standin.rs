@@ -25,7 +25,6 @@ async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
         sidecar: false,
         sidecar_port: 0,
         poll_period: Duration::from_secs(1),
-        grace_period: None,
         rogue: Default::default(),
         anonymous_auth: true,
         plain_lb: false,
