@@ -3,9 +3,11 @@
 //!
 //! Two kinds of look, each remembered per apiserver:
 //! - every poll period, a full fetch of every apiserver's discovery;
-//! - every probe period, a probe of each apiserver on its own: `/readyz`, and `/api` + `/apis`
-//!   with the ETags of its last good documents (304: unchanged). One that changed is fetched at
-//!   once and the new table pushed at once, without waiting for the next poll.
+//! - every probe period, a probe of each apiserver on its own, over a connection kept open to it
+//!   ([`crate::tether`]): `/readyz`, and `/api` + `/apis` with the ETags of its last good
+//!   documents (304: unchanged). One that changed is fetched at once and the new table pushed at
+//!   once, without waiting for the next poll; one whose connection closes (its process stopped)
+//!   counts as unreachable from that moment.
 //!
 //! An apiserver's last good documents stay until it answers with others or leaves the
 //! configuration: one that stops answering keeps its GVRs in the table, where Envoy finds no
@@ -32,17 +34,18 @@ use anyhow::Context;
 use skewgate_core::build::BuildError;
 use skewgate_core::table::TableConfig;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
 use crate::envoy::{UpstreamTls, table_from_ecds};
-use crate::fetch::{ClientTls, Documents, Etags, FetchError, Fetcher, Probe};
+use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
 use crate::routing::{self, Counts, RenderError, Resources, Server};
 use crate::serve::{self, Shared};
+use crate::tether::{self, Probe, Tether};
 
 pub use crate::config::SyncConfig;
 
@@ -168,6 +171,17 @@ impl Memory {
         }
     }
 
+    /// Documents from a look older than what is remembered: they only fill a gap. Ones that
+    /// differ from what a newer look found are dropped; the next probe asks again.
+    fn fill(&mut self, documents: Documents, now: Instant) -> bool {
+        if self.good.is_some() {
+            return false;
+        }
+        let served = Served::of(&documents);
+        self.good = Some((documents, served, now));
+        true
+    }
+
     /// Returns whether the documents changed.
     fn answered(&mut self, id: &str, documents: Documents, now: Instant) -> bool {
         if self.failing {
@@ -221,6 +235,7 @@ impl Memory {
 pub struct Sidecar {
     config: SyncConfig,
     fetchers: Vec<Fetcher>,
+    tethers: Vec<Tether>,
     memory: Vec<Memory>,
     pusher: Pusher<HttpAdmin>,
     upstream: UpstreamTls,
@@ -243,6 +258,12 @@ impl Sidecar {
             .apiservers
             .iter()
             .map(|e| Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tether_tls = tether::tls_config(&config.tls)?;
+        let tethers = config
+            .apiservers
+            .iter()
+            .map(|e| Tether::new(e, &config.server_name, tether_tls.clone(), &config.identity))
             .collect::<Result<Vec<_>, _>>()?;
         let admin = match &config.envoy.admin_url {
             Some(url) => Some(HttpAdmin::new(url, config.envoy.confirm_timeout)?),
@@ -282,6 +303,7 @@ impl Sidecar {
         Ok(Self {
             config,
             fetchers,
+            tethers,
             memory,
             pusher,
             upstream,
@@ -313,12 +335,11 @@ impl Sidecar {
             if let Err(e) = &result {
                 metrics.fetch_error(id, e.kind.label());
             }
-            if !memory.newer(started) {
-                continue;
-            }
-            match result {
-                Ok(documents) => changed |= memory.answered(id, documents, now),
-                Err(error) => memory.failed(id, error),
+            match (memory.newer(started), result) {
+                (true, Ok(documents)) => changed |= memory.answered(id, documents, now),
+                (true, Err(error)) => memory.failed(id, error),
+                (false, Ok(documents)) => changed |= memory.fill(documents, now),
+                (false, Err(_)) => {}
             }
             metrics.set_current(id, memory.standing(now) == Standing::Current);
         }
@@ -334,16 +355,26 @@ impl Sidecar {
             return false;
         };
         let id = endpoint.id.as_str();
+        // Probe failures are not fetches: an apiserver that is down would count four times a
+        // second. Its exclusion (`reason="unreachable"`) and the next full fetch show it.
         if let Look::Changed { fetched, .. } = &look {
             if let Err(e) = fetched.as_ref() {
                 self.shared.metrics.fetch_error(id, e.kind.label());
             }
         }
-        if let Look::Failed(e) = &look {
-            self.shared.metrics.fetch_error(id, e.kind.label());
+        // Readiness carries no discovery: the latest answer counts, whenever its probe started.
+        if let Look::Ready { ready } = look {
+            memory.readiness(id, ready);
+            return false;
         }
         if !memory.newer(started) {
-            return false;
+            return match look {
+                Look::Changed { fetched, .. } => match *fetched {
+                    Ok(documents) => memory.fill(documents, now),
+                    Err(_) => false,
+                },
+                _ => false,
+            };
         }
         let changed = match look {
             Look::Unchanged { ready } => {
@@ -356,10 +387,7 @@ impl Sidecar {
                 memory.reachable = true;
                 false
             }
-            Look::Ready { ready } => {
-                memory.readiness(id, ready);
-                false
-            }
+            Look::Ready { .. } => false,
             Look::Changed { ready, fetched } => {
                 memory.readiness(id, ready);
                 match *fetched {
@@ -589,22 +617,76 @@ async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
         .collect()
 }
 
-/// One probe of one apiserver, bounded by `timeout`; a changed one is fetched in full.
-async fn look(fetcher: Fetcher, etags: Etags, timeout: Duration) -> Look {
-    let probe = match tokio::time::timeout(timeout, fetcher.probe(&etags)).await {
-        Ok(probe) => probe,
-        Err(_) => Err(FetchError {
-            path: "/readyz".into(),
-            kind: crate::fetch::ErrorKind::Timeout,
-            detail: format!("probe not answered within {timeout:?}"),
-        }),
+/// Keeps a connection open to one apiserver and probes it every `period` (bounded by
+/// `timeout`), reporting every look; a changed apiserver is fetched in full, and a closed
+/// connection is reported the moment it closes. Reconnects at the next period.
+async fn tether_task(
+    index: usize,
+    tether: Tether,
+    fetcher: Fetcher,
+    etags: watch::Receiver<Etags>,
+    (period, timeout): (Duration, Duration),
+    out: mpsc::UnboundedSender<(usize, Instant, Look)>,
+) {
+    let timed_out = |path: &str| {
+        FetchError::new(
+            path,
+            ErrorKind::Timeout,
+            format!("no answer within {}", crate::duration::format(timeout)),
+        )
     };
-    match probe {
-        Err(error) => Look::Failed(error),
-        Ok(Probe { ready, unchanged: Some(true) }) => Look::Unchanged { ready },
-        Ok(Probe { ready, unchanged: None }) => Look::Ready { ready },
-        Ok(Probe { ready, unchanged: Some(false) }) => {
-            Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut started = Instant::now();
+        let mut link = match tokio::time::timeout(timeout, tether.connect()).await {
+            Ok(Ok(link)) => link,
+            Ok(Err(error)) => {
+                if out.send((index, started, Look::Failed(error))).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => {
+                if out.send((index, started, Look::Failed(timed_out("(connect)")))).is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let asked = etags.borrow().clone();
+            let look = match tokio::time::timeout(timeout, link.probe(&asked)).await {
+                Err(_) => Look::Failed(timed_out("/readyz")),
+                Ok(Err(error)) => Look::Failed(error),
+                Ok(Ok(Probe { ready, unchanged: Some(true) })) => Look::Unchanged { ready },
+                Ok(Ok(Probe { ready, unchanged: None })) => Look::Ready { ready },
+                Ok(Ok(Probe { ready, unchanged: Some(false) })) => {
+                    Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
+                }
+            };
+            let failed = matches!(look, Look::Failed(_));
+            if out.send((index, started, look)).is_err() {
+                return;
+            }
+            if failed {
+                break;
+            }
+            tokio::select! {
+                _ = tick.tick() => started = Instant::now(),
+                () = link.closed() => {
+                    let closed = FetchError::new(
+                        "(connection)",
+                        ErrorKind::Closed,
+                        "the apiserver closed the connection the sidecar keeps open to it",
+                    );
+                    if out.send((index, Instant::now(), Look::Failed(closed))).is_err() {
+                        return;
+                    }
+                    break;
+                }
+            }
         }
     }
 }
@@ -690,7 +772,7 @@ async fn run_with(
     reports: watch::Sender<Option<Arc<SyncReport>>>,
 ) -> anyhow::Result<()> {
     let (poll_period, probe_period) = (config.poll_period, config.probe_period);
-    let probe_timeout = Duration::from_millis(config.health.timeout_ms);
+    let probe_timeout = tether::probe_timeout(config.health.timeout_ms);
     let mut sidecar = Sidecar::new(config)?;
     tracing::info!(
         listen = %listener.local_addr()?,
@@ -708,14 +790,20 @@ async fn run_with(
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(poll_period);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut probe = tokio::time::interval(probe_period);
-    probe.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    // At most one job of each kind at a time (one probe per apiserver); all are aborted with
-    // this future.
+    // At most one fetch and one push at a time, and one tether per apiserver; all are aborted
+    // with this future.
     let mut fetches: JoinSet<(Instant, Vec<Result<Documents, FetchError>>)> = JoinSet::new();
-    let mut probes: JoinSet<(usize, Instant, Look)> = JoinSet::new();
-    let mut probing = vec![false; sidecar.fetchers.len()];
     let mut pushes: JoinSet<PushDone> = JoinSet::new();
+    let mut tethers = JoinSet::new();
+    let (looks_out, mut looks) = mpsc::unbounded_channel();
+    let mut etags = Vec::new();
+    for (index, (tether, fetcher)) in sidecar.tethers.iter().zip(&sidecar.fetchers).enumerate() {
+        let (tx, rx) = watch::channel(Etags::default());
+        etags.push(tx);
+        let (tether, fetcher, out) = (tether.clone(), fetcher.clone(), looks_out.clone());
+        tethers.spawn(tether_task(index, tether, fetcher, rx, (probe_period, probe_timeout), out));
+    }
+    drop(looks_out);
     // The memory changed since the table being pushed (or live) was built.
     let mut push_wanted = false;
     // What triggered the wanted push, for its report's `took`.
@@ -732,19 +820,6 @@ async fn run_with(
                     });
                 }
             }
-            _ = probe.tick(), if sidecar.judged => {
-                for (index, fetcher) in sidecar.fetchers.iter().enumerate() {
-                    if probing[index] {
-                        continue;
-                    }
-                    probing[index] = true;
-                    let (fetcher, etags) = (fetcher.clone(), sidecar.memory[index].etags());
-                    probes.spawn(async move {
-                        let started = Instant::now();
-                        (index, started, look(fetcher, etags, probe_timeout).await)
-                    });
-                }
-            }
             Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
                 if let Ok((started, results)) = joined {
                     sidecar.record_fetches(started, results);
@@ -755,20 +830,12 @@ async fn run_with(
                     push_wanted = true;
                 }
             }
-            Some(joined) = probes.join_next(), if !probes.is_empty() => {
-                if let Ok((index, started, look)) = joined {
-                    if let Some(flag) = probing.get_mut(index) {
-                        *flag = false;
+            Some((index, started, look)) = looks.recv() => {
+                if sidecar.record_look(index, started, look) {
+                    if !push_wanted {
+                        wanted_since = started;
                     }
-                    if sidecar.record_look(index, started, look) {
-                        if !push_wanted {
-                            wanted_since = started;
-                        }
-                        push_wanted = true;
-                    }
-                } else {
-                    // A probe task that panicked or was cancelled: let every apiserver be probed again.
-                    probing.iter_mut().for_each(|p| *p = false);
+                    push_wanted = true;
                 }
             }
             Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
@@ -778,6 +845,14 @@ async fn run_with(
                     }
                 }
             }
+        }
+        for (sender, memory) in etags.iter().zip(&sidecar.memory) {
+            let current = memory.etags();
+            sender.send_if_modified(|asked| {
+                let changed = *asked != current;
+                *asked = current;
+                changed
+            });
         }
         sidecar.apply_eligibility();
         if push_wanted && pushes.is_empty() {
@@ -860,6 +935,10 @@ mod tests {
         assert!(!m.newer(t0), "started before what is remembered");
         assert!(m.newer(t0 + Duration::from_millis(10)));
         assert!(m.newer(t0 + Duration::from_millis(20)));
+        // An older look's documents only fill a gap: never undo what a newer one found.
+        assert!(m.fill(docs("v1.33.0"), t0));
+        assert!(!m.fill(docs("v1.36.0"), t0));
+        assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
     }
 
     #[test]
