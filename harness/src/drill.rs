@@ -406,6 +406,8 @@ pub struct Run {
     /// Per restart (or return): from its drain (or stop, without one) to Envoy sending it
     /// requests again.
     pub out_seconds: Vec<f64>,
+    /// Per restart (or return): from its drain (or stop) to Envoy sending it no new request.
+    pub exclusion_seconds: Vec<f64>,
     pub duration_seconds: f64,
     pub events: Vec<Event>,
     /// Errors per second by class: seconds → class → count.
@@ -751,6 +753,7 @@ struct Phase {
     /// Since when Envoy sends each apiserver requests, with its profile then.
     up_since: BTreeMap<&'static str, (f64, &'static str)>,
     readmissions: Vec<f64>,
+    exclusions: Vec<f64>,
 }
 
 impl Phase {
@@ -771,6 +774,7 @@ impl Phase {
         let drain = self.event(id, "drain", profile);
         self.timeline.up.push((id.into(), profile.into(), since, drain));
         c.drain_apiserver(id, Duration::from_secs(15)).await?;
+        self.exclusions.push(self.now() - drain);
         // kube-apiserver's --shutdown-delay-duration: unready, still serving what reaches it.
         tokio::time::sleep(timing.shutdown_delay).await;
         self.event(id, "stop", profile);
@@ -849,6 +853,27 @@ async fn leave_and_return(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &
     Ok(())
 }
 
+/// How long until Envoy's `/clusters` shows the apiserver at `url` healthy in none of its
+/// clusters (`None`: not within 10 s).
+async fn until_excluded(clusters: String, url: String) -> Option<Duration> {
+    let started = Instant::now();
+    let port = url.rsplit(':').next().unwrap_or_default().to_string();
+    let client = reqwest::Client::builder().no_proxy().build().ok()?;
+    while started.elapsed() < Duration::from_secs(10) {
+        if let Ok(text) = client.get(&clusters).send().await {
+            if let Ok(text) = text.text().await {
+                let flags: Vec<&str> =
+                    text.lines().filter(|l| l.contains(&format!(":{port}::health_flags::"))).collect();
+                if !flags.is_empty() && flags.iter().all(|l| !l.ends_with("::healthy")) {
+                    return Some(started.elapsed());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
 /// b stopped and started again at once with the other release, `o.restarts` times.
 async fn restarts(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) -> Result<()> {
     let id = "b";
@@ -861,10 +886,14 @@ async fn restarts(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) 
         };
         let stop = p.event(id, "stop", from);
         p.timeline.up.push((id.into(), from.into(), since, stop));
+        let excluded = tokio::spawn(until_excluded(c.envoy()?.admin_url("/clusters"), c.apiserver_url(id)?));
         c.stop_apiserver(id).await?;
         // A real kube-apiserver refuses connections for 0.9–2.2 s after it starts.
         tokio::time::sleep(o.down).await;
         let healthy = p.boot(c, id, to, o, generation).await?;
+        if let Ok(Some(after)) = excluded.await {
+            p.exclusions.push(after.as_secs_f64());
+        }
         p.timeline.restarts.push((id.into(), from.into(), to.into(), stop, healthy));
         tokio::time::sleep(timing.pause).await;
     }
@@ -921,6 +950,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         timeline: Timeline::default(),
         up_since: o.variant.profiles().into_iter().map(|(id, pr)| (id, (f64::NEG_INFINITY, pr))).collect(),
         readmissions: Vec::new(),
+        exclusions: Vec::new(),
     };
     tokio::time::sleep(timing.warmup).await;
     match o.variant {
@@ -936,7 +966,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         let _ = w.await;
     }
     let duration = p.now();
-    let Phase { events, mut timeline, up_since, readmissions, .. } = p;
+    let Phase { events, mut timeline, up_since, readmissions, exclusions, .. } = p;
     for (id, (since, profile)) in up_since {
         timeline.up.push((id.into(), profile.into(), since, f64::INFINITY));
     }
@@ -979,6 +1009,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         upgrade_seconds: last_healthy - first_drain,
         readmission_seconds: readmissions,
         out_seconds: timeline.restarts.iter().map(|r| r.4 - r.3).collect(),
+        exclusion_seconds: exclusions,
         duration_seconds: duration,
         events,
         errors_per_second,
@@ -1084,6 +1115,9 @@ pub fn markdown_table(runs: &[Run]) -> String {
     row("watches established / cut mid-stream", &|r| format!("{} / {}", r.watches_established, r.watch_cuts));
     row("latency p50 / p99", &|r| format!("{:.1} / {:.1} ms", r.p50_ms, r.p99_ms));
     row("first drain → last healthy", &|r| format!("{:.1} s", r.upgrade_seconds));
+    row("drain (or stop) → Envoy sends it no new request (median / max)", &|r| {
+        median_max(&r.exclusion_seconds)
+    });
     row("drain (or stop) → Envoy sends it requests again (median / max)", &|r| median_max(&r.out_seconds));
     row("serving again → Envoy sends it requests (median / max)", &|r| median_max(&r.readmission_seconds));
     md

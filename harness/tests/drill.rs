@@ -102,15 +102,23 @@ async fn restarts_are_measured() -> Result<()> {
         v.sort_by(f64::total_cmp);
         (v[v.len() / 2], v[v.len() - 1])
     };
+    let (excluded_median, excluded_max) = stats(&run.exclusion_seconds);
     let (out_median, out_max) = stats(&run.out_seconds);
     let (in_median, in_max) = stats(&run.readmission_seconds);
     println!(
-        "over {} restarts: kept out (stop → Envoy sends it requests again) median {out_median:.3} s, max \
+        "over {} restarts: stop → Envoy sends it no new request median {excluded_median:.3} s, max \
+         {excluded_max:.3} s; kept out (stop → Envoy sends it requests again) median {out_median:.3} s, max \
          {out_max:.3} s; re-admission (serving again → Envoy sends it requests) median {in_median:.3} s, max \
          {in_max:.3} s",
         run.out_seconds.len()
     );
-    ensure!(run.out_seconds.len() == 10 && run.readmission_seconds.len() == 10);
+    ensure!(
+        [&run.exclusion_seconds, &run.out_seconds, &run.readmission_seconds].iter().all(|v| v.len() == 10),
+        "not every restart was measured: {:?} {:?} {:?}",
+        run.exclusion_seconds,
+        run.out_seconds,
+        run.readmission_seconds
+    );
     check_skewgate(&run)?;
     Ok(())
 }
