@@ -30,7 +30,7 @@ const LEGACY_PARALLELISM: usize = 8;
 const ERROR_BODY_PREVIEW: usize = 512;
 
 /// One apiserver's discovery, in the aggregated form whatever it served.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct Documents {
     /// `gitVersion` from `/version`; "" when it could not be read (informational only).
     pub version: String,
@@ -41,11 +41,12 @@ pub struct Documents {
     /// Built from legacy discovery (`APIGroupList` + `APIResourceList`s).
     pub legacy: bool,
     /// The aggregated documents' ETags as the apiserver sent them: what a probe asks about.
+    #[serde(default)]
     pub etags: Etags,
 }
 
 /// `ETag`s of `/api` and `/apis` (quotes included, as sent).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct Etags {
     pub api: Option<String>,
     pub apis: Option<String>,

@@ -21,10 +21,11 @@
 //! Envoy confirms a push.
 //!
 //! When this process is down, Envoy keeps the last table and the last overlay: eligibility holds
-//! as it was, and Envoy's own `/readyz` checks go on. The library runs in-process in tests and
-//! the harness.
+//! as it was, and Envoy's own `/readyz` checks go on. The last good documents are saved next to
+//! Envoy's files (`state/discovery.json`), so that a restarted sidecar keeps an unreachable
+//! apiserver's GVRs in the table too. The library runs in-process in tests and the harness.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
-use crate::envoy::{UpstreamTls, table_from_ecds};
+use crate::envoy::{UpstreamTls, table_from_ecds, write_atomic};
 use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
 use crate::routing::{self, Counts, RenderError, Resources, Server};
@@ -287,12 +288,18 @@ impl Sidecar {
         };
         let started = Instant::now();
         let draining = pusher.adopt_draining_from_disk().unwrap_or_default();
+        let mut saved = load_saved(&config);
         let memory = config
             .apiservers
             .iter()
             .map(|e| {
                 let excluded = draining.contains(&e.id);
-                Memory { excluded_since: excluded.then_some(started), ..Memory::default() }
+                // Until a look says otherwise, what the previous sidecar last saw of it.
+                let good = saved.remove(&e.id).map(|d| {
+                    let served = Served::of(&d);
+                    (d, served, started)
+                });
+                Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() }
             })
             .collect();
         let live = std::fs::read(config.envoy.ecds_path())
@@ -315,6 +322,25 @@ impl Sidecar {
 
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+
+    /// Saves every apiserver's last good documents for the next sidecar (see the module doc).
+    fn save(&self) {
+        let saved: BTreeMap<&str, &Documents> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .filter_map(|(e, m)| m.good.as_ref().map(|(d, _, _)| (e.id.as_str(), d)))
+            .collect();
+        let path = saved_path(&self.config);
+        let written = serde_json::to_vec(&saved).map_err(std::io::Error::other).and_then(|bytes| {
+            std::fs::create_dir_all(path.parent().unwrap_or(&self.config.envoy.dir))?;
+            write_atomic(&path, &bytes)
+        });
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot save the apiservers' last good discovery");
+        }
     }
 
     /// Fetches every apiserver concurrently and updates what is remembered of each.
@@ -572,6 +598,7 @@ impl Sidecar {
     pub async fn sync(&mut self) -> Result<SyncReport, SyncError> {
         let started = Instant::now();
         self.collect().await;
+        self.save();
         self.apply_eligibility();
         let (table, resources) = match self.prepare() {
             Ok(prepared) => prepared,
@@ -583,6 +610,23 @@ impl Sidecar {
         };
         let result = self.pusher.push(&resources).await;
         self.pushed(table, result, started)
+    }
+}
+
+fn saved_path(config: &SyncConfig) -> std::path::PathBuf {
+    config.envoy.dir.join("state").join("discovery.json")
+}
+
+/// What a previous sidecar saved; nothing when there is no file or it does not parse.
+fn load_saved(config: &SyncConfig) -> BTreeMap<String, Documents> {
+    let path = saved_path(config);
+    let Ok(bytes) = std::fs::read(&path) else { return BTreeMap::new() };
+    match serde_json::from_slice(&bytes) {
+        Ok(saved) => saved,
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "ignoring the saved discovery");
+            BTreeMap::new()
+        }
     }
 }
 
@@ -691,8 +735,8 @@ async fn tether_task(
     }
 }
 
-/// One sync and done (`skewgate sync --once`). Without memory of earlier syncs, an apiserver
-/// that fails now serves nothing in the table.
+/// One sync and done (`skewgate sync --once`). An apiserver that fails now keeps the last good
+/// discovery a previous sidecar saved of it; without one it serves nothing in the table.
 pub async fn sync_once(config: SyncConfig) -> anyhow::Result<SyncReport> {
     let mut sidecar = Sidecar::new(config)?;
     Ok(sidecar.sync().await?)
@@ -822,7 +866,9 @@ async fn run_with(
             }
             Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
                 if let Ok((started, results)) = joined {
-                    sidecar.record_fetches(started, results);
+                    if sidecar.record_fetches(started, results) {
+                        sidecar.save();
+                    }
                     // Every poll ends in a push, unchanged or not: its report says the sync ran.
                     if !push_wanted {
                         wanted_since = started;
@@ -832,6 +878,7 @@ async fn run_with(
             }
             Some((index, started, look)) = looks.recv() => {
                 if sidecar.record_look(index, started, look) {
+                    sidecar.save();
                     if !push_wanted {
                         wanted_since = started;
                     }
