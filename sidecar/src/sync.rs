@@ -191,7 +191,12 @@ impl Memory {
         self.failing = false;
         self.error = None;
         self.reachable = true;
-        let changed = self.good.as_ref().is_none_or(|(d, _, _)| *d != documents);
+        // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
+        // its documents must not cause a push (and a save) at every probe.
+        let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
+            (&d.version, &d.core, &d.apis, d.legacy)
+                != (&documents.version, &documents.core, &documents.apis, documents.legacy)
+        });
         let served = Served::of(&documents);
         self.good = Some((documents, served, now));
         changed
