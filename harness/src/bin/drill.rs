@@ -6,7 +6,7 @@
 //! both variants' tables.
 //!
 //! Usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS]
-//!              [--leave-and-return [--away SECONDS]]
+//!              [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use skewgate_harness::drill::{self, Options, Variant};
 use skewgate_harness::paths;
 
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
-                     [--leave-and-return [--away SECONDS]]";
+                     [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -30,6 +30,7 @@ fn main() -> Result<()> {
     let mut quick = false;
     let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
     let mut variant = Variant::Upgrade;
+    let (mut restarts, mut down) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -39,7 +40,12 @@ fn main() -> Result<()> {
             "--ready-delay" => ready_delay = Some(seconds("--ready-delay", args.next(), true)?),
             "--poll" => poll = Some(seconds("--poll", args.next(), false)?),
             "--leave-and-return" => variant = Variant::LeaveAndReturn,
+            "--restarts" => {
+                variant = Variant::Restarts;
+                restarts = Some(args.next().context("--restarts N")?.parse::<usize>()?);
+            }
             "--away" => away = Some(seconds("--away", args.next(), false)?),
+            "--down" => down = Some(seconds("--down", args.next(), true)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -49,6 +55,9 @@ fn main() -> Result<()> {
     }
     if away.is_some() && variant != Variant::LeaveAndReturn {
         bail!("--away goes with --leave-and-return");
+    }
+    if down.is_some() && variant != Variant::Restarts {
+        bail!("--down goes with --restarts");
     }
     let mut o = Options::new(quick);
     if let Some(rate) = rate {
@@ -68,6 +77,15 @@ fn main() -> Result<()> {
     }
     o.variant = variant;
     o.away = away;
+    if let Some(n) = restarts {
+        if !(1..=1000).contains(&n) {
+            bail!("--restarts must be 1..=1000");
+        }
+        o.restarts = n;
+    }
+    if let Some(d) = down {
+        o.down = d;
+    }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = runtime.block_on(drill::drill(&o))?;
