@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{self, Cluster, Credentials};
 use crate::echo::SERVED_BY;
+use crate::real;
 
 const OLD: &str = "1.33";
 const NEW: &str = "1.36";
@@ -49,6 +50,9 @@ pub struct Options {
     pub seed: u64,
     /// Where the clusters' files go (removed afterwards).
     pub work: PathBuf,
+    /// Real kube-apiserver and etcd binaries instead of stand-ins: the old era is
+    /// [`REAL_OLD`], the new one [`REAL_NEW`].
+    pub real: Option<real::Binaries>,
 }
 
 impl Options {
@@ -58,6 +62,25 @@ impl Options {
             rate: if quick { 60 } else { 200 },
             seed: 42,
             work: crate::paths::workspace_root().join(format!("target/tmp/drill-{}", std::process::id())),
+            real: None,
+        }
+    }
+
+    /// The apiserver spec of an era (`OLD` or `NEW`): the stand-in profile, or with real binaries
+    /// the kube-apiserver spec.
+    fn spec(&self, era: &str) -> String {
+        match (&self.real, era) {
+            (None, _) => era.to_string(),
+            (Some(_), OLD) => REAL_OLD.to_string(),
+            (Some(_), _) => REAL_NEW.to_string(),
+        }
+    }
+
+    /// The GVRs listed and created: the stand-in eras', or what real 1.36 binaries serve.
+    fn gvrs(&self) -> (&'static [Gvr; 10], &'static [Gvr; 3]) {
+        match self.real {
+            None => (&LISTS, &CREATES),
+            Some(_) => (&REAL_LISTS, &REAL_CREATES),
         }
     }
 
@@ -183,6 +206,38 @@ const LISTS: [Gvr; 10] = [
 const CREATES: [Gvr; 3] = [
     gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
     gvr("resource.k8s.io", "v1alpha3", "deviceclasses", "DeviceClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
+];
+
+/// Real binaries: the old era is a 1.36 kube-apiserver emulating 1.33 with its beta APIs on (as
+/// many 1.33 control planes run), the new one the binary's own version.
+pub const REAL_OLD: &str = "kube-apiserver@1.33:--runtime-config=api/beta=true";
+pub const REAL_NEW: &str = "kube-apiserver";
+
+/// [`LISTS`] for real 1.36 binaries (same positions: 8 and 9 are watched).
+const REAL_LISTS: [Gvr; 10] = [
+    gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1beta1", "resourceclaims", "ResourceClaim", true, Era::Old),
+    gvr("networking.k8s.io", "v1beta1", "ipaddresses", "IPAddress", false, Era::Old),
+    gvr("storage.k8s.io", "v1beta1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, Era::New),
+    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
+    gvr(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingadmissionpolicies",
+        "MutatingAdmissionPolicy",
+        false,
+        Era::New,
+    ),
+    gvr("storage.k8s.io", "v1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::New),
+    gvr("", "v1", "pods", "Pod", true, Era::Both),
+    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
+];
+
+const REAL_CREATES: [Gvr; 3] = [
+    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
+    gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
     gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
 ];
 
@@ -408,6 +463,8 @@ fn plan(seed: u64, n: usize) -> Vec<Op> {
 }
 
 struct Shared {
+    lists: &'static [Gvr; 10],
+    creates: &'static [Gvr; 3],
     client: reqwest::Client,
     base: String,
     epoch: Instant,
@@ -465,7 +522,7 @@ fn response_ok(status: Option<u16>) -> bool {
 async fn operation(s: Arc<Shared>, op: Op) {
     match op {
         Op::List(i) => {
-            let g = &LISTS[i];
+            let g = &s.lists[i];
             let url = format!("{}{}?limit=500", s.base, g.collection());
             let req = s.client.get(url).header("accept", "application/json");
             let r = send(&s, req, g.name(), "list", g.era, None).await;
@@ -477,7 +534,7 @@ async fn operation(s: Arc<Shared>, op: Op) {
             s.push(r);
         }
         Op::CreateRead(i, n) => {
-            let g = &CREATES[i];
+            let g = &s.creates[i];
             let name = format!("drill-{n}");
             let mut body = json!({"apiVersion": g.api_version(), "kind": g.kind, "metadata": {"name": name}});
             if g.namespaced {
@@ -509,7 +566,7 @@ async fn operation(s: Arc<Shared>, op: Op) {
 
 /// A long watch of configmaps or pods, re-established whenever it ends, until the load stops.
 async fn watch(s: Arc<Shared>, which: usize) {
-    let g = &LISTS[8 + which % 2];
+    let g = &s.lists[8 + which % 2];
     let mut round = 0u64;
     while !s.stop.load(Ordering::SeqCst) {
         let url = format!(
@@ -633,8 +690,10 @@ pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
         Mode::Skewgate => "skewgate",
     });
     let _ = std::fs::remove_dir_all(&dir);
-    let specs: Vec<(&str, &str)> = IDS.iter().map(|id| (*id, OLD)).collect();
+    let old = o.spec(OLD);
+    let specs: Vec<(&str, &str)> = IDS.iter().map(|id| (*id, old.as_str())).collect();
     let mut options = cluster::Options::ephemeral(&dir, &specs);
+    options.real = o.real.clone();
     options.sidecar = mode == Mode::Skewgate;
     options.plain_lb = mode == Mode::PlainLb;
     options.poll_period = Duration::from_secs(1);
@@ -648,7 +707,10 @@ pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
 
 async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &Timing) -> Result<Run> {
     let client = c.client(Credentials::AdminToken, Duration::from_secs(5))?;
+    let (lists, creates) = o.gvrs();
     let shared = Arc::new(Shared {
+        lists,
+        creates,
         client,
         base: c.envoy_url()?,
         epoch: Instant::now(),
@@ -714,7 +776,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         // Real apiservers stay unready for seconds after start (post-start hooks), which gives
         // the sidecar (1 s poll) time to route the new era's GVRs before Envoy sends it any
         // request (docs/known-issues.md #2).
-        c.boot_apiserver(id, NEW, timing.startup).await?;
+        c.boot_apiserver(id, &o.spec(NEW), timing.startup).await?;
         event(&mut events, now(), id, "boot", NEW);
         // Until Envoy sees it healthy and (skewgate) the table on disk has changed, noting when
         // each happened.
@@ -805,10 +867,17 @@ pub async fn drill(o: &Options) -> Result<Vec<Run>> {
 
 /// What the drill shows, for `latest.json`.
 pub fn results_json(o: &Options, runs: &[Run]) -> Value {
+    let apiservers = match &o.real {
+        None => json!({"stand-ins": {"old": OLD, "new": NEW}}),
+        Some(b) => {
+            json!({"kube-apiserver": b.version().unwrap_or_default(), "old": REAL_OLD, "new": REAL_NEW})
+        }
+    };
     json!({
         "rate": o.rate,
         "seed": o.seed,
         "quick": o.quick,
+        "apiservers": apiservers,
         "runs": runs,
     })
 }
