@@ -717,8 +717,11 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     })
 }
 
-/// etcd, then every apiserver at once (their start-up is CPU-bound: together they are ready
-/// sooner than one after another), each until its `/readyz` is ok, then the demo users' RBAC.
+/// etcd, then the first apiserver until its `/readyz` is ok, then the others at once, then the
+/// demo users' RBAC. The first start on an empty etcd initialises cluster-wide state (the
+/// service IP allocator): kube-apiservers started together on an empty etcd race for it and
+/// the losers exit ("another caller has already initialized the resource"), so the first one
+/// goes alone, as `kubeadm init` does before the other control-plane nodes join.
 async fn start_real(
     binaries: &real::Binaries,
     o: &Options,
@@ -730,10 +733,14 @@ async fn start_real(
     let mut control =
         ControlPlane::new(binaries, &out.join("real"), pki, admin_token, o.anonymous_auth, o.etcd_port)
             .await?;
-    for (spec, (port, _)) in o.apiservers.iter().zip(ports) {
+    for (i, (spec, (port, _))) in o.apiservers.iter().zip(ports).enumerate() {
         control.spawn(&spec.id, &real::Spec::parse(&spec.profile)?, *port)?;
+        if i == 0 {
+            let readiness = control.wait_ready(&spec.id, Duration::from_secs(120)).await?;
+            eprintln!("kube-apiserver {} ({}) /readyz: {readiness}", spec.id, spec.profile);
+        }
     }
-    for spec in &o.apiservers {
+    for spec in o.apiservers.iter().skip(1) {
         let readiness = control.wait_ready(&spec.id, Duration::from_secs(120)).await?;
         eprintln!("kube-apiserver {} ({}) /readyz: {readiness}", spec.id, spec.profile);
     }

@@ -323,7 +323,15 @@ impl Apiserver {
     /// SIGTERM (unless sent already) and wait for the exit.
     pub async fn stop(mut self) -> Result<()> {
         self.terminate()?;
-        self.process.wait(SHUTDOWN_DELAY + Duration::from_secs(60)).await
+        self.process.wait(SHUTDOWN_DELAY + Duration::from_secs(60)).await?;
+        let after = self.terminated.map(|t| t.elapsed()).unwrap_or_default();
+        eprintln!(
+            "kube-apiserver {} ({}) exited {:.1}s after SIGTERM",
+            self.id,
+            self.spec,
+            after.as_secs_f64()
+        );
+        Ok(())
     }
 
     /// SIGKILL: connections close at once, requests in flight get no answer.
