@@ -130,8 +130,8 @@ pub fn ready_line(c: &Cluster) -> Value {
     });
     if let Some(real) = &c.real {
         line["etcd"] = json!(real.etcd.url);
-        line["kubeApiserver"] = json!(real.version);
         line["specs"] = json!(real.specs());
+        line["versions"] = json!(real.versions());
     }
     if let Some(envoy) = &c.envoy {
         line["envoy"] = json!(format!("https://127.0.0.1:{}", envoy.settings.listen_port));

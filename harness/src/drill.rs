@@ -870,7 +870,7 @@ pub fn results_json(o: &Options, runs: &[Run]) -> Value {
     let apiservers = match &o.real {
         None => json!({"stand-ins": {"old": OLD, "new": NEW}}),
         Some(b) => {
-            json!({"kube-apiserver": b.version().unwrap_or_default(), "old": REAL_OLD, "new": REAL_NEW})
+            json!({"kube-apiserver": b.version().ok().flatten(), "old": REAL_OLD, "new": REAL_NEW})
         }
     };
     json!({

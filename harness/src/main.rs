@@ -38,11 +38,13 @@ enum Command {
         /// logs) go.
         #[arg(long, default_value = "skewgate-cluster")]
         out: PathBuf,
-        /// Your kube-apiserver binary: the ID=kube-apiserver… specs run it.
+        /// Your kube-apiserver binary: the ID=kube-apiserver… specs run it (specs that start with
+        /// a path run that binary instead).
         #[arg(long, requires = "etcd")]
         kube_apiserver: Option<PathBuf>,
-        /// Your etcd binary (3.4 or later): one member on loopback that every apiserver shares.
-        #[arg(long, requires = "kube_apiserver")]
+        /// Your etcd binary (3.4 or later): one member on loopback that every real apiserver
+        /// shares. Needed for real apiservers.
+        #[arg(long)]
         etcd: Option<PathBuf>,
         /// etcd's client port (real binaries); 0: any free port.
         #[arg(long, default_value_t = 0)]
@@ -124,8 +126,11 @@ Real kube-apiservers (rehearse an upgrade with your own binaries):
   skewgate-harness cluster --kube-apiserver /path/kube-apiserver --etcd /path/etcd \\
     --apiserver a=kube-apiserver@1.33 --apiserver b=kube-apiserver@1.33 --apiserver c=kube-apiserver
 
-  ID=kube-apiserver          the binary's own version
+  ID=kube-apiserver          the --kube-apiserver binary at its own version
   ID=kube-apiserver@1.33     with --emulated-version=1.33
+  ID=/opt/k8s/v1.33.5/kube-apiserver
+                             another binary (your old release next to the new one), same
+                             @VERSION and :--flag forms
   ID=kube-apiserver@1.33:--runtime-config=api/beta=true:--feature-gates=X=true
                              extra flags, each after a colon (they come after the launcher's, so
                              they override them; --secure-port, --etcd-servers, --etcd-prefix,
@@ -180,10 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 rogue: Default::default(),
                 anonymous_auth: true,
                 plain_lb: false,
-                real: match (&kube_apiserver, &etcd) {
-                    (Some(k), Some(e)) => Some(Binaries::new(k, e)?),
-                    _ => None,
-                },
+                real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
                 etcd_port,
             };
             let running = cluster::start(&options).await?;

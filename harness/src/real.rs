@@ -17,8 +17,9 @@ use serde_json::json;
 use crate::envoy::free_port;
 use crate::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 
-/// The word of an apiserver spec that names a real kube-apiserver:
-/// `ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]...`.
+/// The word of an apiserver spec that names the `--kube-apiserver` binary:
+/// `ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]...`; an absolute path instead names another
+/// binary (an operator's old and new releases side by side).
 pub const KUBE_APISERVER: &str = "kube-apiserver";
 /// Where `make drill` and `make e2e` pass the binaries' paths.
 pub const KUBE_APISERVER_ENV: &str = "SKEWGATE_KUBE_APISERVER";
@@ -57,22 +58,46 @@ const RESERVED_FLAGS: [&str; 7] = [
     "--tls-private-key-file",
 ];
 
-/// The two binaries, checked to exist.
+/// The binaries, checked to exist: etcd, and the kube-apiserver that `kube-apiserver` specs
+/// run (specs with a path run their own).
 #[derive(Debug, Clone)]
 pub struct Binaries {
-    pub kube_apiserver: PathBuf,
+    pub kube_apiserver: Option<PathBuf>,
     pub etcd: PathBuf,
 }
 
+fn check_binary(path: &Path, what: &str) -> Result<PathBuf> {
+    if !path.is_file() {
+        bail!("{what} {}: no such file (give the path of your own binary)", path.display());
+    }
+    path.canonicalize().with_context(|| format!("resolving {}", path.display()))
+}
+
+/// The first line of `kube-apiserver --version`, e.g. `Kubernetes v1.36.2`.
+pub fn version_of(kube_apiserver: &Path) -> Result<String> {
+    let out = Command::new(kube_apiserver)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", kube_apiserver.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_string())
+}
+
+/// Whether this kube-apiserver has `flag` (e.g. `--requestheader-uid-headers`, 1.32+).
+fn has_flag(kube_apiserver: &Path, flag: &str) -> Result<bool> {
+    let out = Command::new(kube_apiserver)
+        .arg("--help")
+        .output()
+        .with_context(|| format!("running {} --help", kube_apiserver.display()))?;
+    let text = [out.stdout, out.stderr].concat();
+    Ok(String::from_utf8_lossy(&text).split_whitespace().any(|w| w == flag))
+}
+
 impl Binaries {
-    pub fn new(kube_apiserver: &Path, etcd: &Path) -> Result<Self> {
-        let check = |path: &Path, what: &str| -> Result<PathBuf> {
-            if !path.is_file() {
-                bail!("{what} {}: no such file (give the path of your own binary)", path.display());
-            }
-            path.canonicalize().with_context(|| format!("resolving {}", path.display()))
-        };
-        Ok(Self { kube_apiserver: check(kube_apiserver, "kube-apiserver")?, etcd: check(etcd, "etcd")? })
+    pub fn new(kube_apiserver: Option<&Path>, etcd: &Path) -> Result<Self> {
+        Ok(Self {
+            kube_apiserver: kube_apiserver.map(|k| check_binary(k, "kube-apiserver")).transpose()?,
+            etcd: check_binary(etcd, "etcd")?,
+        })
     }
 
     /// `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`: both, or neither (stand-ins).
@@ -80,35 +105,27 @@ impl Binaries {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         match (var(KUBE_APISERVER_ENV), var(ETCD_ENV)) {
             (None, None) => Ok(None),
-            (Some(k), Some(e)) => Ok(Some(Self::new(&k, &e)?)),
+            (Some(k), Some(e)) => Ok(Some(Self::new(Some(&k), &e)?)),
             _ => {
                 bail!("set both {KUBE_APISERVER_ENV} and {ETCD_ENV} (real binaries), or neither (stand-ins)")
             }
         }
     }
 
-    /// The first line of `kube-apiserver --version`, e.g. `Kubernetes v1.36.2`.
-    pub fn version(&self) -> Result<String> {
-        let out = Command::new(&self.kube_apiserver).arg("--version").output()?;
-        Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_string())
-    }
-
-    /// Whether this kube-apiserver has `flag` (e.g. `--requestheader-uid-headers`, 1.32+).
-    fn has_flag(&self, flag: &str) -> Result<bool> {
-        let out = Command::new(&self.kube_apiserver)
-            .arg("--help")
-            .output()
-            .with_context(|| format!("running {} --help", self.kube_apiserver.display()))?;
-        let text = [out.stdout, out.stderr].concat();
-        Ok(String::from_utf8_lossy(&text).split_whitespace().any(|w| w == flag))
+    /// `--version` of the `--kube-apiserver` binary, when there is one.
+    pub fn version(&self) -> Result<Option<String>> {
+        self.kube_apiserver.as_deref().map(version_of).transpose()
     }
 }
 
-/// How to run one real kube-apiserver: `kube-apiserver` (the binary's own version),
-/// `kube-apiserver@1.33` (`--emulated-version=1.33`), each extra flag after a colon:
-/// `kube-apiserver@1.33:--runtime-config=api/beta=true:--feature-gates=A=true`.
+/// How to run one real kube-apiserver: `kube-apiserver` (the `--kube-apiserver` binary at its
+/// own version), `kube-apiserver@1.33` (`--emulated-version=1.33`), each extra flag after a colon:
+/// `kube-apiserver@1.33:--runtime-config=api/beta=true:--feature-gates=A=true`. An absolute path
+/// in place of `kube-apiserver` runs that binary: `/opt/k8s/v1.33.5/kube-apiserver`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
+    /// `None`: the `--kube-apiserver` binary.
+    pub binary: Option<PathBuf>,
     pub emulated: Option<String>,
     pub flags: Vec<String>,
 }
@@ -116,16 +133,27 @@ pub struct Spec {
 impl Spec {
     /// Whether an apiserver spec names a real kube-apiserver (rather than a stand-in profile).
     pub fn is_real(spec: &str) -> bool {
-        spec.strip_prefix(KUBE_APISERVER).is_some_and(|rest| rest.is_empty() || rest.starts_with(['@', ':']))
+        spec.starts_with('/')
+            || spec
+                .strip_prefix(KUBE_APISERVER)
+                .is_some_and(|rest| rest.is_empty() || rest.starts_with(['@', ':']))
     }
 
     pub fn parse(spec: &str) -> Result<Self> {
-        let usage = "expected kube-apiserver[@MAJOR.MINOR][:--flag=value]..., e.g. \
+        let usage = "expected kube-apiserver[@MAJOR.MINOR][:--flag=value]... or \
+                     /PATH/TO/kube-apiserver[@MAJOR.MINOR][:--flag=value]..., e.g. \
                      kube-apiserver@1.33:--runtime-config=api/beta=true";
-        let rest = spec
-            .strip_prefix(KUBE_APISERVER)
-            .filter(|_| Self::is_real(spec))
-            .with_context(|| format!("{spec:?}: {usage}"))?;
+        if !Self::is_real(spec) {
+            bail!("{spec:?}: {usage}");
+        }
+        let (binary, rest) = match spec.strip_prefix(KUBE_APISERVER) {
+            Some(rest) if !spec.starts_with('/') => (None, rest),
+            _ => {
+                let end =
+                    [spec.find('@'), spec.find(":--")].into_iter().flatten().min().unwrap_or(spec.len());
+                (Some(PathBuf::from(&spec[..end])), &spec[end..])
+            }
+        };
         let mut parts = rest.split(":--");
         let head = parts.next().unwrap_or_default();
         let emulated = match head {
@@ -153,7 +181,7 @@ impl Spec {
             }
             flags.push(flag);
         }
-        Ok(Self { emulated, flags })
+        Ok(Self { binary, emulated, flags })
     }
 
     /// The flags this spec adds to the common ones.
@@ -168,7 +196,10 @@ impl Spec {
 
 impl fmt::Display for Spec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(KUBE_APISERVER)?;
+        match &self.binary {
+            Some(path) => write!(f, "{}", path.display())?,
+            None => f.write_str(KUBE_APISERVER)?,
+        }
         if let Some(v) = &self.emulated {
             write!(f, "@{v}")?;
         }
@@ -299,6 +330,8 @@ pub struct Apiserver {
     pub id: String,
     pub addr: SocketAddr,
     pub spec: Spec,
+    /// Its binary's `--version`.
+    pub version: String,
     pub started: Instant,
     process: Process,
     /// When it got SIGTERM (it then fails `/readyz` and serves for `--shutdown-delay-duration`).
@@ -370,8 +403,6 @@ impl fmt::Display for Readiness {
 /// etcd and the real apiservers of one cluster, and what is needed to start them again.
 pub struct ControlPlane {
     pub binaries: Binaries,
-    /// `kube-apiserver --version`.
-    pub version: String,
     pub etcd: Etcd,
     /// The running apiservers, in the order they were configured.
     pub apiservers: Vec<Apiserver>,
@@ -379,6 +410,8 @@ pub struct ControlPlane {
     addresses: Vec<(String, SocketAddr)>,
     /// Flags every apiserver gets (the spec's come after them, so they may override).
     common: Vec<String>,
+    /// Per binary: its `--version`, and whether it has `--requestheader-uid-headers` (1.32+).
+    probed: BTreeMap<PathBuf, (String, bool)>,
     dir: PathBuf,
     /// Trusts the peer CA, sends the admin token: for `/readyz` and the RBAC setup.
     admin: reqwest::Client,
@@ -396,13 +429,11 @@ impl ControlPlane {
         etcd_port: u16,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir)?;
-        let version = binaries.version()?;
-        let uid_headers = binaries.has_flag("--requestheader-uid-headers")?;
         let tokens = dir.join("tokens.csv");
         std::fs::write(&tokens, format!("{admin_token},admin,admin,\"system:masters\"\n"))?;
         let etcd = Etcd::start(&binaries.etcd, dir, etcd_port).await?;
         let p = |path: &Path| path.display().to_string();
-        let mut common = vec![
+        let common = vec![
             format!("--etcd-servers={}", etcd.url),
             format!("--etcd-prefix={ETCD_PREFIX}"),
             "--bind-address=127.0.0.1".into(),
@@ -424,9 +455,6 @@ impl ControlPlane {
             format!("--anonymous-auth={anonymous_auth}"),
             format!("--shutdown-delay-duration={}s", SHUTDOWN_DELAY.as_secs()),
         ];
-        if uid_headers {
-            common.push("--requestheader-uid-headers=X-Remote-Uid".into());
-        }
         let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.peer_ca.cert_path)?)?;
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {admin_token}").parse()?);
@@ -440,11 +468,11 @@ impl ControlPlane {
             .build()?;
         Ok(Self {
             binaries: binaries.clone(),
-            version,
             etcd,
             apiservers: Vec::new(),
             addresses: Vec::new(),
             common,
+            probed: BTreeMap::new(),
             dir: dir.to_path_buf(),
             admin,
         })
@@ -491,11 +519,30 @@ impl ControlPlane {
                 addr
             }
         };
+        let binary = match (&spec.binary, &self.binaries.kube_apiserver) {
+            (Some(path), _) => check_binary(path, "kube-apiserver")?,
+            (None, Some(path)) => path.clone(),
+            (None, None) => {
+                bail!("{id}={spec}: which kube-apiserver? Give --kube-apiserver PATH or a path in the spec")
+            }
+        };
+        let (version, uid_headers) = match self.probed.get(&binary) {
+            Some(probe) => probe.clone(),
+            None => {
+                let probe = (version_of(&binary)?, has_flag(&binary, "--requestheader-uid-headers")?);
+                self.probed.insert(binary.clone(), probe.clone());
+                probe
+            }
+        };
         let dir = self.dir.join(id);
         std::fs::create_dir_all(&dir)?;
-        let mut command = Command::new(&self.binaries.kube_apiserver);
+        let mut command = Command::new(&binary);
+        command.args(&self.common);
+        // Only the versions that have the flag (1.32+): an older one refuses to start with it.
+        if uid_headers {
+            command.arg("--requestheader-uid-headers=X-Remote-Uid");
+        }
         command
-            .args(&self.common)
             .arg(format!("--secure-port={}", addr.port()))
             .arg(format!("--cert-dir={}", dir.join("certs").display()))
             .args(spec.args());
@@ -504,6 +551,7 @@ impl ControlPlane {
             id: id.to_string(),
             addr,
             spec: spec.clone(),
+            version,
             started: Instant::now(),
             process,
             terminated: None,
@@ -579,6 +627,11 @@ impl ControlPlane {
         self.apiservers.iter().map(|a| (a.id.clone(), a.spec.to_string())).collect()
     }
 
+    /// Each running apiserver's binary version: id → `Kubernetes v1.36.2`.
+    pub fn versions(&self) -> BTreeMap<String, String> {
+        self.apiservers.iter().map(|a| (a.id.clone(), a.version.clone())).collect()
+    }
+
     /// Every apiserver (SIGTERM to all first: their shutdown delays run side by side), then etcd.
     pub async fn shutdown(mut self) -> Result<()> {
         for a in &mut self.apiservers {
@@ -612,6 +665,7 @@ mod tests {
             ),
         ] {
             let spec = Spec::parse(text).unwrap();
+            assert_eq!(spec.binary, None, "{text}");
             assert_eq!(spec.emulated.as_deref(), emulated, "{text}");
             assert_eq!(spec.flags, flags, "{text}");
             assert_eq!(spec.to_string(), text);
@@ -621,6 +675,28 @@ mod tests {
             Spec::parse("kube-apiserver@1.33:--runtime-config=api/beta=true").unwrap().args(),
             ["--emulated-version=1.33", "--runtime-config=api/beta=true"]
         );
+    }
+
+    #[test]
+    fn a_spec_can_name_its_own_binary() {
+        for (text, binary, emulated, flags) in [
+            ("/opt/k8s/v1.33.5/kube-apiserver", "/opt/k8s/v1.33.5/kube-apiserver", None, vec![]),
+            ("/opt/old/kas@1.32", "/opt/old/kas", Some("1.32"), vec![]),
+            ("/opt/old/kas:--v=2", "/opt/old/kas", None, vec!["--v=2"]),
+            (
+                "/opt/k8s/kube-apiserver@1.33:--runtime-config=api/beta=true",
+                "/opt/k8s/kube-apiserver",
+                Some("1.33"),
+                vec!["--runtime-config=api/beta=true"],
+            ),
+        ] {
+            let spec = Spec::parse(text).unwrap();
+            assert_eq!(spec.binary.as_deref(), Some(Path::new(binary)), "{text}");
+            assert_eq!(spec.emulated.as_deref(), emulated, "{text}");
+            assert_eq!(spec.flags, flags, "{text}");
+            assert_eq!(spec.to_string(), text);
+            assert!(Spec::is_real(text));
+        }
     }
 
     #[test]

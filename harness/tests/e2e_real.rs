@@ -113,7 +113,7 @@ async fn finish(c: Cluster, row: &mut Row) -> Result<()> {
         })
         .collect();
     ensure!(trouble.is_empty(), "wasm VM trouble: {trouble:?}");
-    let version = c.real.as_ref().map(|r| r.version.clone()).unwrap_or_default();
+    let version = c.real.as_ref().and_then(|r| r.versions().into_values().next()).unwrap_or_default();
     row.figure(version);
     let out = c.out.clone();
     c.shutdown().await?;

@@ -47,7 +47,7 @@ fn main() -> Result<()> {
         o.seed = seed;
     }
     o.real = match (kube_apiserver, etcd) {
-        (Some(k), Some(e)) => Some(Binaries::new(&k, &e)?),
+        (Some(k), Some(e)) => Some(Binaries::new(Some(&k), &e)?),
         (None, None) => Binaries::from_env()?,
         _ => bail!("--kube-apiserver and --etcd go together; {USAGE}"),
     };
