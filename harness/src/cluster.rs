@@ -74,8 +74,6 @@ pub struct Options {
     /// The sidecar's /healthz, /readyz, /metrics.
     pub sidecar_port: u16,
     pub poll_period: Duration,
-    /// How long a failing apiserver's last good discovery still counts; `None`: five poll periods.
-    pub grace_period: Option<Duration>,
     /// Stand-ins (by id) whose serving certificate comes from the rogue CA, which neither Envoy
     /// nor the sidecar trusts: they must never be used.
     pub rogue: BTreeSet<String>,
@@ -110,7 +108,6 @@ impl Options {
             sidecar: true,
             sidecar_port: 0,
             poll_period: Duration::from_secs(1),
-            grace_period: None,
             rogue: BTreeSet::new(),
             anonymous_auth: true,
             plain_lb: false,
@@ -352,10 +349,12 @@ impl Cluster {
         self.start_with(id, profile, serving, None).await
     }
 
-    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts: it serves at once
-    /// (discovery included) while `/readyz` fails for `startup` (its post-start hooks). A real
-    /// apiserver is spawned and this returns at once: its own start-up is the real one, and
-    /// `startup` does not apply.
+    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts, ready `startup`
+    /// from now ([`standin::Startup::like_kube_apiserver`]): connections refused at first, then
+    /// 403 for all but `system:masters` (RBAC not synced), then discovery and everything else
+    /// served while `/readyz` still fails (post-start hooks).
+    /// A real apiserver is spawned and this returns at once: its own start-up is the real one,
+    /// and `startup` does not apply.
     pub async fn boot_apiserver(&mut self, id: &str, profile: &str, startup: Duration) -> Result<()> {
         if let Some(real) = &mut self.real {
             return real.spawn(id, &real::Spec::parse(profile)?, 0);
@@ -388,10 +387,9 @@ impl Cluster {
         options.serving = serving;
         let standin = match startup {
             None => standin::serve(options, self.store.clone()).await?,
-            Some(delay) => {
-                let standin = standin::serve_unready(options, self.store.clone()).await?;
-                standin.ready_after(delay);
-                standin
+            Some(ready_after) => {
+                let startup = standin::Startup::like_kube_apiserver(ready_after);
+                standin::serve_booting(options, self.store.clone(), startup).await?
             }
         };
         self.plaintext.push(standin.plaintext_attempts.clone());
@@ -788,7 +786,6 @@ fn sidecar_config(
             "adminUrl": format!("http://127.0.0.1:{admin_port}"),
         },
         "pollPeriod": ms(o.poll_period.as_millis() as u64),
-        "gracePeriod": ms(o.grace_period.unwrap_or(o.poll_period * 5).as_millis() as u64),
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
         "listen": format!("127.0.0.1:{}", o.sidecar_port),
     }))

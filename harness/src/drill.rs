@@ -3,6 +3,9 @@
 //! booted with the new profile and unready for a few seconds, next) under a fixed-rate client
 //! load through Envoy — once with Envoy as a plain load balancer, once with skewgate (filter +
 //! sidecar). Every request is recorded and classified; the binary `drill` writes the results.
+//! The leave-and-return variant ([`Variant::LeaveAndReturn`]) instead takes the only 1.36-era
+//! apiserver of a skewed cluster away for longer than the sidecar's old grace period and brings
+//! it back.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +32,7 @@ const DISCOVERY_ACCEPT: &str =
 pub enum Mode {
     /// `envoy-config/plain-lb.yaml`: no filter, no sidecar, a static pool of the three.
     PlainLb,
-    /// The skewgate filter and `skewgate sync` (1 s poll).
+    /// The skewgate filter and `skewgate sync` (`Options::poll`).
     Skewgate,
 }
 
@@ -42,6 +45,33 @@ impl Mode {
     }
 }
 
+/// What happens to the apiservers under load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Variant {
+    /// a, b, c at 1.33, upgraded to 1.36 one at a time.
+    Upgrade,
+    /// a, b at 1.33 and c at 1.36 (the only server of the 1.36 era's APIs); c is drained and
+    /// stopped, stays away past the sidecar's old grace period, and comes back as it was.
+    LeaveAndReturn,
+}
+
+impl Variant {
+    /// File names and the README.
+    pub fn key(self) -> &'static str {
+        match self {
+            Variant::Upgrade => "upgrade",
+            Variant::LeaveAndReturn => "leave-and-return",
+        }
+    }
+
+    fn profiles(self) -> [(&'static str, &'static str); 3] {
+        match self {
+            Variant::Upgrade => [("a", OLD), ("b", OLD), ("c", OLD)],
+            Variant::LeaveAndReturn => [("a", OLD), ("b", OLD), ("c", NEW)],
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     pub quick: bool,
@@ -50,8 +80,18 @@ pub struct Options {
     pub seed: u64,
     /// Where the clusters' files go (removed afterwards).
     pub work: PathBuf,
+    /// How long a booted apiserver serves while its `/readyz` still fails (zero: ready the
+    /// instant it starts; a real kube-apiserver's post-start hooks take 2–4 s).
+    pub ready_delay: Duration,
+    /// The sidecar's poll period (5 s is the production default).
+    pub poll: Duration,
+    pub variant: Variant,
+    /// Leave-and-return: how long the apiserver stays away (`None`: past the grace period the
+    /// sidecar used to have — five poll periods in the harness, 30 s by default — by 5 s, or by
+    /// 1 s with `quick`).
+    pub away: Option<Duration>,
     /// Real kube-apiserver and etcd binaries instead of stand-ins: the old era is
-    /// [`REAL_OLD`], the new one [`REAL_NEW`].
+    /// [`REAL_OLD`], the new one [`REAL_NEW`]; their own start-up replaces `ready_delay`.
     pub real: Option<real::Binaries>,
 }
 
@@ -62,6 +102,10 @@ impl Options {
             rate: if quick { 60 } else { 200 },
             seed: 42,
             work: crate::paths::workspace_root().join(format!("target/tmp/drill-{}", std::process::id())),
+            ready_delay: Duration::from_secs(3),
+            poll: Duration::from_secs(1),
+            variant: Variant::Upgrade,
+            away: None,
             real: None,
         }
     }
@@ -84,19 +128,25 @@ impl Options {
         }
     }
 
+    fn away(&self) -> Duration {
+        let old_grace = self.poll * 5;
+        self.away.unwrap_or(match self.quick {
+            true => old_grace + Duration::from_secs(1),
+            false => old_grace.max(Duration::from_secs(30)) + Duration::from_secs(5),
+        })
+    }
+
     fn timing(&self) -> Timing {
         match self.quick {
             false => Timing {
                 warmup: Duration::from_secs(3),
                 shutdown_delay: Duration::from_secs(2),
-                startup: Duration::from_secs(3),
                 pause: Duration::from_secs(3),
                 cooldown: Duration::from_secs(3),
             },
             true => Timing {
                 warmup: Duration::from_secs(1),
                 shutdown_delay: Duration::from_millis(500),
-                startup: Duration::from_secs(3),
                 pause: Duration::from_secs(1),
                 cooldown: Duration::from_secs(2),
             },
@@ -108,8 +158,6 @@ struct Timing {
     warmup: Duration,
     /// How long a drained apiserver keeps serving what still reaches it before it stops.
     shutdown_delay: Duration,
-    /// How long a booted apiserver serves while `/readyz` still fails.
-    startup: Duration,
     pause: Duration,
     cooldown: Duration,
 }
@@ -369,8 +417,9 @@ impl Request {
 pub struct Event {
     pub t: f64,
     pub apiserver: String,
-    /// `drain`, `stop`, `boot` (serving, unready), `healthy` (Envoy sends it requests), `table`
-    /// (skewgate: the sidecar wrote a new table after the drain).
+    /// `drain`, `stop`, `boot` (serving, unready unless the ready delay is zero), `healthy`
+    /// (Envoy sends it requests), `table` (skewgate: the sidecar wrote a new table
+    /// after the drain).
     pub what: &'static str,
     pub profile: String,
 }
@@ -380,6 +429,7 @@ pub struct Event {
 pub struct Run {
     pub mode: Mode,
     pub name: &'static str,
+    pub variant: Variant,
     pub requests: usize,
     pub counts: BTreeMap<String, usize>,
     pub unexpected_503: usize,
@@ -392,6 +442,9 @@ pub struct Run {
     pub p99_ms: f64,
     /// From the first drain to the last apiserver healthy again.
     pub upgrade_seconds: f64,
+    /// Per restart (or return): from the moment it served again (`boot`, or `ready` with a
+    /// ready delay) to Envoy sending it requests.
+    pub readmission_seconds: Vec<f64>,
     pub duration_seconds: f64,
     pub events: Vec<Event>,
     /// Errors per second by class: seconds → class → count.
@@ -625,11 +678,33 @@ struct Timeline {
     up: Vec<(String, String, f64, f64)>,
     /// (apiserver, old profile, new profile, drain started, healthy again).
     restarts: Vec<(String, String, String, f64, f64)>,
+    /// (apiserver, profile, from, until): away but still configured, and back with the same
+    /// profile: what it serves is "served, unavailable" meanwhile, never "not found".
+    away: Vec<(String, String, f64, f64)>,
 }
 
 impl Timeline {
+    /// Some apiserver served `era` from `from` to `to`: up the whole time, or up and away
+    /// (still configured) in turns.
     fn serving_throughout(&self, era: Era, from: f64, to: f64) -> bool {
-        self.up.iter().any(|(_, p, a, b)| era.served_by(p) && *a <= from && to <= *b)
+        let mut by_apiserver: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+        for (id, p, a, b) in self.up.iter().chain(&self.away) {
+            if era.served_by(p) {
+                by_apiserver.entry(id).or_default().push((*a, *b));
+            }
+        }
+        by_apiserver.into_values().any(|mut spans| {
+            spans.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let mut covered: Option<(f64, f64)> = None;
+            for (a, b) in spans {
+                covered = match covered {
+                    Some((start, end)) if a <= end => Some((start, end.max(b))),
+                    Some(done) if done.0 <= from && to <= done.1 => return true,
+                    _ => Some((a, b)),
+                };
+            }
+            covered.is_some_and(|(start, end)| start <= from && to <= end)
+        })
     }
 
     fn serving_at(&self, era: Era, at: f64) -> bool {
@@ -682,27 +757,144 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// One rolling upgrade under load through the given Envoy.
+/// One run of `o.variant` under load through the given Envoy.
 pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
     let timing = o.timing();
-    let dir = o.work.join(match mode {
-        Mode::PlainLb => "plain-lb",
-        Mode::Skewgate => "skewgate",
-    });
+    let dir = o.work.join(format!(
+        "{}-{}",
+        o.variant.key(),
+        match mode {
+            Mode::PlainLb => "plain-lb",
+            Mode::Skewgate => "skewgate",
+        }
+    ));
     let _ = std::fs::remove_dir_all(&dir);
-    let old = o.spec(OLD);
-    let specs: Vec<(&str, &str)> = IDS.iter().map(|id| (*id, old.as_str())).collect();
+    let specs: Vec<(&str, String)> =
+        o.variant.profiles().iter().map(|(id, era)| (*id, o.spec(era))).collect();
+    let specs: Vec<(&str, &str)> = specs.iter().map(|(id, spec)| (*id, spec.as_str())).collect();
     let mut options = cluster::Options::ephemeral(&dir, &specs);
     options.real = o.real.clone();
     options.sidecar = mode == Mode::Skewgate;
     options.plain_lb = mode == Mode::PlainLb;
-    options.poll_period = Duration::from_secs(1);
+    options.poll_period = o.poll;
     let mut c =
         cluster::start(&options).await.with_context(|| format!("starting the {} cluster", mode.name()))?;
     let result = upgrade_under_load(&mut c, mode, o, &timing).await;
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// The load's clock and the record of what happened to the apiservers.
+struct Phase {
+    mode: Mode,
+    epoch: Instant,
+    events: Vec<Event>,
+    timeline: Timeline,
+    /// Since when Envoy sends each apiserver requests, with its profile then.
+    up_since: BTreeMap<&'static str, (f64, &'static str)>,
+    readmissions: Vec<f64>,
+}
+
+impl Phase {
+    fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64()
+    }
+
+    fn event(&mut self, id: &str, what: &'static str, profile: &str) -> f64 {
+        let t = self.now();
+        eprintln!("drill [{}] {t:6.2}s {id} {what} ({profile})", self.mode.name());
+        self.events.push(Event { t, apiserver: id.into(), what, profile: profile.into() });
+        t
+    }
+
+    /// Drains `id` the way kube-apiserver's `--shutdown-delay-duration` does and stops it.
+    async fn drain_and_stop(&mut self, c: &mut Cluster, id: &'static str, timing: &Timing) -> Result<f64> {
+        let (since, profile) = self.up_since[id];
+        let drain = self.event(id, "drain", profile);
+        self.timeline.up.push((id.into(), profile.into(), since, drain));
+        c.drain_apiserver(id, Duration::from_secs(15)).await?;
+        // kube-apiserver's --shutdown-delay-duration: unready, still serving what reaches it.
+        tokio::time::sleep(timing.shutdown_delay).await;
+        self.event(id, "stop", profile);
+        c.stop_apiserver(id).await?;
+        Ok(drain)
+    }
+
+    /// Starts `id` with `profile`, serving at once and ready after `o.ready_delay`; returns when
+    /// Envoy sends it requests and (with `table_from`) the table on disk is no longer that
+    /// generation.
+    async fn boot(
+        &mut self,
+        c: &mut Cluster,
+        id: &'static str,
+        profile: &'static str,
+        o: &Options,
+        table_from: Option<String>,
+    ) -> Result<f64> {
+        let spec = o.spec(profile);
+        // A real kube-apiserver is spawned and goes through its own start-up.
+        match o.ready_delay.is_zero() && o.real.is_none() {
+            true => c.start_apiserver(id, &spec).await?,
+            false => c.boot_apiserver(id, &spec, o.ready_delay).await?,
+        }
+        let booted = self.event(id, "boot", profile);
+        let serving = match o.real {
+            None => booted + o.ready_delay.as_secs_f64(),
+            Some(_) => booted,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (mut healthy, mut followed) = (None, table_from.is_none().then_some(0.0));
+        while healthy.is_none() || followed.is_none() {
+            if Instant::now() > deadline {
+                anyhow::bail!("{id} not healthy with the table followed within 60 s");
+            }
+            if healthy.is_none() && c.envoy_sees_healthy(id).await? == Some(true) {
+                healthy = Some(self.event(id, "healthy", profile));
+            }
+            if let Some(generation) = &table_from {
+                if followed.is_none() && c.table_on_disk()?.generation() != generation {
+                    followed = Some(self.event(id, "table", profile));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let healthy = healthy.unwrap_or_default();
+        self.readmissions.push((healthy - serving).max(0.0));
+        self.up_since.insert(id, (healthy, profile));
+        Ok(healthy)
+    }
+}
+
+/// Every apiserver from 1.33 to 1.36, one at a time.
+async fn rolling_upgrade(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) -> Result<()> {
+    for id in IDS {
+        let generation = match p.mode {
+            Mode::Skewgate => Some(c.table_on_disk()?.generation().to_string()),
+            Mode::PlainLb => None,
+        };
+        let drain = p.drain_and_stop(c, id, timing).await?;
+        // With a ready delay, the sidecar usually has the new table live before Envoy's
+        // /readyz checks pass; without one, only its eligibility control keeps Envoy from
+        // sending the new apiserver requests for what it dropped.
+        let healthy = p.boot(c, id, NEW, o, generation).await?;
+        p.timeline.restarts.push((id.into(), OLD.into(), NEW.into(), drain, healthy));
+        tokio::time::sleep(timing.pause).await;
+    }
+    Ok(())
+}
+
+/// c, the only 1.36-era apiserver, away past the old grace period and back as it was.
+async fn leave_and_return(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) -> Result<()> {
+    let id = "c";
+    let profile = p.up_since[id].1;
+    let drain = p.drain_and_stop(c, id, timing).await?;
+    tokio::time::sleep(o.away()).await;
+    // Nothing changed about c: the table stays as it was.
+    let healthy = p.boot(c, id, profile, o, None).await?;
+    p.timeline.restarts.push((id.into(), profile.into(), profile.into(), drain, healthy));
+    p.timeline.away.push((id.into(), profile.into(), drain, healthy));
+    Ok(())
 }
 
 async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &Timing) -> Result<Run> {
@@ -751,55 +943,18 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     };
     let watchers: Vec<_> = (0..WATCHES).map(|i| tokio::spawn(watch(shared.clone(), i))).collect();
 
-    let now = || shared.epoch.elapsed().as_secs_f64();
-    let mut events = Vec::new();
-    let mut timeline = Timeline::default();
-    let mut up_since: BTreeMap<&str, f64> = IDS.iter().map(|id| (*id, f64::NEG_INFINITY)).collect();
-    tokio::time::sleep(timing.warmup).await;
-    let event = |events: &mut Vec<Event>, t: f64, id: &str, what, profile: &str| {
-        eprintln!("drill [{}] {t:6.2}s {id} {what} ({profile})", mode.name());
-        events.push(Event { t, apiserver: id.into(), what, profile: profile.into() });
+    let mut p = Phase {
+        mode,
+        epoch: shared.epoch,
+        events: Vec::new(),
+        timeline: Timeline::default(),
+        up_since: o.variant.profiles().into_iter().map(|(id, pr)| (id, (f64::NEG_INFINITY, pr))).collect(),
+        readmissions: Vec::new(),
     };
-    for id in IDS {
-        let generation = match mode {
-            Mode::Skewgate => c.table_on_disk()?.generation().to_string(),
-            Mode::PlainLb => String::new(),
-        };
-        let drain = now();
-        event(&mut events, drain, id, "drain", OLD);
-        timeline.up.push((id.into(), OLD.into(), up_since[id], drain));
-        c.drain_apiserver(id, Duration::from_secs(15)).await?;
-        // kube-apiserver's --shutdown-delay-duration: unready, still serving what reaches it.
-        tokio::time::sleep(timing.shutdown_delay).await;
-        event(&mut events, now(), id, "stop", OLD);
-        c.stop_apiserver(id).await?;
-        // Real apiservers stay unready for seconds after start (post-start hooks), which gives
-        // the sidecar (1 s poll) time to route the new era's GVRs before Envoy sends it any
-        // request (docs/known-issues.md #2).
-        c.boot_apiserver(id, &o.spec(NEW), timing.startup).await?;
-        event(&mut events, now(), id, "boot", NEW);
-        // Until Envoy sees it healthy and (skewgate) the table on disk has changed, noting when
-        // each happened.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let (mut healthy, mut followed) = (None, (mode == Mode::PlainLb).then_some(0.0));
-        while healthy.is_none() || followed.is_none() {
-            if Instant::now() > deadline {
-                anyhow::bail!("{id} not healthy with the table followed within 30 s");
-            }
-            if healthy.is_none() && c.envoy_sees_healthy(id).await? == Some(true) {
-                healthy = Some(now());
-                event(&mut events, now(), id, "healthy", NEW);
-            }
-            if followed.is_none() && c.table_on_disk()?.generation() != generation {
-                followed = Some(now());
-                event(&mut events, now(), id, "table", NEW);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let healthy = healthy.unwrap_or_default();
-        up_since.insert(id, healthy);
-        timeline.restarts.push((id.into(), OLD.into(), NEW.into(), drain, healthy));
-        tokio::time::sleep(timing.pause).await;
+    tokio::time::sleep(timing.warmup).await;
+    match o.variant {
+        Variant::Upgrade => rolling_upgrade(&mut p, c, o, timing).await?,
+        Variant::LeaveAndReturn => leave_and_return(&mut p, c, o, timing).await?,
     }
     tokio::time::sleep(timing.cooldown).await;
     shared.stop.store(true, Ordering::SeqCst);
@@ -808,9 +963,10 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         w.abort();
         let _ = w.await;
     }
-    let duration = now();
-    for id in IDS {
-        timeline.up.push((id.into(), NEW.into(), up_since[id], f64::INFINITY));
+    let duration = p.now();
+    let Phase { events, mut timeline, up_since, readmissions, .. } = p;
+    for (id, (since, profile)) in up_since {
+        timeline.up.push((id.into(), profile.into(), since, f64::INFINITY));
     }
 
     let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(PoisonError::into_inner));
@@ -839,6 +995,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     Ok(Run {
         mode,
         name: mode.name(),
+        variant: o.variant,
         requests: records.len(),
         counts,
         unexpected_503: records.iter().filter(|r| r.class == Class::Unavailable && !r.expected).count(),
@@ -848,6 +1005,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         p50_ms: percentile(&latencies, 0.50),
         p99_ms: percentile(&latencies, 0.99),
         upgrade_seconds: last_healthy - first_drain,
+        readmission_seconds: readmissions,
         duration_seconds: duration,
         events,
         errors_per_second,
@@ -867,19 +1025,55 @@ pub async fn drill(o: &Options) -> Result<Vec<Run>> {
 
 /// What the drill shows, for `latest.json`.
 pub fn results_json(o: &Options, runs: &[Run]) -> Value {
-    let apiservers = match &o.real {
-        None => json!({"stand-ins": {"old": OLD, "new": NEW}}),
-        Some(b) => {
-            json!({"kube-apiserver": b.version().ok().flatten(), "old": REAL_OLD, "new": REAL_NEW})
-        }
-    };
     json!({
+        "variant": o.variant,
         "rate": o.rate,
         "seed": o.seed,
         "quick": o.quick,
-        "apiservers": apiservers,
+        "readyDelaySeconds": o.ready_delay.as_secs_f64(),
+        "pollSeconds": o.poll.as_secs_f64(),
+        "awaySeconds": (o.variant == Variant::LeaveAndReturn).then(|| o.away().as_secs_f64()),
+        "apiservers": match &o.real {
+            None => json!({"stand-ins": {"old": OLD, "new": NEW}}),
+            Some(b) => json!({"kube-apiserver": b.version().ok().flatten(), "old": REAL_OLD, "new": REAL_NEW}),
+        },
         "runs": runs,
     })
+}
+
+/// What the run was, in one sentence for the README.
+pub fn settings(o: &Options) -> String {
+    let ready = match (&o.real, o.ready_delay.is_zero()) {
+        (Some(b), _) => format!(
+            "real {} ({REAL_OLD} → {REAL_NEW}), ready when their own start-up is done",
+            b.version().ok().flatten().unwrap_or_else(|| "kube-apiservers".into())
+        ),
+        (None, true) => "ready the instant they start".to_string(),
+        (None, false) => format!("ready {} s after they start", o.ready_delay.as_secs_f64()),
+    };
+    let what = match o.variant {
+        Variant::Upgrade => "three apiservers upgraded from 1.33 to 1.36 one at a time".to_string(),
+        Variant::LeaveAndReturn => format!(
+            "a and b at 1.33, c (the only 1.36 apiserver) drained, stopped for {:.0} s and back",
+            o.away().as_secs_f64()
+        ),
+    };
+    format!(
+        "{what}; apiservers {ready}; sidecar poll {} s; {} operations/s (seed {})",
+        o.poll.as_secs_f64(),
+        o.rate,
+        o.seed
+    )
+}
+
+/// Median and maximum, in seconds.
+fn median_max(values: &[f64]) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.last() {
+        Some(max) => format!("{:.2} / {:.2} s", percentile(&sorted, 0.5), max),
+        None => "-".into(),
+    }
 }
 
 /// The side-by-side table (markdown).
@@ -918,12 +1112,17 @@ pub fn markdown_table(runs: &[Run]) -> String {
     }
     row("watches established / cut mid-stream", &|r| format!("{} / {}", r.watches_established, r.watch_cuts));
     row("latency p50 / p99", &|r| format!("{:.1} / {:.1} ms", r.p50_ms, r.p99_ms));
-    row("upgrade duration (first drain → last healthy)", &|r| format!("{:.1} s", r.upgrade_seconds));
+    row("first drain → last healthy", &|r| format!("{:.1} s", r.upgrade_seconds));
+    row("serving again → Envoy sends it requests (median / max)", &|r| median_max(&r.readmission_seconds));
     md
 }
 
 /// Errors per second by class, one panel per run, restarts marked.
 pub fn timeline_svg(runs: &[Run]) -> String {
+    let title = match runs.first().map(|r| r.variant) {
+        Some(Variant::LeaveAndReturn) => "The only 1.36 apiserver away and back under load",
+        _ => "Rolling upgrade 1.33 → 1.36 under load",
+    };
     let (w, panel, left, right, top, gap) = (860.0, 220.0, 60.0, 200.0, 34.0, 50.0);
     let h = top + runs.len() as f64 * (panel + gap);
     let seconds = runs.iter().map(|r| r.duration_seconds).fold(1.0, f64::max).ceil();
@@ -935,7 +1134,7 @@ pub fn timeline_svg(runs: &[Run]) -> String {
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
          <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
-         <text x=\"{left}\" y=\"20\" font-size=\"14\">Rolling upgrade 1.33 → 1.36 under load: client errors per second</text>\n"
+         <text x=\"{left}\" y=\"20\" font-size=\"14\">{title}: client errors per second</text>\n"
     );
     for (i, run) in runs.iter().enumerate() {
         let y0 = top + i as f64 * (panel + gap) + 20.0;
@@ -1014,19 +1213,62 @@ pub fn timeline_svg(runs: &[Run]) -> String {
 pub const README_BEGIN: &str = "<!-- drill:begin (generated by `make drill`) -->";
 pub const README_END: &str = "<!-- drill:end -->";
 
-/// Replaces the section between the markers of `readme` with the table and the plot.
-pub fn update_readme(readme: &Path, o: &Options, runs: &[Run]) -> Result<()> {
+/// The plot of `variant` under `drill/results/`.
+pub fn timeline_file(variant: Variant) -> String {
+    match variant {
+        Variant::Upgrade => "timeline.svg".into(),
+        other => format!("timeline-{}.svg", other.key()),
+    }
+}
+
+/// `variant`'s part of the README's drill section: settings, table, plot.
+pub fn readme_part(o: &Options, runs: &[Run]) -> String {
+    let title = match o.variant {
+        Variant::Upgrade => "Rolling upgrade",
+        Variant::LeaveAndReturn => "Leave and return",
+    };
+    format!(
+        "**{title}** (`make drill DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
+        args(o),
+        settings(o),
+        markdown_table(runs),
+        match o.real {
+            None => timeline_file(o.variant),
+            Some(_) => format!("real-{}", timeline_file(o.variant)),
+        }
+    )
+}
+
+/// The drill arguments that reproduce `o`.
+fn args(o: &Options) -> String {
+    let mut args = match o.real {
+        None => vec![format!("--ready-delay {}", o.ready_delay.as_secs_f64())],
+        Some(_) => vec!["--kube-apiserver PATH --etcd PATH".to_string()],
+    };
+    args.push(format!("--poll {}", o.poll.as_secs_f64()));
+    if o.variant == Variant::LeaveAndReturn {
+        args.push("--leave-and-return".into());
+    }
+    if o.rate != Options::new(false).rate {
+        args.push(format!("--rate {}", o.rate));
+    }
+    args.join(" ")
+}
+
+/// Replaces the section between the markers of `readme` with every variant's part found in
+/// `results` (`<variant>.md`), so that each run keeps the other's table.
+pub fn update_readme(readme: &Path, results: &Path) -> Result<()> {
     let text = std::fs::read_to_string(readme)?;
     let (Some(start), Some(end)) = (text.find(README_BEGIN), text.find(README_END)) else {
         anyhow::bail!("{} lacks the {README_BEGIN} … {README_END} markers", readme.display());
     };
-    let section = format!(
-        "{README_BEGIN}\n{} operations/s (seed {}), three apiservers upgraded one at a time:\n\n{}\n\
-         ![Client errors per second during the rolling upgrade](drill/results/timeline.svg)\n{README_END}",
-        o.rate,
-        o.seed,
-        markdown_table(runs)
-    );
+    let mut parts = Vec::new();
+    for variant in [Variant::Upgrade, Variant::LeaveAndReturn] {
+        if let Ok(part) = std::fs::read_to_string(results.join(format!("{}.md", variant.key()))) {
+            parts.push(part);
+        }
+    }
+    let section = format!("{README_BEGIN}\n{}{README_END}", parts.join("\n"));
     std::fs::write(readme, format!("{}{section}{}", &text[..start], &text[end + README_END.len()..]))?;
     Ok(())
 }

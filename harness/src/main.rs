@@ -28,9 +28,11 @@ enum Command {
     /// ready; runs until SIGINT or SIGTERM.
     #[command(after_help = CLUSTER_HELP)]
     Cluster {
-        /// ID=PROFILE[:disable=GROUP/VERSION,...] (a stand-in), e.g. a=1.33 or
-        /// c=1.36:disable=resource.k8s.io/v1beta1; or ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]...
-        /// (a real kube-apiserver, needs --kube-apiserver and --etcd), e.g. a=kube-apiserver@1.33
+        /// ID=PROFILE[:disable=GROUP/VERSION,...] (a stand-in), e.g. a=1.33,
+        /// c=1.36:disable=resource.k8s.io/v1beta1 or b=1.36-real (the documents a real
+        /// kube-apiserver v1.36.2 served, as captured); or
+        /// ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]... (a real kube-apiserver, needs --etcd
+        /// and --kube-apiserver or a path in place of `kube-apiserver`), e.g. a=kube-apiserver@1.33
         /// or c=kube-apiserver. All of one kind.
         #[arg(long = "apiserver", required = true)]
         apiservers: Vec<ApiserverSpec>,
@@ -100,7 +102,8 @@ enum Command {
         /// A DNS label; it names the apiserver in x-skewgate-served-by and in the routing table.
         #[arg(long)]
         id: String,
-        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36.
+        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36; or 1.33-real / 1.36-real, every
+        /// document a real kube-apiserver v1.36.2 served (emulating 1.33 with betas on, or native).
         #[arg(long)]
         profile: String,
         #[arg(long, default_value = "127.0.0.1:7001")]
@@ -181,7 +184,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 sidecar: !no_sidecar,
                 sidecar_port,
                 poll_period: std::time::Duration::from_millis(poll_ms),
-                grace_period: None,
                 rogue: Default::default(),
                 anonymous_auth: true,
                 plain_lb: false,

@@ -23,8 +23,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:9090";
 
 /// Every key, with its default where it has one. Relative paths are relative to the file.
 pub const EXAMPLE_TOML: &str = r#"# skewgate sync configuration
-pollPeriod = "5s"                      # how often every apiserver's discovery is fetched
-gracePeriod = "30s"                    # a failing apiserver's last good documents count this long
+pollPeriod = "5s"                      # how often every apiserver's discovery is fetched in full
+probePeriod = "250ms"                  # how often each one's /readyz and discovery ETags are checked
 serverName = "kubernetes.default.svc"  # SNI and the DNS name required in serving certificates
 listen = "127.0.0.1:9090"              # /healthz, /readyz, /metrics
 
@@ -75,13 +75,21 @@ pub struct SyncConfig {
     pub identity: Identity,
     pub envoy: EnvoyOutput,
     pub poll_period: Duration,
-    /// How long an apiserver that stopped answering keeps its last good documents.
-    pub grace_period: Duration,
+    /// How often each apiserver is probed (`/readyz`, and `/api` + `/apis` with `If-None-Match`):
+    /// the bound on how long a change goes unseen and on how long a returning apiserver waits.
+    pub probe_period: Duration,
     pub limits: Limits,
     pub health: Health,
     /// The sidecar's own `/healthz`, `/readyz`, `/metrics`.
     pub listen: SocketAddr,
+    /// Keys that are accepted but do nothing any more, with what to do instead; logged at start.
+    pub deprecations: Vec<FieldError>,
 }
+
+/// Why `gracePeriod` is ignored.
+pub const GRACE_PERIOD_DEPRECATED: &str = "no longer used (remove it): an apiserver that stops \
+    answering keeps its last good discovery in the table, its GVRs answering 503 rather than 404, \
+    until it answers discovery without them or leaves `apiservers`";
 
 /// Absolute paths: Envoy reads the same files, from its own working directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,6 +188,8 @@ pub struct Overrides {
     pub wasm: Option<PathBuf>,
     pub admin_url: Option<String>,
     pub poll_period: Option<String>,
+    pub probe_period: Option<String>,
+    /// Deprecated: accepted and reported, like the key.
     pub grace_period: Option<String>,
     pub listen: Option<String>,
 }
@@ -207,9 +217,12 @@ impl Overrides {
         if let Some(url) = &self.admin_url {
             set_envoy("adminUrl", Value::String(url.clone()));
         }
-        for (key, value) in
-            [("pollPeriod", &self.poll_period), ("gracePeriod", &self.grace_period), ("listen", &self.listen)]
-        {
+        for (key, value) in [
+            ("pollPeriod", &self.poll_period),
+            ("probePeriod", &self.probe_period),
+            ("gracePeriod", &self.grace_period),
+            ("listen", &self.listen),
+        ] {
             if let Some(value) = value {
                 root.insert(key.to_owned(), Value::String(value.clone()));
             }
@@ -285,6 +298,7 @@ const TOP_KEYS: &[&str] = &[
     "identity",
     "envoy",
     "pollPeriod",
+    "probePeriod",
     "gracePeriod",
     "limits",
     "health",
@@ -309,8 +323,15 @@ impl Reader {
         let identity = self.identity(root.get("identity"));
         let envoy = self.envoy(root.get("envoy"));
         let poll_period = self.duration(root.get("pollPeriod"), "pollPeriod", Duration::from_secs(5), false);
-        let grace_period =
-            self.duration(root.get("gracePeriod"), "gracePeriod", Duration::from_secs(30), true);
+        let probe_period =
+            self.duration(root.get("probePeriod"), "probePeriod", Duration::from_millis(250), false);
+        let mut deprecations = Vec::new();
+        if root.contains_key("gracePeriod") {
+            // Still checked, so that a typo in a file that has it is reported as before.
+            self.duration(root.get("gracePeriod"), "gracePeriod", Duration::ZERO, true);
+            deprecations
+                .push(FieldError { field: "gracePeriod".into(), reason: GRACE_PERIOD_DEPRECATED.into() });
+        }
         let limits = self.limits(root.get("limits"));
         let health = self.health(root.get("health"));
         let listen = self.string(root.get("listen"), "listen").unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
@@ -328,10 +349,11 @@ impl Reader {
             identity: identity?,
             envoy: envoy?,
             poll_period,
-            grace_period,
+            probe_period,
             limits,
             health,
             listen: listen?,
+            deprecations,
         })
     }
 
@@ -667,7 +689,8 @@ mod tests {
         );
         assert_eq!(c.listen, "127.0.0.1:9090".parse().unwrap());
         assert_eq!(c.poll_period, Duration::from_secs(5));
-        assert_eq!(c.grace_period, Duration::from_secs(30));
+        assert_eq!(c.probe_period, Duration::from_millis(250));
+        assert!(c.deprecations.is_empty());
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.health, Health::default());
         assert_eq!(c.envoy.admin_url, None);
@@ -684,7 +707,7 @@ mod tests {
         let extra = json!({
             "serverName": "apiserver.internal",
             "identity": {"user": "skewgate", "groups": ["system:authenticated", "skewgate:sidecars"]},
-            "pollPeriod": "500ms", "gracePeriod": "0s", "listen": "0.0.0.0:9191",
+            "pollPeriod": "500ms", "probePeriod": "100ms", "listen": "0.0.0.0:9191",
             "limits": {"requestTimeout": "2s", "maxBodyBytes": 4096},
             "health": {"interval": "1s", "timeout": "250ms", "connectTimeout": "300ms"}
         });
@@ -698,7 +721,7 @@ mod tests {
         assert_eq!(c.server_name, "apiserver.internal");
         assert_eq!(c.identity.groups.len(), 2);
         assert_eq!(c.poll_period, Duration::from_millis(500));
-        assert_eq!(c.grace_period, Duration::ZERO);
+        assert_eq!(c.probe_period, Duration::from_millis(100));
         assert_eq!(c.limits, Limits { request_timeout: Duration::from_secs(2), max_body_bytes: 4096 });
         assert_eq!(c.health, Health { interval_ms: 1000, timeout_ms: 250, connect_timeout_ms: 300 });
         assert_eq!(c.envoy.admin_url.as_deref(), Some("http://127.0.0.1:9901"));
@@ -739,6 +762,7 @@ mod tests {
             ("pollPeriod", |d| d["pollPeriod"] = json!("5")),
             ("pollPeriod", |d| d["pollPeriod"] = json!("0ms")),
             ("gracePeriod", |d| d["gracePeriod"] = json!(30)),
+            ("probePeriod", |d| d["probePeriod"] = json!("0s")),
             ("limits.requestTimeout", |d| d["limits"] = json!({"requestTimeout": "1w"})),
             ("limits.maxBodyBytes", |d| d["limits"] = json!({"maxBodyBytes": -1})),
             ("health.interval", |d| d["health"] = json!({"interval": "0s"})),
@@ -832,6 +856,12 @@ mod tests {
         assert_eq!(c.envoy.dir, f.dir.join("elsewhere"));
         let bad = Overrides { grace_period: Some("forever".into()), ..Overrides::default() };
         assert!(SyncConfig::load(&json_path, &bad).unwrap_err().names("gracePeriod"));
+        // Accepted, ignored, and reported: an old file still loads.
+        let old = Overrides { grace_period: Some("30s".into()), ..Overrides::default() };
+        let c = SyncConfig::load(&json_path, &old).unwrap();
+        assert_eq!(c.deprecations.len(), 1);
+        assert_eq!(c.deprecations[0].field, "gracePeriod");
+        assert!(c.deprecations[0].reason.contains("503 rather than 404"), "{:?}", c.deprecations);
 
         let yaml = f.dir.join("sync.yaml");
         std::fs::write(&yaml, "x").unwrap();

@@ -40,6 +40,39 @@ pub struct Documents {
     pub apis: ApiGroupDiscoveryList,
     /// Built from legacy discovery (`APIGroupList` + `APIResourceList`s).
     pub legacy: bool,
+    /// The aggregated documents' ETags as the apiserver sent them: what a probe asks about.
+    pub etags: Etags,
+}
+
+/// `ETag`s of `/api` and `/apis` (quotes included, as sent).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Etags {
+    pub api: Option<String>,
+    pub apis: Option<String>,
+}
+
+impl Etags {
+    /// Both, or nothing to probe with (legacy discovery, or a server that sends no ETag).
+    pub fn both(&self) -> Option<(&str, &str)> {
+        Some((self.api.as_deref()?, self.apis.as_deref()?))
+    }
+}
+
+/// What a probe found: whether the apiserver is ready and still serves the documents whose
+/// ETags it was asked about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    /// `/readyz` answered 200.
+    pub ready: bool,
+    /// `Some(true)`: both documents unchanged (304); `Some(false)`: at least one changed;
+    /// `None`: no ETags to ask with.
+    pub unchanged: Option<bool>,
+}
+
+/// One GET's answer.
+enum Answer {
+    Body(Bytes, Option<String>),
+    NotModified,
 }
 
 /// What went wrong, coarse enough to count.
@@ -306,11 +339,54 @@ impl Fetcher {
 
     /// `/api` and `/apis` (and `/version`), concurrently; legacy servers are walked.
     pub async fn fetch(&self) -> Result<Documents, FetchError> {
-        let (api, apis, version) =
-            tokio::join!(self.get("/api", ACCEPT_NOPEER), self.get("/apis", ACCEPT_NOPEER), self.version());
-        let (api, apis) = (api?, apis?);
+        let (api, apis, version) = tokio::join!(
+            self.get_tagged("/api", ACCEPT_NOPEER, None),
+            self.get_tagged("/apis", ACCEPT_NOPEER, None),
+            self.version()
+        );
+        let body = |answer: Answer, path: &str| match answer {
+            Answer::Body(body, etag) => Ok((body, etag)),
+            Answer::NotModified => {
+                Err(FetchError::new(path, ErrorKind::HttpStatus, "304 without If-None-Match"))
+            }
+        };
+        let ((api, api_etag), (apis, apis_etag)) = (body(api?, "/api")?, body(apis?, "/apis")?);
         let ((core, legacy_core), (apis, legacy_apis)) = tokio::try_join!(self.core(api), self.groups(apis))?;
-        Ok(Documents { version, core, apis, legacy: legacy_core || legacy_apis })
+        let legacy = legacy_core || legacy_apis;
+        // A legacy document's ETag (if any) says nothing about the resource lists behind it.
+        let etags = match legacy {
+            true => Etags::default(),
+            false => Etags { api: api_etag, apis: apis_etag },
+        };
+        Ok(Documents { version, core, apis, legacy, etags })
+    }
+
+    /// `/readyz`, and `/api` and `/apis` with `If-None-Match` of `etags`, concurrently: cheap
+    /// enough to ask every few hundred milliseconds (304s carry no body). An error means the
+    /// apiserver's discovery could not be asked at all.
+    pub async fn probe(&self, etags: &Etags) -> Result<Probe, FetchError> {
+        let ready = async {
+            match self.client.get(format!("{}/readyz", self.base)).headers(self.identity.clone()).send().await
+            {
+                Ok(response) => Ok(response.status() == reqwest::StatusCode::OK),
+                Err(e) => Err(FetchError::new("/readyz", classify(&e), describe(&e))),
+            }
+        };
+        let Some((api_tag, apis_tag)) = etags.both() else {
+            return Ok(Probe { ready: ready.await?, unchanged: None });
+        };
+        let (ready, api, apis) = tokio::join!(
+            ready,
+            self.get_tagged("/api", ACCEPT_NOPEER, Some(api_tag)),
+            self.get_tagged("/apis", ACCEPT_NOPEER, Some(apis_tag))
+        );
+        let same = |answer: Answer, tag: &str| match answer {
+            Answer::NotModified => true,
+            // A server that ignores If-None-Match but sends the same ETag has not changed.
+            Answer::Body(_, etag) => etag.as_deref() == Some(tag),
+        };
+        let unchanged = same(api?, api_tag) && same(apis?, apis_tag);
+        Ok(Probe { ready: ready?, unchanged: Some(unchanged) })
     }
 
     /// `/version` as a label; a failure only costs the label.
@@ -405,16 +481,34 @@ impl Fetcher {
 
     /// One GET, status checked, body read up to the limit.
     pub async fn get(&self, path: &str, accept: &str) -> Result<Bytes, FetchError> {
+        match self.get_tagged(path, accept, None).await? {
+            Answer::Body(body, _) => Ok(body),
+            Answer::NotModified => {
+                Err(FetchError::new(path, ErrorKind::HttpStatus, "304 without If-None-Match"))
+            }
+        }
+    }
+
+    /// One GET, optionally conditional: 304 is then an answer too.
+    async fn get_tagged(
+        &self,
+        path: &str,
+        accept: &str,
+        if_none_match: Option<&str>,
+    ) -> Result<Answer, FetchError> {
         let url = format!("{}{path}", self.base);
-        let mut response = self
-            .client
-            .get(&url)
-            .headers(self.identity.clone())
-            .header(ACCEPT, accept)
-            .send()
-            .await
-            .map_err(|e| FetchError::new(path, classify(&e), describe(&e)))?;
+        let mut request = self.client.get(&url).headers(self.identity.clone()).header(ACCEPT, accept);
+        if let Some(tag) = if_none_match {
+            request = request.header(reqwest::header::IF_NONE_MATCH, tag);
+        }
+        let mut response =
+            request.send().await.map_err(|e| FetchError::new(path, classify(&e), describe(&e)))?;
         let status = response.status();
+        if status == reqwest::StatusCode::NOT_MODIFIED && if_none_match.is_some() {
+            return Ok(Answer::NotModified);
+        }
+        let etag =
+            response.headers().get(reqwest::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
         if status != reqwest::StatusCode::OK {
             let preview =
                 read_capped(&mut response, ERROR_BODY_PREVIEW as u64, true).await.unwrap_or_default();
@@ -432,14 +526,15 @@ impl Fetcher {
                 ),
             ));
         }
-        read_capped(&mut response, self.max_body, false).await.map_err(|e| match e {
+        let body = read_capped(&mut response, self.max_body, false).await.map_err(|e| match e {
             ReadError::TooLarge => FetchError::new(
                 path,
                 ErrorKind::TooLarge,
                 format!("body over the limit of {} bytes", self.max_body),
             ),
             ReadError::Client(e) => FetchError::new(path, classify(&e), describe(&e)),
-        })
+        })?;
+        Ok(Answer::Body(body, etag))
     }
 }
 
@@ -563,6 +658,61 @@ mod tests {
             assert_eq!(h["x-kubernetes-peer-proxied"], "true");
             assert_eq!(h["host"], format!("kubernetes.default.svc:{}", addr.port()));
         }
+    }
+
+    /// An answer with an ETag, or 304: the raw server cannot see If-None-Match, so the test
+    /// says which one it gets.
+    fn tagged(status: u16, etag: &str, body: &[u8]) -> Answer {
+        let mut raw = format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\netag: {etag}\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        raw.extend_from_slice(body);
+        Answer::Raw(raw)
+    }
+
+    #[tokio::test]
+    async fn probes_ask_with_the_etags_and_read_readyz() {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        let certs = Certs::new("fetch-probe");
+        let core = aggregated_core();
+        // 0: first fetch; 1: unchanged, ready; 2: /apis changed, unready.
+        let phase = Arc::new(AtomicU8::new(0));
+        let p = phase.clone();
+        let handler: crate::testing::Handler =
+            Arc::new(move |path: &str| match (p.load(Ordering::SeqCst), path) {
+                (_, "/version") => json(r#"{"gitVersion":"v1.33.2"}"#),
+                (0, "/api") => tagged(200, "\"CORE\"", &core),
+                (0, "/apis") => tagged(200, "\"APIS1\"", APIS_133.as_bytes()),
+                (1 | 2, "/api") => tagged(304, "\"CORE\"", b""),
+                (1, "/apis") => tagged(304, "\"APIS1\"", b""),
+                (2, "/apis") => tagged(200, "\"APIS2\"", APIS_133.as_bytes()),
+                (1, "/readyz") => Answer::Json(200, "text/plain", b"ok".to_vec()),
+                (_, "/readyz") => Answer::Json(500, "text/plain", b"[-]etcd failed".to_vec()),
+                _ => Answer::Json(404, "application/json", b"{}".to_vec()),
+            });
+        let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
+        let fetcher = certs.fetcher(addr, limits());
+        let docs = fetcher.fetch().await.unwrap();
+        assert_eq!(docs.etags, Etags { api: Some("\"CORE\"".into()), apis: Some("\"APIS1\"".into()) });
+        phase.store(1, Ordering::SeqCst);
+        assert_eq!(fetcher.probe(&docs.etags).await.unwrap(), Probe { ready: true, unchanged: Some(true) });
+        {
+            let seen = seen.lock().unwrap();
+            let (_, h) = seen.iter().rev().find(|(p, _)| p == "/apis").unwrap();
+            assert_eq!(h["if-none-match"], "\"APIS1\"");
+            assert_eq!(h["accept"], ACCEPT_NOPEER);
+            let (_, h) = seen.iter().rev().find(|(p, _)| p == "/readyz").unwrap();
+            assert_eq!(h["x-remote-user"], "system:apiserver");
+        }
+        phase.store(2, Ordering::SeqCst);
+        assert_eq!(fetcher.probe(&docs.etags).await.unwrap(), Probe { ready: false, unchanged: Some(false) });
+        // Without ETags (legacy discovery) only readiness can be asked about.
+        assert_eq!(fetcher.probe(&Etags::default()).await.unwrap(), Probe { ready: false, unchanged: None });
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let error = certs.fetcher(closed, limits()).probe(&docs.etags).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Connect);
     }
 
     #[tokio::test]

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod config;
 pub mod duration;
+pub mod eligibility;
 pub mod envoy;
 pub mod explain;
 pub mod fetch;

@@ -67,8 +67,12 @@ enum Command {
         /// Overrides pollPeriod, e.g. 5s.
         #[arg(long)]
         poll_period: Option<String>,
-        /// Overrides gracePeriod, e.g. 30s.
+        /// Overrides probePeriod, e.g. 250ms.
         #[arg(long)]
+        probe_period: Option<String>,
+        /// Deprecated and ignored (as the gracePeriod key): accepted so that old command lines
+        /// still start.
+        #[arg(long, hide = true)]
         grace_period: Option<String>,
         /// Overrides listen, e.g. 127.0.0.1:9090.
         #[arg(long)]
@@ -112,12 +116,14 @@ async fn main() -> ExitCode {
             wasm,
             admin_url,
             poll_period,
+            probe_period,
             grace_period,
             listen,
             log_format,
         } => {
             init_logs(log_format);
-            let overrides = Overrides { envoy_dir, wasm, admin_url, poll_period, grace_period, listen };
+            let overrides =
+                Overrides { envoy_dir, wasm, admin_url, poll_period, probe_period, grace_period, listen };
             let config = match SyncConfig::load(&config, &overrides) {
                 Ok(c) => c,
                 Err(e) => {
@@ -179,7 +185,6 @@ fn report_json(r: &SyncReport) -> serde_json::Value {
             "standing": match a.standing {
                 Standing::Current => "current",
                 Standing::Stale { .. } => "stale",
-                Standing::Dropped => "dropped",
                 Standing::Missing => "missing",
             },
             "legacy": a.legacy,

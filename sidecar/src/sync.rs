@@ -1,10 +1,28 @@
-//! `skewgate sync`: poll every apiserver's discovery, keep the routing table Envoy runs current.
+//! `skewgate sync`: keeps the routing table Envoy runs, and which apiservers Envoy may send new
+//! requests to, current with every apiserver's discovery.
 //!
-//! One sync = fetch all apiservers concurrently → remember each one's last good documents
-//! (kept for the grace period after a failure, then dropped: the apiserver stays in the table
-//! serving nothing) → build the table (`core::build`) → push it (`push`, ordered and confirmed).
-//! The loop is a library so that tests and the harness run it in-process.
+//! Two kinds of look, each remembered per apiserver:
+//! - every poll period, a full fetch of every apiserver's discovery;
+//! - every probe period, a probe of each apiserver on its own: `/readyz`, and `/api` + `/apis`
+//!   with the ETags of its last good documents (304: unchanged). One that changed is fetched at
+//!   once and the new table pushed at once, without waiting for the next poll.
+//!
+//! An apiserver's last good documents stay until it answers with others or leaves the
+//! configuration: one that stops answering keeps its GVRs in the table, where Envoy finds no
+//! healthy host for those only it serves and the filter answers 503 — never a timer that would
+//! turn that into a 404 from the others.
+//!
+//! Eligibility ([`crate::eligibility`]): from the first look that finds an apiserver unreachable,
+//! unready or changed, its endpoints are marked `DRAINING` in every Envoy cluster (an overlay on
+//! `cds.json`, [`crate::push`]) until a table built from its current discovery is live. A table
+//! is pushed by a task of its own, so that probes go on (and can take an apiserver out) while
+//! Envoy confirms a push.
+//!
+//! When this process is down, Envoy keeps the last table and the last overlay: eligibility holds
+//! as it was, and Envoy's own `/readyz` checks go on. The library runs in-process in tests and
+//! the harness.
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,27 +33,27 @@ use skewgate_core::build::BuildError;
 use skewgate_core::table::TableConfig;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
+use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
-use crate::envoy::UpstreamTls;
-use crate::fetch::{ClientTls, Documents, FetchError, Fetcher};
+use crate::eligibility::{self, Exclusion, Live, Now, Served};
+use crate::envoy::{UpstreamTls, table_from_ecds};
+use crate::fetch::{ClientTls, Documents, Etags, FetchError, Fetcher, Probe};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
-use crate::routing::{self, Counts, RenderError, Server};
+use crate::routing::{self, Counts, RenderError, Resources, Server};
 use crate::serve::{self, Shared};
 
 pub use crate::config::SyncConfig;
 
-/// Where an apiserver's contribution to the table stands after a sync.
+/// Where an apiserver's contribution to the table stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
-    /// Answered this time.
+    /// Its latest look answered.
     Current,
-    /// Failed; its last good documents, this old, still count (grace period).
+    /// Its latest look failed; its last good documents, this old, still count.
     Stale { age: Duration },
-    /// Failed past its grace period this time: its GVRs just left the table.
-    Dropped,
-    /// Failed, with nothing (left) to fall back on: it serves nothing in the table.
+    /// Never answered (in this process): it serves nothing in the table.
     Missing,
 }
 
@@ -50,9 +68,11 @@ pub struct ApiserverReport {
     pub id: String,
     pub version: String,
     pub standing: Standing,
-    /// This sync's failure, if it failed.
+    /// The latest look's failure, if it failed.
     pub error: Option<FetchError>,
     pub legacy: bool,
+    /// Why Envoy may not send it new requests (`None`: it may, or nothing is known yet).
+    pub excluded: Option<Exclusion>,
 }
 
 #[derive(Debug, Clone)]
@@ -90,64 +110,114 @@ impl SyncError {
     }
 }
 
-/// What is remembered of one apiserver between syncs.
+/// What one probe of one apiserver found.
+#[derive(Debug, Clone)]
+pub enum Look {
+    /// Ready or not, still serving the documents it was asked about.
+    Unchanged {
+        ready: bool,
+    },
+    /// No ETags to ask with (legacy discovery): only readiness is known.
+    Ready {
+        ready: bool,
+    },
+    /// Its documents changed, and this is what a fetch found then.
+    Changed {
+        ready: bool,
+        fetched: Box<Result<Documents, FetchError>>,
+    },
+    Failed(FetchError),
+}
+
+/// What is remembered of one apiserver.
 #[derive(Debug, Default)]
 struct Memory {
-    good: Option<(Documents, Instant)>,
+    /// The last good documents and what they serve: kept while the apiserver is configured.
+    good: Option<(Documents, Served, Instant)>,
     failing: bool,
+    /// The latest look's failure.
+    error: Option<FetchError>,
+    /// The latest look reached its discovery.
+    reachable: bool,
+    /// `/readyz` at the latest probe.
+    ready: Option<bool>,
+    /// When the look behind what is remembered started: a slower, older look that finishes
+    /// later must not undo what a newer one found.
+    seen: Option<Instant>,
+    /// Since when it is marked `DRAINING`.
+    excluded_since: Option<Instant>,
+    excluded: Option<Exclusion>,
 }
 
 impl Memory {
-    fn record(
-        &mut self,
-        id: &str,
-        result: Result<Documents, FetchError>,
-        now: Instant,
-        grace: Duration,
-    ) -> Standing {
-        match result {
-            Ok(documents) => {
-                if self.failing {
-                    tracing::info!(apiserver = id, "discovery answers again");
+    /// Whether a look that started at `started` is newer than what is remembered (and is then
+    /// what counts).
+    fn newer(&mut self, started: Instant) -> bool {
+        if self.seen.is_some_and(|seen| started < seen) {
+            return false;
+        }
+        self.seen = Some(started);
+        true
+    }
+
+    fn standing(&self, now: Instant) -> Standing {
+        match (&self.good, self.failing) {
+            (Some(_), false) => Standing::Current,
+            (Some((_, _, at)), true) => Standing::Stale { age: now.duration_since(*at) },
+            (None, _) => Standing::Missing,
+        }
+    }
+
+    /// Returns whether the documents changed.
+    fn answered(&mut self, id: &str, documents: Documents, now: Instant) -> bool {
+        if self.failing {
+            tracing::info!(apiserver = id, "discovery answers again");
+        }
+        self.failing = false;
+        self.error = None;
+        self.reachable = true;
+        let changed = self.good.as_ref().is_none_or(|(d, _, _)| *d != documents);
+        let served = Served::of(&documents);
+        self.good = Some((documents, served, now));
+        changed
+    }
+
+    fn failed(&mut self, id: &str, error: FetchError) {
+        if !self.failing {
+            match self.good.is_some() {
+                true => tracing::warn!(
+                    apiserver = id,
+                    %error,
+                    "discovery failed; its last good documents stay in the table until it answers"
+                ),
+                false => {
+                    tracing::warn!(apiserver = id, %error, "discovery failed; it serves nothing in the table")
                 }
-                self.failing = false;
-                self.good = Some((documents, now));
-                Standing::Current
             }
-            Err(error) => {
-                match (self.failing, self.good.is_some()) {
-                    (false, true) => tracing::warn!(
-                        apiserver = id,
-                        %error,
-                        "discovery failed; its last good documents count for the grace period"
-                    ),
-                    (false, false) => {
-                        tracing::warn!(apiserver = id, %error, "discovery failed; it serves nothing in the table")
-                    }
-                    (true, _) => tracing::debug!(apiserver = id, %error, "discovery still failing"),
-                }
-                self.failing = true;
-                match &self.good {
-                    Some((_, at)) if now.duration_since(*at) <= grace => {
-                        Standing::Stale { age: now.duration_since(*at) }
-                    }
-                    Some((_, at)) => {
-                        tracing::warn!(
-                            apiserver = id,
-                            failing_for_ms = now.duration_since(*at).as_millis() as u64,
-                            "grace period over: its GVRs leave the table"
-                        );
-                        self.good = None;
-                        Standing::Dropped
-                    }
-                    None => Standing::Missing,
-                }
+        } else {
+            tracing::debug!(apiserver = id, %error, "discovery still failing");
+        }
+        self.failing = true;
+        self.reachable = false;
+        self.error = Some(error);
+    }
+
+    fn readiness(&mut self, id: &str, ready: bool) {
+        if self.ready != Some(ready) {
+            match ready {
+                true => tracing::info!(apiserver = id, "ready"),
+                false => tracing::info!(apiserver = id, "not ready (/readyz)"),
             }
         }
+        self.ready = Some(ready);
+    }
+
+    fn etags(&self) -> Etags {
+        self.good.as_ref().map(|(d, _, _)| d.etags.clone()).unwrap_or_default()
     }
 }
 
-/// The sync state: clients, memory, the pusher and what `/metrics` reports.
+/// The sync state: clients, memory, the pusher, what Envoy runs, and what `/metrics` reports.
 pub struct Sidecar {
     config: SyncConfig,
     fetchers: Vec<Fetcher>,
@@ -155,10 +225,19 @@ pub struct Sidecar {
     pusher: Pusher<HttpAdmin>,
     upstream: UpstreamTls,
     shared: Arc<Shared>,
+    /// The table Envoy runs as far as this process knows: the one in `ecds.json` at start, then
+    /// every one pushed.
+    live: Option<Live>,
+    /// A full fetch has been recorded: before it, too little is known to judge anyone, and the
+    /// overlay on disk stands.
+    judged: bool,
 }
 
 impl Sidecar {
     pub fn new(config: SyncConfig) -> anyhow::Result<Self> {
+        for d in &config.deprecations {
+            tracing::warn!(field = %d.field, "{}", d.reason);
+        }
         let tls = ClientTls::load(&config.tls)?;
         let fetchers = config
             .apiservers
@@ -185,8 +264,31 @@ impl Sidecar {
             health_user: config.identity.user.clone(),
             health_groups: config.identity.groups.clone(),
         };
-        let memory = config.apiservers.iter().map(|_| Memory::default()).collect();
-        Ok(Self { config, fetchers, memory, pusher, upstream, shared: Arc::new(Shared::default()) })
+        let started = Instant::now();
+        let draining = pusher.adopt_draining_from_disk().unwrap_or_default();
+        let memory = config
+            .apiservers
+            .iter()
+            .map(|e| {
+                let excluded = draining.contains(&e.id);
+                Memory { excluded_since: excluded.then_some(started), ..Memory::default() }
+            })
+            .collect();
+        let live = std::fs::read(config.envoy.ecds_path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .and_then(|ecds| serde_json::from_str::<TableConfig>(table_from_ecds(&ecds)?).ok())
+            .map(Live::of);
+        Ok(Self {
+            config,
+            fetchers,
+            memory,
+            pusher,
+            upstream,
+            shared: Arc::new(Shared::default()),
+            live,
+            judged: false,
+        })
     }
 
     pub fn shared(&self) -> Arc<Shared> {
@@ -195,49 +297,113 @@ impl Sidecar {
 
     /// Fetches every apiserver concurrently and updates what is remembered of each.
     pub async fn collect(&mut self) -> Vec<ApiserverReport> {
-        let mut tasks = tokio::task::JoinSet::new();
-        for (index, fetcher) in self.fetchers.iter().enumerate() {
-            let fetcher = fetcher.clone();
-            tasks.spawn(async move { (index, fetcher.fetch().await) });
-        }
-        let mut results: Vec<Option<Result<Documents, FetchError>>> =
-            self.fetchers.iter().map(|_| None).collect();
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((index, result)) => {
-                    if let Some(slot) = results.get_mut(index) {
-                        *slot = Some(result);
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "fetch task failed"),
-            }
-        }
+        let started = Instant::now();
+        let results = fetch_all(&self.fetchers).await;
+        self.record_fetches(started, results);
+        self.reports()
+    }
+
+    /// Returns whether some apiserver's documents changed.
+    fn record_fetches(&mut self, started: Instant, results: Vec<Result<Documents, FetchError>>) -> bool {
         let now = Instant::now();
         let metrics = &self.shared.metrics;
-        let mut reports = Vec::with_capacity(results.len());
+        let mut changed = false;
         for ((endpoint, memory), result) in self.config.apiservers.iter().zip(&mut self.memory).zip(results) {
             let id = endpoint.id.as_str();
-            let result = result.unwrap_or_else(|| {
-                Err(FetchError {
-                    path: "/".into(),
-                    kind: crate::fetch::ErrorKind::Request,
-                    detail: "task lost".into(),
-                })
-            });
-            let error = result.as_ref().err().cloned();
-            if let Some(e) = &error {
+            if let Err(e) = &result {
                 metrics.fetch_error(id, e.kind.label());
             }
-            let standing = memory.record(id, result, now, self.config.grace_period);
-            if standing == Standing::Dropped {
-                metrics.dropped(id);
+            if !memory.newer(started) {
+                continue;
             }
-            metrics.set_current(id, standing == Standing::Current);
-            let (version, legacy) =
-                memory.good.as_ref().map(|(d, _)| (d.version.clone(), d.legacy)).unwrap_or_default();
-            reports.push(ApiserverReport { id: id.to_owned(), version, standing, error, legacy });
+            match result {
+                Ok(documents) => changed |= memory.answered(id, documents, now),
+                Err(error) => memory.failed(id, error),
+            }
+            metrics.set_current(id, memory.standing(now) == Standing::Current);
         }
-        reports
+        self.judged = true;
+        changed
+    }
+
+    /// Returns whether the apiserver's documents changed.
+    fn record_look(&mut self, index: usize, started: Instant, look: Look) -> bool {
+        let now = Instant::now();
+        let (Some(endpoint), Some(memory)) = (self.config.apiservers.get(index), self.memory.get_mut(index))
+        else {
+            return false;
+        };
+        let id = endpoint.id.as_str();
+        if let Look::Changed { fetched, .. } = &look {
+            if let Err(e) = fetched.as_ref() {
+                self.shared.metrics.fetch_error(id, e.kind.label());
+            }
+        }
+        if let Look::Failed(e) = &look {
+            self.shared.metrics.fetch_error(id, e.kind.label());
+        }
+        if !memory.newer(started) {
+            return false;
+        }
+        let changed = match look {
+            Look::Unchanged { ready } => {
+                memory.readiness(id, ready);
+                if memory.failing {
+                    tracing::info!(apiserver = id, "discovery answers again, unchanged");
+                }
+                memory.failing = false;
+                memory.error = None;
+                memory.reachable = true;
+                false
+            }
+            Look::Ready { ready } => {
+                memory.readiness(id, ready);
+                false
+            }
+            Look::Changed { ready, fetched } => {
+                memory.readiness(id, ready);
+                match *fetched {
+                    Ok(documents) => {
+                        let changed = memory.answered(id, documents, now);
+                        if changed {
+                            tracing::info!(apiserver = id, "discovery changed");
+                        }
+                        changed
+                    }
+                    Err(error) => {
+                        memory.failed(id, error);
+                        false
+                    }
+                }
+            }
+            Look::Failed(error) => {
+                memory.failed(id, error);
+                false
+            }
+        };
+        self.shared.metrics.set_current(id, memory.standing(now) == Standing::Current);
+        changed
+    }
+
+    fn reports(&self) -> Vec<ApiserverReport> {
+        let now = Instant::now();
+        self.config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .map(|(endpoint, m)| {
+                let (version, legacy) =
+                    m.good.as_ref().map(|(d, _, _)| (d.version.clone(), d.legacy)).unwrap_or_default();
+                ApiserverReport {
+                    id: endpoint.id.clone(),
+                    version,
+                    standing: m.standing(now),
+                    error: m.error.clone(),
+                    legacy,
+                    excluded: m.excluded,
+                }
+            })
+            .collect()
     }
 
     /// The table from what is remembered now.
@@ -254,55 +420,14 @@ impl Sidecar {
             .zip(&self.memory)
             .map(|(e, m)| Server {
                 id: &e.id,
-                version: m.good.as_ref().map_or("", |(d, _)| d.version.as_str()),
-                documents: m.good.as_ref().map(|(d, _)| [&d.core, &d.apis]),
+                version: m.good.as_ref().map_or("", |(d, _, _)| d.version.as_str()),
+                documents: m.good.as_ref().map(|(d, _, _)| [&d.core, &d.apis]),
             })
             .collect();
         Ok(routing::build(&servers)?)
     }
 
-    /// One sync: fetch, build, push. Errors are logged and counted here too.
-    pub async fn sync(&mut self) -> Result<SyncReport, SyncError> {
-        let started = Instant::now();
-        let apiservers = self.collect().await;
-        let result = self.build_and_push().await;
-        let took = started.elapsed();
-        let metrics = &self.shared.metrics;
-        metrics.sync_duration.observe(took.as_secs_f64());
-        match result {
-            Ok((table, outcome)) => {
-                let counts = routing::counts(&table);
-                metrics.gvrs.set(counts.gvrs as i64);
-                metrics.rerouted_gvrs.set(counts.rerouted as i64);
-                metrics.succeeded(std::time::Instant::now());
-                self.shared.ready.store(true, std::sync::atomic::Ordering::SeqCst);
-                let (changed, steps) = match outcome {
-                    PushOutcome::Unchanged => (false, Vec::new()),
-                    PushOutcome::Pushed { added, removed, steps } => {
-                        metrics.table_pushes.inc();
-                        tracing::info!(
-                            generation = %table.generation,
-                            gvrs = counts.gvrs,
-                            rerouted = counts.rerouted,
-                            added = ?added,
-                            removed = ?removed,
-                            took_ms = took.as_millis() as u64,
-                            "table pushed"
-                        );
-                        (true, steps)
-                    }
-                };
-                Ok(SyncReport { generation: table.generation, changed, steps, counts, apiservers, took })
-            }
-            Err(error) => {
-                metrics.push_error(error.label());
-                tracing::error!(%error, "sync failed");
-                Err(error)
-            }
-        }
-    }
-
-    async fn build_and_push(&self) -> Result<(TableConfig, PushOutcome), SyncError> {
+    fn prepare(&self) -> Result<(TableConfig, Resources), SyncError> {
         let table = self.table()?;
         let resources = routing::render(
             &table,
@@ -311,8 +436,176 @@ impl Sidecar {
             self.config.health,
             &self.config.envoy.wasm,
         )?;
-        let outcome = self.pusher.push(&resources).await?;
-        Ok((table, outcome))
+        Ok((table, resources))
+    }
+
+    /// Marks `DRAINING` in `cds.json` exactly the apiservers that must not get new requests
+    /// now, judged against the live table.
+    pub fn apply_eligibility(&mut self) {
+        let Some(live) = self.live.as_ref().filter(|_| self.judged) else { return };
+        let now: Vec<Now<'_>> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .map(|(e, m)| Now {
+                id: &e.id,
+                served: m.good.as_ref().map(|(_, s, _)| s),
+                reachable: m.reachable,
+                ready: m.ready,
+            })
+            .collect();
+        let verdicts = eligibility::verdicts(live, &now);
+        let draining: BTreeSet<String> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| v.is_some())
+            .map(|(e, _)| e.id.clone())
+            .collect();
+        if let Err(error) = self.pusher.set_draining(&draining) {
+            // The overlay on disk is unchanged; the next look tries again.
+            self.shared.metrics.push_error(error.label());
+            tracing::error!(%error, "cannot mark apiservers DRAINING in cds.json");
+            return;
+        }
+        let at = Instant::now();
+        let metrics = &self.shared.metrics;
+        for ((endpoint, memory), verdict) in self.config.apiservers.iter().zip(&mut self.memory).zip(verdicts)
+        {
+            let id = endpoint.id.as_str();
+            metrics.set_eligible(id, verdict.is_none());
+            match (verdict, memory.excluded_since) {
+                (Some(reason), None) => {
+                    tracing::info!(apiserver = id, %reason, "out of every Envoy cluster (DRAINING)");
+                    metrics.excluded(id, reason.label());
+                    memory.excluded_since = Some(at);
+                }
+                (None, Some(since)) => {
+                    let out = at.duration_since(since);
+                    tracing::info!(apiserver = id, out_ms = out.as_millis() as u64, "eligible again");
+                    metrics.apiserver_excluded.observe(out.as_secs_f64());
+                    memory.excluded_since = None;
+                }
+                _ => {}
+            }
+            memory.excluded = verdict;
+        }
+    }
+
+    /// Records a push's result: the new live table, metrics, the report.
+    fn pushed(
+        &mut self,
+        table: TableConfig,
+        result: Result<PushOutcome, PushError>,
+        started: Instant,
+    ) -> Result<SyncReport, SyncError> {
+        let took = started.elapsed();
+        let metrics = &self.shared.metrics;
+        metrics.sync_duration.observe(took.as_secs_f64());
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let error = SyncError::from(error);
+                metrics.push_error(error.label());
+                tracing::error!(%error, "sync failed");
+                return Err(error);
+            }
+        };
+        let counts = routing::counts(&table);
+        metrics.gvrs.set(counts.gvrs as i64);
+        metrics.rerouted_gvrs.set(counts.rerouted as i64);
+        metrics.succeeded(std::time::Instant::now());
+        self.shared.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (changed, steps) = match outcome {
+            PushOutcome::Unchanged => (false, Vec::new()),
+            PushOutcome::Pushed { added, removed, steps } => {
+                metrics.table_pushes.inc();
+                tracing::info!(
+                    generation = %table.generation,
+                    gvrs = counts.gvrs,
+                    rerouted = counts.rerouted,
+                    added = ?added,
+                    removed = ?removed,
+                    took_ms = took.as_millis() as u64,
+                    "table pushed"
+                );
+                (true, steps)
+            }
+        };
+        let generation = table.generation.clone();
+        self.live = Some(Live::of(table));
+        self.apply_eligibility();
+        Ok(SyncReport { generation, changed, steps, counts, apiservers: self.reports(), took })
+    }
+
+    /// One sync: fetch, judge against the live table, build, push, judge against the new one.
+    pub async fn sync(&mut self) -> Result<SyncReport, SyncError> {
+        let started = Instant::now();
+        self.collect().await;
+        self.apply_eligibility();
+        let (table, resources) = match self.prepare() {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                self.shared.metrics.push_error(error.label());
+                tracing::error!(%error, "sync failed");
+                return Err(error);
+            }
+        };
+        let result = self.pusher.push(&resources).await;
+        self.pushed(table, result, started)
+    }
+}
+
+async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
+    let mut tasks = JoinSet::new();
+    for (index, fetcher) in fetchers.iter().enumerate() {
+        let fetcher = fetcher.clone();
+        tasks.spawn(async move { (index, fetcher.fetch().await) });
+    }
+    let mut results: Vec<Option<Result<Documents, FetchError>>> = fetchers.iter().map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((index, result)) => {
+                if let Some(slot) = results.get_mut(index) {
+                    *slot = Some(result);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "fetch task failed"),
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(FetchError {
+                    path: "/".into(),
+                    kind: crate::fetch::ErrorKind::Request,
+                    detail: "task lost".into(),
+                })
+            })
+        })
+        .collect()
+}
+
+/// One probe of one apiserver, bounded by `timeout`; a changed one is fetched in full.
+async fn look(fetcher: Fetcher, etags: Etags, timeout: Duration) -> Look {
+    let probe = match tokio::time::timeout(timeout, fetcher.probe(&etags)).await {
+        Ok(probe) => probe,
+        Err(_) => Err(FetchError {
+            path: "/readyz".into(),
+            kind: crate::fetch::ErrorKind::Timeout,
+            detail: format!("probe not answered within {timeout:?}"),
+        }),
+    };
+    match probe {
+        Err(error) => Look::Failed(error),
+        Ok(Probe { ready, unchanged: Some(true) }) => Look::Unchanged { ready },
+        Ok(Probe { ready, unchanged: None }) => Look::Ready { ready },
+        Ok(Probe { ready, unchanged: Some(false) }) => {
+            Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
+        }
     }
 }
 
@@ -330,7 +623,8 @@ pub async fn fetch_table(config: SyncConfig) -> anyhow::Result<(TableConfig, Vec
     Ok((sidecar.table()?, reports))
 }
 
-/// Runs the sidecar until `shutdown` completes: the HTTP endpoints and a sync every poll period.
+/// Runs the sidecar until `shutdown` completes: the HTTP endpoints, a full sync every poll
+/// period and a probe of each apiserver every probe period.
 pub async fn run(config: SyncConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
@@ -342,7 +636,7 @@ pub async fn run(config: SyncConfig, shutdown: impl Future<Output = ()>) -> anyh
 pub struct Running {
     /// Where `/healthz`, `/readyz` and `/metrics` answer.
     pub listen: SocketAddr,
-    /// The latest successful sync's report (`None` before the first).
+    /// The latest successful push's report (`None` before the first).
     pub reports: watch::Receiver<Option<Arc<SyncReport>>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -387,19 +681,22 @@ pub async fn spawn(config: SyncConfig) -> anyhow::Result<Running> {
     Ok(Running { listen, reports, stop: Some(stop), task: Some(task) })
 }
 
+type PushDone = (TableConfig, Result<PushOutcome, PushError>, Instant);
+
 async fn run_with(
     config: SyncConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
     reports: watch::Sender<Option<Arc<SyncReport>>>,
 ) -> anyhow::Result<()> {
-    let poll_period = config.poll_period;
+    let (poll_period, probe_period) = (config.poll_period, config.probe_period);
+    let probe_timeout = Duration::from_millis(config.health.timeout_ms);
     let mut sidecar = Sidecar::new(config)?;
     tracing::info!(
         listen = %listener.local_addr()?,
         apiservers = sidecar.config.apiservers.len(),
         poll_period = %crate::duration::format(poll_period),
-        grace_period = %crate::duration::format(sidecar.config.grace_period),
+        probe_period = %crate::duration::format(probe_period),
         "skewgate sync started"
     );
     let (stop_server, server_stopped) = oneshot::channel::<()>();
@@ -409,19 +706,96 @@ async fn run_with(
         let _ = server_stopped.await;
     })));
     tokio::pin!(shutdown);
-    let mut ticker = tokio::time::interval(poll_period);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(poll_period);
+    poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut probe = tokio::time::interval(probe_period);
+    probe.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    // At most one job of each kind at a time (one probe per apiserver); all are aborted with
+    // this future.
+    let mut fetches: JoinSet<(Instant, Vec<Result<Documents, FetchError>>)> = JoinSet::new();
+    let mut probes: JoinSet<(usize, Instant, Look)> = JoinSet::new();
+    let mut probing = vec![false; sidecar.fetchers.len()];
+    let mut pushes: JoinSet<PushDone> = JoinSet::new();
+    // The memory changed since the table being pushed (or live) was built.
+    let mut push_wanted = false;
+    // What triggered the wanted push, for its report's `took`.
+    let mut wanted_since = Instant::now();
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            _ = ticker.tick() => {}
+            _ = poll.tick() => {
+                if fetches.is_empty() {
+                    let fetchers = sidecar.fetchers.clone();
+                    fetches.spawn(async move {
+                        let started = Instant::now();
+                        (started, fetch_all(&fetchers).await)
+                    });
+                }
+            }
+            _ = probe.tick(), if sidecar.judged => {
+                for (index, fetcher) in sidecar.fetchers.iter().enumerate() {
+                    if probing[index] {
+                        continue;
+                    }
+                    probing[index] = true;
+                    let (fetcher, etags) = (fetcher.clone(), sidecar.memory[index].etags());
+                    probes.spawn(async move {
+                        let started = Instant::now();
+                        (index, started, look(fetcher, etags, probe_timeout).await)
+                    });
+                }
+            }
+            Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
+                if let Ok((started, results)) = joined {
+                    sidecar.record_fetches(started, results);
+                    // Every poll ends in a push, unchanged or not: its report says the sync ran.
+                    if !push_wanted {
+                        wanted_since = started;
+                    }
+                    push_wanted = true;
+                }
+            }
+            Some(joined) = probes.join_next(), if !probes.is_empty() => {
+                if let Ok((index, started, look)) = joined {
+                    if let Some(flag) = probing.get_mut(index) {
+                        *flag = false;
+                    }
+                    if sidecar.record_look(index, started, look) {
+                        if !push_wanted {
+                            wanted_since = started;
+                        }
+                        push_wanted = true;
+                    }
+                } else {
+                    // A probe task that panicked or was cancelled: let every apiserver be probed again.
+                    probing.iter_mut().for_each(|p| *p = false);
+                }
+            }
+            Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
+                if let Ok((table, result, started)) = joined {
+                    if let Ok(report) = sidecar.pushed(table, result, started) {
+                        reports.send_replace(Some(Arc::new(report)));
+                    }
+                }
+            }
         }
-        let result = tokio::select! {
-            () = &mut shutdown => break,
-            result = sidecar.sync() => result,
-        };
-        if let Ok(report) = result {
-            reports.send_replace(Some(Arc::new(report)));
+        sidecar.apply_eligibility();
+        if push_wanted && pushes.is_empty() {
+            push_wanted = false;
+            match sidecar.prepare() {
+                Ok((table, resources)) => {
+                    let pusher = sidecar.pusher.clone();
+                    let started = wanted_since;
+                    pushes.spawn(async move {
+                        let result = pusher.push(&resources).await;
+                        (table, result, started)
+                    });
+                }
+                Err(error) => {
+                    sidecar.shared.metrics.push_error(error.label());
+                    tracing::error!(%error, "sync failed");
+                }
+            }
         }
     }
     let _ = stop_server.send(());
@@ -445,42 +819,52 @@ mod tests {
     use crate::fetch::ErrorKind;
     use skewgate_core::discovery::ApiGroupDiscoveryList;
 
-    fn docs() -> Documents {
+    fn docs(version: &str) -> Documents {
         Documents {
-            version: "v1.33.0".into(),
+            version: version.into(),
             core: ApiGroupDiscoveryList::v2(Vec::new()),
             apis: ApiGroupDiscoveryList::v2(Vec::new()),
             legacy: false,
+            etags: Etags::default(),
         }
     }
 
-    fn failure() -> Result<Documents, FetchError> {
-        Err(FetchError { path: "/apis".into(), kind: ErrorKind::Timeout, detail: "x".into() })
+    fn failure() -> FetchError {
+        FetchError { path: "/apis".into(), kind: ErrorKind::Timeout, detail: "x".into() }
     }
 
+    /// No timer: the last good documents stand for as long as the apiserver fails.
     #[test]
-    fn grace_period_then_drop_then_back() {
-        let grace = Duration::from_secs(10);
+    fn last_good_documents_stay_until_it_answers_again() {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut m = Memory::default();
-        assert_eq!(m.record("a", failure(), at(0), grace), Standing::Missing);
-        assert_eq!(m.record("a", Ok(docs()), at(1), grace), Standing::Current);
-        assert_eq!(m.record("a", failure(), at(5), grace), Standing::Stale { age: Duration::from_secs(4) });
-        assert!(m.good.is_some());
-        assert_eq!(m.record("a", failure(), at(11), grace), Standing::Stale { age: Duration::from_secs(10) });
-        assert_eq!(m.record("a", failure(), at(12), grace), Standing::Dropped);
-        assert!(m.good.is_none());
-        assert_eq!(m.record("a", failure(), at(13), grace), Standing::Missing);
-        assert_eq!(m.record("a", Ok(docs()), at(14), grace), Standing::Current);
-        assert!(!m.failing);
-        let zero = Duration::ZERO;
-        assert_eq!(m.record("a", failure(), at(15), zero), Standing::Dropped);
+        m.failed("a", failure());
+        assert_eq!(m.standing(at(0)), Standing::Missing);
+        assert!(m.answered("a", docs("v1.33.0"), at(1)));
+        assert_eq!(m.standing(at(1)), Standing::Current);
+        assert!(m.reachable && !m.failing);
+        m.failed("a", failure());
+        assert_eq!(m.standing(at(3600)), Standing::Stale { age: Duration::from_secs(3599) });
+        assert!(m.good.is_some() && !m.reachable);
+        assert!(!m.answered("a", docs("v1.33.0"), at(3601)), "the same documents are no change");
+        assert!(m.answered("a", docs("v1.36.0"), at(3602)));
+        assert_eq!(m.standing(at(3602)), Standing::Current);
+    }
+
+    #[test]
+    fn an_older_look_finishing_later_does_not_count() {
+        let t0 = Instant::now();
+        let mut m = Memory::default();
+        assert!(m.newer(t0 + Duration::from_millis(10)));
+        assert!(!m.newer(t0), "started before what is remembered");
+        assert!(m.newer(t0 + Duration::from_millis(10)));
+        assert!(m.newer(t0 + Duration::from_millis(20)));
     }
 
     #[test]
     fn error_labels() {
         assert_eq!(SyncError::NoDocuments.label(), "no_documents");
-        assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Dropped.serves());
+        assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
     }
 }

@@ -1,25 +1,39 @@
-//! `make drill`: the same rolling upgrade (three apiservers, 1.33 → 1.36 one at a time) twice
-//! under a fixed-rate client load, through Envoy as a plain load balancer and through skewgate.
-//! On stand-ins it writes drill/results/latest.json, drill/results/timeline.svg and (not with
-//! --quick) the README's drill section; on real binaries (`--kube-apiserver PATH --etcd PATH`,
-//! or `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`) drill/results/real-latest.json and
-//! drill/results/real-timeline.svg, and leaves the README alone.
+//! `make drill`: the same rolling upgrade (three stand-ins, 1.33 → 1.36 one at a time) twice under
+//! a fixed-rate client load, through Envoy as a plain load balancer and through skewgate; or, with
+//! --leave-and-return, the only 1.36 apiserver of a skewed cluster away past the sidecar's old
+//! grace period and back. Writes drill/results/latest.json and the variant's plot, and (not with
+//! --quick) drill/results/<variant>.json and .md and the README's drill section, which keeps
+//! both variants' tables. On real binaries (`--kube-apiserver PATH --etcd PATH`, or
+//! `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`) the same files are named `real-…` and the
+//! README is left alone.
 //!
-//! Usage: drill [--quick] [--rate N] [--seed N] [--kube-apiserver PATH --etcd PATH]
+//! Usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS]
+//!              [--leave-and-return [--away SECONDS]] [--kube-apiserver PATH --etcd PATH]
 
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use skewgate_harness::drill::{self, Options};
+use skewgate_harness::drill::{self, Options, Variant};
 use skewgate_harness::paths;
 use skewgate_harness::real::Binaries;
 
-const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--kube-apiserver PATH --etcd PATH]";
+const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
+                     [--leave-and-return [--away SECONDS]] [--kube-apiserver PATH --etcd PATH]";
+
+fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
+    let value = value.with_context(|| format!("{flag} SECONDS"))?;
+    let s: f64 = value.parse().with_context(|| format!("{flag} {value:?}: not a number of seconds"))?;
+    if !(0.0..=3600.0).contains(&s) || (s == 0.0 && !zero_ok) {
+        bail!("{flag} must be {} to 3600 seconds", if zero_ok { "0" } else { "above 0, up" });
+    }
+    Ok(Duration::from_secs_f64(s))
+}
 
 fn main() -> Result<()> {
     let mut quick = false;
-    let (mut rate, mut seed) = (None, None);
+    let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
+    let mut variant = Variant::Upgrade;
     let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -27,6 +41,10 @@ fn main() -> Result<()> {
             "--quick" => quick = true,
             "--rate" => rate = Some(args.next().context("--rate N")?.parse::<u32>()?),
             "--seed" => seed = Some(args.next().context("--seed N")?.parse::<u64>()?),
+            "--ready-delay" => ready_delay = Some(seconds("--ready-delay", args.next(), true)?),
+            "--poll" => poll = Some(seconds("--poll", args.next(), false)?),
+            "--leave-and-return" => variant = Variant::LeaveAndReturn,
+            "--away" => away = Some(seconds("--away", args.next(), false)?),
             "--kube-apiserver" => kube_apiserver = Some(args.next().context("--kube-apiserver PATH")?.into()),
             "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
             "-h" | "--help" => {
@@ -35,6 +53,9 @@ fn main() -> Result<()> {
             }
             other => bail!("unknown argument {other:?}; {USAGE}"),
         }
+    }
+    if away.is_some() && variant != Variant::LeaveAndReturn {
+        bail!("--away goes with --leave-and-return");
     }
     let mut o = Options::new(quick);
     if let Some(rate) = rate {
@@ -46,28 +67,47 @@ fn main() -> Result<()> {
     if let Some(seed) = seed {
         o.seed = seed;
     }
+    if let Some(d) = ready_delay {
+        o.ready_delay = d;
+    }
+    if let Some(p) = poll {
+        o.poll = p;
+    }
+    o.variant = variant;
+    o.away = away;
     o.real = match (kube_apiserver, etcd) {
         (Some(k), Some(e)) => Some(Binaries::new(Some(&k), &e)?),
         (None, None) => Binaries::from_env()?,
         _ => bail!("--kube-apiserver and --etcd go together; {USAGE}"),
     };
+    if o.real.is_some() && ready_delay.is_some() {
+        bail!("--ready-delay is for stand-ins: real kube-apiservers take their own start-up");
+    }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = runtime.block_on(drill::drill(&o))?;
     let root = paths::workspace_root();
     let out = root.join("drill/results");
     std::fs::create_dir_all(&out)?;
+    // Real binaries' results sit next to the stand-ins' and stay out of the README's section.
     let prefix = if o.real.is_some() { "real-" } else { "" };
-    let (json, svg) = (format!("{prefix}latest.json"), format!("{prefix}timeline.svg"));
-    std::fs::write(out.join(&json), serde_json::to_string_pretty(&drill::results_json(&o, &runs))?)?;
-    std::fs::write(out.join(&svg), drill::timeline_svg(&runs))?;
+    let (latest, timeline) =
+        (format!("{prefix}latest.json"), format!("{prefix}{}", drill::timeline_file(variant)));
+    let results = serde_json::to_string_pretty(&drill::results_json(&o, &runs))?;
+    std::fs::write(out.join(&latest), &results)?;
+    std::fs::write(out.join(&timeline), drill::timeline_svg(&runs))?;
     let readme = !quick && o.real.is_none();
-    if readme {
-        drill::update_readme(&root.join("README.md"), &o, &runs)?;
+    if !quick {
+        std::fs::write(out.join(format!("{prefix}{}.json", variant.key())), &results)?;
+        std::fs::write(out.join(format!("{prefix}{}.md", variant.key())), drill::readme_part(&o, &runs))?;
     }
+    if readme {
+        drill::update_readme(&root.join("README.md"), &out)?;
+    }
+    println!("{}", drill::settings(&o));
     println!("{}", drill::markdown_table(&runs));
     println!(
-        "drill took {:.0} s; wrote drill/results/{json}, drill/results/{svg}{}",
+        "drill took {:.0} s; wrote drill/results/{latest}, drill/results/{timeline}{}",
         started.elapsed().as_secs_f64(),
         if readme { ", README.md" } else { "" }
     );
