@@ -1228,7 +1228,8 @@ pub fn readme_part(o: &Options, runs: &[Run]) -> String {
         Variant::LeaveAndReturn => "Leave and return",
     };
     format!(
-        "**{title}** (`make drill DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
+        "**{title}** (`make drill {}DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
+        if o.real.is_some() { "KUBE_APISERVER=PATH ETCD=PATH " } else { "" },
         args(o),
         settings(o),
         markdown_table(runs),
@@ -1243,7 +1244,7 @@ pub fn readme_part(o: &Options, runs: &[Run]) -> String {
 fn args(o: &Options) -> String {
     let mut args = match o.real {
         None => vec![format!("--ready-delay {}", o.ready_delay.as_secs_f64())],
-        Some(_) => vec!["--kube-apiserver PATH --etcd PATH".to_string()],
+        Some(_) => Vec::new(),
     };
     args.push(format!("--poll {}", o.poll.as_secs_f64()));
     if o.variant == Variant::LeaveAndReturn {
