@@ -16,18 +16,9 @@ async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
     let _ = std::fs::remove_dir_all(&out);
     let options = cluster::Options {
         apiservers: vec![ApiserverSpec { id: "a".into(), profile: profile.into() }],
-        out,
         envoy: false,
-        envoy_port: 0,
-        admin_port: 0,
-        first_apiserver_port: 0,
-        history: 10_000,
         sidecar: false,
-        sidecar_port: 0,
-        poll_period: Duration::from_secs(1),
-        rogue: Default::default(),
-        anonymous_auth: true,
-        plain_lb: false,
+        ..cluster::Options::ephemeral(&out, &[])
     };
     cluster::start(&options).await
 }
