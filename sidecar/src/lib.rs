@@ -5,6 +5,7 @@ pub mod admin;
 pub mod config;
 pub mod duration;
 pub mod envoy;
+pub mod envoy_path;
 pub mod explain;
 pub mod fetch;
 pub mod metrics;
