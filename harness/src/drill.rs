@@ -726,6 +726,14 @@ impl Timeline {
         })
     }
 
+    /// An apiserver was stopped (or began to drain) while the request was under way: a request
+    /// already on a connection the stopped process closes cannot be retried safely (it may have
+    /// been carried out), so its 503 is expected, as it would be straight to the apiserver.
+    fn stopped_during(&self, from: f64, to: f64) -> bool {
+        const SLACK: f64 = 0.05;
+        self.restarts.iter().any(|(_, _, _, stopped, _)| from - SLACK <= *stopped && *stopped <= to + SLACK)
+    }
+
     fn serving_at(&self, era: Era, at: f64) -> bool {
         self.up.iter().any(|(_, p, a, b)| era.served_by(p) && *a <= at && at <= *b)
     }
@@ -760,7 +768,10 @@ fn classify(r: &mut Request, timeline: &Timeline) {
                 }
             }
             Some(503) => {
-                r.expected = !timeline.serving_at(r.era, r.t) && timeline.restarting(r.era, r.t);
+                let raced_stop = timeline.stopped_during(r.t, r.end())
+                    && r.message.as_deref().is_some_and(|m| m.contains("connection_termination"));
+                r.expected =
+                    raced_stop || (!timeline.serving_at(r.era, r.t) && timeline.restarting(r.era, r.t));
                 Class::Unavailable
             }
             _ => Class::OtherStatus,
