@@ -1106,9 +1106,11 @@ pub fn markdown_table(runs: &[Run]) -> String {
         Class::CorrectNotFound,
     ] {
         match class {
-            Class::Unavailable => row("503 (unexpected: not while a GVR's sole server restarted)", &|r| {
-                format!("{} ({})", r.count(class), r.unexpected_503)
-            }),
+            Class::Unavailable => {
+                row("503 (unexpected: not while every server of the GVR restarted or was away)", &|r| {
+                    format!("{} ({})", r.count(class), r.unexpected_503)
+                })
+            }
             _ => row(class.label(), &|r| r.count(class).to_string()),
         }
     }
