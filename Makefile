@@ -26,6 +26,7 @@ fmt-check:
 ## Clippy with warnings as errors, for the host and for the filter's target.
 lint: fmt-check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p skewgate-harness --test e2e_real -- -D warnings
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
 
 ## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
@@ -39,13 +40,26 @@ test-wasm:
 
 test: setup lint test-host test-wasm
 
+## Real kube-apiserver and etcd binaries (yours, by path) for `make e2e` and `make drill`; without
+## them both run on stand-ins. The project never builds or downloads them.
+KUBE_APISERVER ?=
+ETCD ?=
+REAL_ENV = SKEWGATE_KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" SKEWGATE_ETCD="$(abspath $(ETCD))"
+
 ## End-to-end scenarios on local skewed clusters (real Envoy + filter, sidecar, stand-ins, the pinned
 ## kubectl), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).
+## With KUBE_APISERVER=PATH ETCD=PATH: the scenarios real apiservers can answer
+## (harness/tests/e2e_real.rs), one at a time, on three real kube-apiservers and one etcd.
 E2E_THREADS ?= 3
 e2e: wasm
 	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/e2e-summary.XXXXXX); started=$$(date +%s); status=0; \
-	  SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
-	    cargo test -p skewgate-harness --test e2e -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	  if [ -n "$(KUBE_APISERVER)$(ETCD)" ]; then \
+	    $(REAL_ENV) SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
+	      cargo test -p skewgate-harness --test e2e_real -- --nocapture --test-threads=1 || status=$$?; \
+	  else \
+	    SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
+	      cargo test -p skewgate-harness --test e2e -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
 	  rm -rf "$$summary"; exit $$status
 
@@ -71,6 +85,8 @@ explain-example:
 
 ## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
 ## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N.
+## With KUBE_APISERVER=PATH ETCD=PATH: real kube-apiservers (@1.33 with betas → native), results in
+## drill/results/real-*, README untouched.
 drill:
 	$(MAKE) release
-	target/release/drill $(DRILL_ARGS)
+	$(REAL_ENV) target/release/drill $(DRILL_ARGS)

@@ -76,9 +76,9 @@ impl HttpContext for Http {
         // Envoy sets x-forwarded-client-cert on mTLS connections and removes a client's own
         // (SANITIZE_SET in the shipped bootstrap), so its absence saves a host call on every
         // request of a token client. Its content is never trusted: the subject comes from the
-        // verified connection; a forged header only costs that call.
-        // A subject that cannot be read is passed on empty: the decision refuses it rather than
-        // treating the client as one without a certificate.
+        // verified connection; a forged header only costs that call. A subject that cannot be
+        // read is passed on empty: the decision refuses it rather than treating the client as
+        // one without a certificate.
         let subject = match table.policy().client_cert_identity && client_cert {
             true => Some(host::property(&["connection", "subject_peer_certificate"]).unwrap_or_default()),
             false => None,
@@ -113,8 +113,8 @@ impl HttpContext for Http {
                     host::set_request_header("if-none-match", None);
                     self.compose = Some(reply.status);
                 }
-                // Every host call costs a few µs; most requests take the default route, and a
-                // client that names the long-running route itself only drops its own timeout.
+                // Every host call costs a few µs: only long-running requests get the route header
+                // (a client's own x-skewgate-* headers were stripped above).
                 if route.long_running {
                     host::set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
                 }
@@ -132,12 +132,13 @@ impl HttpContext for Http {
                     if table.policy().x509_credential_id {
                         // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER,
                         // which is what kube-apiserver's x509 authenticator records.
-                        if let Some(digest) =
-                            host::property(&["connection", "sha256_peer_certificate_digest"])
-                                .filter(|d| !d.is_empty() && d.iter().all(u8::is_ascii_hexdigit))
-                        {
-                            let value = format!("X509SHA256={}", String::from_utf8_lossy(&digest));
-                            host::set_request_header(CREDENTIAL_ID_HEADER, Some(&value));
+                        let digest = host::property(&["connection", "sha256_peer_certificate_digest"]);
+                        let id = digest
+                            .as_deref()
+                            .and_then(|d| std::str::from_utf8(d).ok())
+                            .and_then(identity::x509_credential_id);
+                        if let Some(id) = id {
+                            host::set_request_header(CREDENTIAL_ID_HEADER, Some(&id));
                         }
                     }
                 }

@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 
 use crate::cluster::{self, Cluster, Credentials};
 use crate::echo::SERVED_BY;
+use crate::real;
 
 const OLD: &str = "1.33";
 const NEW: &str = "1.36";
@@ -100,6 +101,9 @@ pub struct Options {
     /// Restarts: how long b refuses connections between its old process stopping and its new
     /// one listening (zero: at once; a real kube-apiserver takes 0.9–2.2 s).
     pub down: Duration,
+    /// Real kube-apiserver and etcd binaries instead of stand-ins: the old era is
+    /// [`REAL_OLD`], the new one [`REAL_NEW`]; their own start-up replaces `ready_delay`.
+    pub real: Option<real::Binaries>,
 }
 
 impl Options {
@@ -115,6 +119,25 @@ impl Options {
             away: None,
             restarts: 10,
             down: Duration::ZERO,
+            real: None,
+        }
+    }
+
+    /// The apiserver spec of an era (`OLD` or `NEW`): the stand-in profile, or with real binaries
+    /// the kube-apiserver spec.
+    fn spec(&self, era: &str) -> String {
+        match (&self.real, era) {
+            (None, _) => era.to_string(),
+            (Some(_), OLD) => REAL_OLD.to_string(),
+            (Some(_), _) => REAL_NEW.to_string(),
+        }
+    }
+
+    /// The GVRs listed and created: the stand-in eras', or what real 1.36 binaries serve.
+    fn gvrs(&self) -> (&'static [Gvr; 10], &'static [Gvr; 3]) {
+        match self.real {
+            None => (&LISTS, &CREATES),
+            Some(_) => (&REAL_LISTS, &REAL_CREATES),
         }
     }
 
@@ -244,6 +267,38 @@ const LISTS: [Gvr; 10] = [
 const CREATES: [Gvr; 3] = [
     gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
     gvr("resource.k8s.io", "v1alpha3", "deviceclasses", "DeviceClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
+];
+
+/// Real binaries: the old era is a 1.36 kube-apiserver emulating 1.33 with its beta APIs on (as
+/// many 1.33 control planes run), the new one the binary's own version.
+pub const REAL_OLD: &str = "kube-apiserver@1.33:--runtime-config=api/beta=true";
+pub const REAL_NEW: &str = "kube-apiserver";
+
+/// [`LISTS`] for real 1.36 binaries (same positions: 8 and 9 are watched).
+const REAL_LISTS: [Gvr; 10] = [
+    gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1beta1", "resourceclaims", "ResourceClaim", true, Era::Old),
+    gvr("networking.k8s.io", "v1beta1", "ipaddresses", "IPAddress", false, Era::Old),
+    gvr("storage.k8s.io", "v1beta1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::Old),
+    gvr("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, Era::New),
+    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
+    gvr(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingadmissionpolicies",
+        "MutatingAdmissionPolicy",
+        false,
+        Era::New,
+    ),
+    gvr("storage.k8s.io", "v1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::New),
+    gvr("", "v1", "pods", "Pod", true, Era::Both),
+    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
+];
+
+const REAL_CREATES: [Gvr; 3] = [
+    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
+    gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
     gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
 ];
 
@@ -480,6 +535,8 @@ fn plan(seed: u64, n: usize) -> Vec<Op> {
 }
 
 struct Shared {
+    lists: &'static [Gvr; 10],
+    creates: &'static [Gvr; 3],
     client: reqwest::Client,
     base: String,
     epoch: Instant,
@@ -537,7 +594,7 @@ fn response_ok(status: Option<u16>) -> bool {
 async fn operation(s: Arc<Shared>, op: Op) {
     match op {
         Op::List(i) => {
-            let g = &LISTS[i];
+            let g = &s.lists[i];
             let url = format!("{}{}?limit=500", s.base, g.collection());
             let req = s.client.get(url).header("accept", "application/json");
             let r = send(&s, req, g.name(), "list", g.era, None).await;
@@ -549,7 +606,7 @@ async fn operation(s: Arc<Shared>, op: Op) {
             s.push(r);
         }
         Op::CreateRead(i, n) => {
-            let g = &CREATES[i];
+            let g = &s.creates[i];
             let name = format!("drill-{n}");
             let mut body = json!({"apiVersion": g.api_version(), "kind": g.kind, "metadata": {"name": name}});
             if g.namespaced {
@@ -581,7 +638,7 @@ async fn operation(s: Arc<Shared>, op: Op) {
 
 /// A long watch of configmaps or pods, re-established whenever it ends, until the load stops.
 async fn watch(s: Arc<Shared>, which: usize) {
-    let g = &LISTS[8 + which % 2];
+    let g = &s.lists[8 + which % 2];
     let mut round = 0u64;
     while !s.stop.load(Ordering::SeqCst) {
         let url = format!(
@@ -731,8 +788,11 @@ pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
         }
     ));
     let _ = std::fs::remove_dir_all(&dir);
-    let specs = o.variant.profiles();
+    let specs: Vec<(&str, String)> =
+        o.variant.profiles().iter().map(|(id, era)| (*id, o.spec(era))).collect();
+    let specs: Vec<(&str, &str)> = specs.iter().map(|(id, spec)| (*id, spec.as_str())).collect();
     let mut options = cluster::Options::ephemeral(&dir, &specs);
+    options.real = o.real.clone();
     options.sidecar = mode == Mode::Skewgate;
     options.plain_lb = mode == Mode::PlainLb;
     options.poll_period = o.poll;
@@ -793,12 +853,17 @@ impl Phase {
         o: &Options,
         table_from: Option<String>,
     ) -> Result<f64> {
-        match o.ready_delay.is_zero() {
-            true => c.start_apiserver(id, profile).await?,
-            false => c.boot_apiserver(id, profile, o.ready_delay).await?,
+        let spec = o.spec(profile);
+        // A real kube-apiserver is spawned and goes through its own start-up.
+        match o.ready_delay.is_zero() && o.real.is_none() {
+            true => c.start_apiserver(id, &spec).await?,
+            false => c.boot_apiserver(id, &spec, o.ready_delay).await?,
         }
         let booted = self.event(id, "boot", profile);
-        let serving = booted + o.ready_delay.as_secs_f64();
+        let serving = match o.real {
+            None => booted + o.ready_delay.as_secs_f64(),
+            Some(_) => booted,
+        };
         let deadline = Instant::now() + Duration::from_secs(60);
         let (mut healthy, mut followed) = (None, table_from.is_none().then_some(0.0));
         while healthy.is_none() || followed.is_none() {
@@ -907,7 +972,10 @@ async fn restarts(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) 
 
 async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &Timing) -> Result<Run> {
     let client = c.client(Credentials::AdminToken, Duration::from_secs(5))?;
+    let (lists, creates) = o.gvrs();
     let shared = Arc::new(Shared {
+        lists,
+        creates,
         client,
         base: c.envoy_url()?,
         epoch: Instant::now(),
@@ -1042,15 +1110,23 @@ pub fn results_json(o: &Options, runs: &[Run]) -> Value {
         "readyDelaySeconds": o.ready_delay.as_secs_f64(),
         "pollSeconds": o.poll.as_secs_f64(),
         "awaySeconds": (o.variant == Variant::LeaveAndReturn).then(|| o.away().as_secs_f64()),
+        "apiservers": match &o.real {
+            None => json!({"stand-ins": {"old": OLD, "new": NEW}}),
+            Some(b) => json!({"kube-apiserver": b.version().ok().flatten(), "old": REAL_OLD, "new": REAL_NEW}),
+        },
         "runs": runs,
     })
 }
 
 /// What the run was, in one sentence for the README.
 pub fn settings(o: &Options) -> String {
-    let ready = match o.ready_delay.is_zero() {
-        true => "ready the instant they start".to_string(),
-        false => format!("ready {} s after they start", o.ready_delay.as_secs_f64()),
+    let ready = match (&o.real, o.ready_delay.is_zero()) {
+        (Some(b), _) => format!(
+            "real {} ({REAL_OLD} → {REAL_NEW}), ready when their own start-up is done",
+            b.version().ok().flatten().unwrap_or_else(|| "kube-apiservers".into())
+        ),
+        (None, true) => "ready the instant they start".to_string(),
+        (None, false) => format!("ready {} s after they start", o.ready_delay.as_secs_f64()),
     };
     let what = match o.variant {
         Variant::Upgrade => "three apiservers upgraded from 1.33 to 1.36 one at a time".to_string(),
@@ -1243,20 +1319,25 @@ pub fn readme_part(o: &Options, runs: &[Run]) -> String {
         Variant::Restarts => "Restarts",
     };
     format!(
-        "**{title}** (`make drill DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
+        "**{title}** (`make drill {}DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
+        if o.real.is_some() { "KUBE_APISERVER=PATH ETCD=PATH " } else { "" },
         args(o),
         settings(o),
         markdown_table(runs),
-        timeline_file(o.variant)
+        match o.real {
+            None => timeline_file(o.variant),
+            Some(_) => format!("real-{}", timeline_file(o.variant)),
+        }
     )
 }
 
 /// The drill arguments that reproduce `o`.
 fn args(o: &Options) -> String {
-    let mut args = vec![
-        format!("--ready-delay {}", o.ready_delay.as_secs_f64()),
-        format!("--poll {}", o.poll.as_secs_f64()),
-    ];
+    let mut args = match o.real {
+        None => vec![format!("--ready-delay {}", o.ready_delay.as_secs_f64())],
+        Some(_) => Vec::new(),
+    };
+    args.push(format!("--poll {}", o.poll.as_secs_f64()));
     match o.variant {
         Variant::Upgrade => {}
         Variant::LeaveAndReturn => args.push("--leave-and-return".into()),

@@ -10,4 +10,5 @@ pub mod kubectl;
 pub mod load;
 pub mod paths;
 pub mod pki;
+pub mod real;
 pub mod standin;

@@ -3,19 +3,25 @@
 //! --leave-and-return, the only 1.36 apiserver of a skewed cluster away past the sidecar's old
 //! grace period and back. Writes drill/results/latest.json and the variant's plot, and (not with
 //! --quick) drill/results/<variant>.json and .md and the README's drill section, which keeps
-//! both variants' tables.
+//! both variants' tables. On real binaries (`--kube-apiserver PATH --etcd PATH`, or
+//! `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`) the same files are named `real-…` and the
+//! README is left alone.
 //!
 //! Usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS]
 //!              [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]
+//!              [--kube-apiserver PATH --etcd PATH]
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use skewgate_harness::drill::{self, Options, Variant};
 use skewgate_harness::paths;
+use skewgate_harness::real::Binaries;
 
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
-                     [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]";
+                     [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \
+                     [--kube-apiserver PATH --etcd PATH]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -31,6 +37,7 @@ fn main() -> Result<()> {
     let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
     let mut variant = Variant::Upgrade;
     let (mut restarts, mut down) = (None, None);
+    let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -46,6 +53,8 @@ fn main() -> Result<()> {
             }
             "--away" => away = Some(seconds("--away", args.next(), false)?),
             "--down" => down = Some(seconds("--down", args.next(), true)?),
+            "--kube-apiserver" => kube_apiserver = Some(args.next().context("--kube-apiserver PATH")?.into()),
+            "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -86,27 +95,41 @@ fn main() -> Result<()> {
     if let Some(d) = down {
         o.down = d;
     }
+    o.real = match (kube_apiserver, etcd) {
+        (Some(k), Some(e)) => Some(Binaries::new(Some(&k), &e)?),
+        (None, None) => Binaries::from_env()?,
+        _ => bail!("--kube-apiserver and --etcd go together; {USAGE}"),
+    };
+    if o.real.is_some() && ready_delay.is_some() {
+        bail!("--ready-delay is for stand-ins: real kube-apiservers take their own start-up");
+    }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = runtime.block_on(drill::drill(&o))?;
     let root = paths::workspace_root();
     let out = root.join("drill/results");
     std::fs::create_dir_all(&out)?;
+    // Real binaries' results sit next to the stand-ins' and stay out of the README's section.
+    let prefix = if o.real.is_some() { "real-" } else { "" };
+    let (latest, timeline) =
+        (format!("{prefix}latest.json"), format!("{prefix}{}", drill::timeline_file(variant)));
     let results = serde_json::to_string_pretty(&drill::results_json(&o, &runs))?;
-    std::fs::write(out.join("latest.json"), &results)?;
-    std::fs::write(out.join(drill::timeline_file(variant)), drill::timeline_svg(&runs))?;
+    std::fs::write(out.join(&latest), &results)?;
+    std::fs::write(out.join(&timeline), drill::timeline_svg(&runs))?;
+    let readme = !quick && o.real.is_none();
     if !quick {
-        std::fs::write(out.join(format!("{}.json", variant.key())), &results)?;
-        std::fs::write(out.join(format!("{}.md", variant.key())), drill::readme_part(&o, &runs))?;
+        std::fs::write(out.join(format!("{prefix}{}.json", variant.key())), &results)?;
+        std::fs::write(out.join(format!("{prefix}{}.md", variant.key())), drill::readme_part(&o, &runs))?;
+    }
+    if readme {
         drill::update_readme(&root.join("README.md"), &out)?;
     }
     println!("{}", drill::settings(&o));
     println!("{}", drill::markdown_table(&runs));
     println!(
-        "drill took {:.0} s; wrote drill/results/latest.json, drill/results/{}{}",
+        "drill took {:.0} s; wrote drill/results/{latest}, drill/results/{timeline}{}",
         started.elapsed().as_secs_f64(),
-        drill::timeline_file(variant),
-        if quick { "" } else { ", README.md" }
+        if readme { ", README.md" } else { "" }
     );
     Ok(())
 }
