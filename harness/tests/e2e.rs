@@ -991,9 +991,8 @@ async fn upgrade_in_place() -> Result<Row> {
 
     // A: graceful, the way kube-apiserver restarts: unready and drained first
     // (--shutdown-delay-duration), stopped, back as the 1.36 era, ready once its post-start hooks
-    // are done. The sidecar has the new table live before then (poll 1 s); see
-    // `an_upgraded_apiserver_ready_at_once_gets_no_request_for_what_it_dropped` for a restart
-    // that turns ready before the sidecar's next poll.
+    // are done. The sidecar has the new table live before then; harness/tests/drill.rs upgrades
+    // apiservers that are ready the instant they start, with a 5 s poll.
     let drain_started = load.now();
     let drained = c.drain_apiserver("b", Duration::from_secs(10)).await?;
     c.stop_apiserver("b").await?;

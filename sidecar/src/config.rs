@@ -50,7 +50,7 @@ maxBodyBytes = 16777216
 
 [health]                               # Envoy's active health checks of the apiservers
 interval = "2s"
-timeout = "1s"
+timeout = "1s"                         # also bounds each of the sidecar's own probes
 connectTimeout = "1s"
 
 [[apiservers]]
