@@ -53,6 +53,11 @@ pub enum Variant {
     /// a, b at 1.33 and c at 1.36 (the only server of the 1.36 era's APIs); c is drained and
     /// stopped, stays away past the sidecar's old grace period, and comes back as it was.
     LeaveAndReturn,
+    /// a at 1.33, c at 1.36, and b restarted `Options::restarts` times, alternating between the
+    /// two, without a drain: stopped and started again at once (what a crash-looping or
+    /// hastily restarted apiserver does). Measures how long b is kept out and how long its
+    /// re-admission takes.
+    Restarts,
 }
 
 impl Variant {
@@ -61,13 +66,14 @@ impl Variant {
         match self {
             Variant::Upgrade => "upgrade",
             Variant::LeaveAndReturn => "leave-and-return",
+            Variant::Restarts => "restarts",
         }
     }
 
     fn profiles(self) -> [(&'static str, &'static str); 3] {
         match self {
             Variant::Upgrade => [("a", OLD), ("b", OLD), ("c", OLD)],
-            Variant::LeaveAndReturn => [("a", OLD), ("b", OLD), ("c", NEW)],
+            Variant::LeaveAndReturn | Variant::Restarts => [("a", OLD), ("b", OLD), ("c", NEW)],
         }
     }
 }
@@ -90,6 +96,11 @@ pub struct Options {
     /// sidecar used to have — five poll periods in the harness, 30 s by default — by 5 s, or by
     /// 1 s with `quick`).
     pub away: Option<Duration>,
+    /// Restarts: how many.
+    pub restarts: usize,
+    /// Restarts: how long b refuses connections between its old process stopping and its new
+    /// one listening (zero: at once; a real kube-apiserver takes 0.9–2.2 s).
+    pub down: Duration,
     /// Real kube-apiserver and etcd binaries instead of stand-ins: the old era is
     /// [`REAL_OLD`], the new one [`REAL_NEW`]; their own start-up replaces `ready_delay`.
     pub real: Option<real::Binaries>,
@@ -106,6 +117,8 @@ impl Options {
             poll: Duration::from_secs(1),
             variant: Variant::Upgrade,
             away: None,
+            restarts: 10,
+            down: Duration::ZERO,
             real: None,
         }
     }
@@ -445,6 +458,11 @@ pub struct Run {
     /// Per restart (or return): from the moment it served again (`boot`, or `ready` with a
     /// ready delay) to Envoy sending it requests.
     pub readmission_seconds: Vec<f64>,
+    /// Per restart (or return): from its drain (or stop, without one) to Envoy sending it
+    /// requests again.
+    pub out_seconds: Vec<f64>,
+    /// Per restart (or return): from its drain (or stop) to Envoy sending it no new request.
+    pub exclusion_seconds: Vec<f64>,
     pub duration_seconds: f64,
     pub events: Vec<Event>,
     /// Errors per second by class: seconds → class → count.
@@ -465,8 +483,9 @@ impl Run {
             .take(at_most)
             .map(|r| {
                 format!(
-                    "\n  {:.2}s {} {} -> {:?} {} by {}: {}",
+                    "\n  {:.2}s (+{:.0} ms) {} {} -> {:?} {} by {}: {}",
                     r.t,
+                    r.latency_ms,
                     r.verb,
                     r.gvr,
                     r.status,
@@ -794,6 +813,7 @@ struct Phase {
     /// Since when Envoy sends each apiserver requests, with its profile then.
     up_since: BTreeMap<&'static str, (f64, &'static str)>,
     readmissions: Vec<f64>,
+    exclusions: Vec<f64>,
 }
 
 impl Phase {
@@ -814,6 +834,7 @@ impl Phase {
         let drain = self.event(id, "drain", profile);
         self.timeline.up.push((id.into(), profile.into(), since, drain));
         c.drain_apiserver(id, Duration::from_secs(15)).await?;
+        self.exclusions.push(self.now() - drain);
         // kube-apiserver's --shutdown-delay-duration: unready, still serving what reaches it.
         tokio::time::sleep(timing.shutdown_delay).await;
         self.event(id, "stop", profile);
@@ -897,6 +918,53 @@ async fn leave_and_return(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &
     Ok(())
 }
 
+/// How long until Envoy's `/clusters` shows the apiserver at `url` healthy in none of its
+/// clusters (`None`: not within 10 s).
+async fn until_excluded(clusters: String, url: String) -> Option<Duration> {
+    let started = Instant::now();
+    let port = url.rsplit(':').next().unwrap_or_default().to_string();
+    let client = reqwest::Client::builder().no_proxy().build().ok()?;
+    while started.elapsed() < Duration::from_secs(10) {
+        if let Ok(text) = client.get(&clusters).send().await {
+            if let Ok(text) = text.text().await {
+                let flags: Vec<&str> =
+                    text.lines().filter(|l| l.contains(&format!(":{port}::health_flags::"))).collect();
+                if !flags.is_empty() && flags.iter().all(|l| !l.ends_with("::healthy")) {
+                    return Some(started.elapsed());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    None
+}
+
+/// b stopped and started again at once with the other release, `o.restarts` times.
+async fn restarts(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) -> Result<()> {
+    let id = "b";
+    for _ in 0..o.restarts {
+        let (since, from) = p.up_since[id];
+        let to = if from == OLD { NEW } else { OLD };
+        let generation = match p.mode {
+            Mode::Skewgate => Some(c.table_on_disk()?.generation().to_string()),
+            Mode::PlainLb => None,
+        };
+        let stop = p.event(id, "stop", from);
+        p.timeline.up.push((id.into(), from.into(), since, stop));
+        let excluded = tokio::spawn(until_excluded(c.envoy()?.admin_url("/clusters"), c.apiserver_url(id)?));
+        c.stop_apiserver(id).await?;
+        // A real kube-apiserver refuses connections for 0.9–2.2 s after it starts.
+        tokio::time::sleep(o.down).await;
+        let healthy = p.boot(c, id, to, o, generation).await?;
+        if let Ok(Some(after)) = excluded.await {
+            p.exclusions.push(after.as_secs_f64());
+        }
+        p.timeline.restarts.push((id.into(), from.into(), to.into(), stop, healthy));
+        tokio::time::sleep(timing.pause).await;
+    }
+    Ok(())
+}
+
 async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &Timing) -> Result<Run> {
     let client = c.client(Credentials::AdminToken, Duration::from_secs(5))?;
     let (lists, creates) = o.gvrs();
@@ -950,11 +1018,13 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         timeline: Timeline::default(),
         up_since: o.variant.profiles().into_iter().map(|(id, pr)| (id, (f64::NEG_INFINITY, pr))).collect(),
         readmissions: Vec::new(),
+        exclusions: Vec::new(),
     };
     tokio::time::sleep(timing.warmup).await;
     match o.variant {
         Variant::Upgrade => rolling_upgrade(&mut p, c, o, timing).await?,
         Variant::LeaveAndReturn => leave_and_return(&mut p, c, o, timing).await?,
+        Variant::Restarts => restarts(&mut p, c, o, timing).await?,
     }
     tokio::time::sleep(timing.cooldown).await;
     shared.stop.store(true, Ordering::SeqCst);
@@ -964,7 +1034,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         let _ = w.await;
     }
     let duration = p.now();
-    let Phase { events, mut timeline, up_since, readmissions, .. } = p;
+    let Phase { events, mut timeline, up_since, readmissions, exclusions, .. } = p;
     for (id, (since, profile)) in up_since {
         timeline.up.push((id.into(), profile.into(), since, f64::INFINITY));
     }
@@ -1006,6 +1076,8 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         p99_ms: percentile(&latencies, 0.99),
         upgrade_seconds: last_healthy - first_drain,
         readmission_seconds: readmissions,
+        out_seconds: timeline.restarts.iter().map(|r| r.4 - r.3).collect(),
+        exclusion_seconds: exclusions,
         duration_seconds: duration,
         events,
         errors_per_second,
@@ -1056,6 +1128,12 @@ pub fn settings(o: &Options) -> String {
         Variant::LeaveAndReturn => format!(
             "a and b at 1.33, c (the only 1.36 apiserver) drained, stopped for {:.0} s and back",
             o.away().as_secs_f64()
+        ),
+        Variant::Restarts => format!(
+            "a at 1.33, c at 1.36, b restarted {} times without a drain, alternating 1.33 and 1.36, \
+             listening again {} s after its old process stopped",
+            o.restarts,
+            o.down.as_secs_f64()
         ),
     };
     format!(
@@ -1113,6 +1191,10 @@ pub fn markdown_table(runs: &[Run]) -> String {
     row("watches established / cut mid-stream", &|r| format!("{} / {}", r.watches_established, r.watch_cuts));
     row("latency p50 / p99", &|r| format!("{:.1} / {:.1} ms", r.p50_ms, r.p99_ms));
     row("first drain → last healthy", &|r| format!("{:.1} s", r.upgrade_seconds));
+    row("drain (or stop) → Envoy sends it no new request (median / max)", &|r| {
+        median_max(&r.exclusion_seconds)
+    });
+    row("drain (or stop) → Envoy sends it requests again (median / max)", &|r| median_max(&r.out_seconds));
     row("serving again → Envoy sends it requests (median / max)", &|r| median_max(&r.readmission_seconds));
     md
 }
@@ -1121,6 +1203,7 @@ pub fn markdown_table(runs: &[Run]) -> String {
 pub fn timeline_svg(runs: &[Run]) -> String {
     let title = match runs.first().map(|r| r.variant) {
         Some(Variant::LeaveAndReturn) => "The only 1.36 apiserver away and back under load",
+        Some(Variant::Restarts) => "An apiserver restarted again and again under load",
         _ => "Rolling upgrade 1.33 → 1.36 under load",
     };
     let (w, panel, left, right, top, gap) = (860.0, 220.0, 60.0, 200.0, 34.0, 50.0);
@@ -1226,6 +1309,7 @@ pub fn readme_part(o: &Options, runs: &[Run]) -> String {
     let title = match o.variant {
         Variant::Upgrade => "Rolling upgrade",
         Variant::LeaveAndReturn => "Leave and return",
+        Variant::Restarts => "Restarts",
     };
     format!(
         "**{title}** (`make drill {}DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
@@ -1247,8 +1331,10 @@ fn args(o: &Options) -> String {
         Some(_) => Vec::new(),
     };
     args.push(format!("--poll {}", o.poll.as_secs_f64()));
-    if o.variant == Variant::LeaveAndReturn {
-        args.push("--leave-and-return".into());
+    match o.variant {
+        Variant::Upgrade => {}
+        Variant::LeaveAndReturn => args.push("--leave-and-return".into()),
+        Variant::Restarts => args.push(format!("--restarts {} --down {}", o.restarts, o.down.as_secs_f64())),
     }
     if o.rate != Options::new(false).rate {
         args.push(format!("--rate {}", o.rate));
@@ -1264,7 +1350,7 @@ pub fn update_readme(readme: &Path, results: &Path) -> Result<()> {
         anyhow::bail!("{} lacks the {README_BEGIN} … {README_END} markers", readme.display());
     };
     let mut parts = Vec::new();
-    for variant in [Variant::Upgrade, Variant::LeaveAndReturn] {
+    for variant in [Variant::Upgrade, Variant::LeaveAndReturn, Variant::Restarts] {
         if let Ok(part) = std::fs::read_to_string(results.join(format!("{}.md", variant.key()))) {
             parts.push(part);
         }

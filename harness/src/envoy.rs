@@ -52,6 +52,31 @@ impl Settings {
     }
 }
 
+/// A raw TLS connection to a listener on 127.0.0.1 (trusting `ca`, presenting `client` if
+/// given), for requests that must reach Envoy byte for byte as written.
+pub async fn connect_tls(
+    ca: &Path,
+    client: Option<&crate::pki::Pair>,
+    port: u16,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in crate::echo::load_certs(ca)? {
+        roots.add(cert)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let config = match client {
+        Some(pair) => builder
+            .with_client_auth_cert(crate::echo::load_certs(&pair.cert)?, crate::echo::load_key(&pair.key)?)?,
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    Ok(connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?)
+}
+
 /// A port free right now on 127.0.0.1.
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())

@@ -33,6 +33,11 @@ fn check(runs: &[Run]) -> Result<&Run> {
         plain.count(Class::WrongNotFound) > 0,
         "the plain-LB run shows no wrong 404s: the drill does not exercise the skew"
     );
+    check_skewgate(skewgate)?;
+    Ok(skewgate)
+}
+
+fn check_skewgate(skewgate: &Run) -> Result<()> {
     for class in
         [Class::WrongNotFound, Class::LostWrite, Class::Connection, Class::Timeout, Class::OtherStatus]
     {
@@ -51,7 +56,7 @@ fn check(runs: &[Run]) -> Result<&Run> {
         skewgate.failures(Class::Unavailable, 10)
     );
     ensure!(skewgate.count(Class::Success) > 0);
-    Ok(skewgate)
+    Ok(())
 }
 
 /// Every apiserver upgraded while it is ready the instant it starts, at the production poll
@@ -72,5 +77,48 @@ async fn quick_drill_leave_and_return() -> Result<()> {
     let runs = quick(Variant::LeaveAndReturn, Duration::ZERO, Duration::from_secs(1)).await?;
     let skewgate = check(&runs)?;
     ensure!(skewgate.count(Class::Unavailable) > 0, "no 503 while c was away: did it leave at all?");
+    Ok(())
+}
+
+/// b restarted ten times without a drain, alternating releases, ready the instant it listens
+/// again (1 s after its old process stopped: a real kube-apiserver takes 0.9–2.2 s), production
+/// poll: no request of the load goes wrong, and how long b was kept out and how long its
+/// re-admission took are printed (measured, not asserted). skewgate only: the other tests
+/// show what the plain LB does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarts_are_measured() -> Result<()> {
+    let mut o = Options::new(true);
+    o.work = o.work.with_file_name(format!("drill-test-restarts-{}", std::process::id()));
+    o.variant = Variant::Restarts;
+    o.restarts = 10;
+    o.down = Duration::from_secs(1);
+    o.ready_delay = Duration::ZERO;
+    o.poll = Duration::from_secs(5);
+    let run = drill::run(Mode::Skewgate, &o).await?;
+    let _ = std::fs::remove_dir(&o.work);
+    println!("{}\n{}", drill::settings(&o), drill::markdown_table(std::slice::from_ref(&run)));
+    let stats = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[v.len() - 1])
+    };
+    let (excluded_median, excluded_max) = stats(&run.exclusion_seconds);
+    let (out_median, out_max) = stats(&run.out_seconds);
+    let (in_median, in_max) = stats(&run.readmission_seconds);
+    println!(
+        "over {} restarts: stop → Envoy sends it no new request median {excluded_median:.3} s, max \
+         {excluded_max:.3} s; kept out (stop → Envoy sends it requests again) median {out_median:.3} s, max \
+         {out_max:.3} s; re-admission (serving again → Envoy sends it requests) median {in_median:.3} s, max \
+         {in_max:.3} s",
+        run.out_seconds.len()
+    );
+    ensure!(
+        [&run.exclusion_seconds, &run.out_seconds, &run.readmission_seconds].iter().all(|v| v.len() == 10),
+        "not every restart was measured: {:?} {:?} {:?}",
+        run.exclusion_seconds,
+        run.out_seconds,
+        run.readmission_seconds
+    );
+    check_skewgate(&run)?;
     Ok(())
 }

@@ -23,8 +23,8 @@ use skewgate::sync::{Standing, SyncReport};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::table::RoutingTable;
 use skewgate_harness::cluster::{self, Cluster, Credentials, Options};
-use skewgate_harness::echo::{self, SERVED_BY};
-use skewgate_harness::envoy::Envoy;
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::envoy::{self, Envoy};
 use skewgate_harness::kubectl::{self, Kubectl};
 use skewgate_harness::load::{Load, Record, Report, Settings, Target};
 use skewgate_harness::paths;
@@ -1351,18 +1351,8 @@ async fn transport_security() -> Result<Row> {
 /// Envoy byte for byte as written. (status, response headers, body)
 async fn raw_request(c: &Cluster, request: &[u8]) -> Result<(u16, Vec<(String, String)>, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in echo::load_certs(&c.pki.cluster_ca.cert_path)? {
-        roots.add(cert)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(echo::load_certs(&c.pki.alice.cert)?, echo::load_key(&c.pki.alice.key)?)?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", c.envoy()?.settings.listen_port)).await?;
-    let mut tls = connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?;
+    let port = c.envoy()?.settings.listen_port;
+    let mut tls = envoy::connect_tls(&c.pki.cluster_ca.cert_path, Some(&c.pki.alice), port).await?;
     tls.write_all(request).await?;
     let mut response = Vec::new();
     match tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await {
@@ -1823,18 +1813,8 @@ fn client_with(c: &Cluster, pair: &skewgate_harness::pki::Pair) -> Result<reqwes
 /// Opens a TLS connection, sends half a request head and waits for Envoy to close it.
 async fn slow_headers_closed(c: &Cluster) -> Result<Duration> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in echo::load_certs(&c.pki.cluster_ca.cert_path)? {
-        roots.add(cert)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", c.envoy()?.settings.listen_port)).await?;
-    let mut tls = connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?;
+    let port = c.envoy()?.settings.listen_port;
+    let mut tls = envoy::connect_tls(&c.pki.cluster_ca.cert_path, None, port).await?;
     let started = Instant::now();
     tls.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n").await?;
     let mut rest = Vec::new();

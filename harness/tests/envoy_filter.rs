@@ -515,19 +515,8 @@ fn shipped_envoy_configs_validate() -> Result<()> {
 /// One raw HTTP/1.1 exchange over TLS, so that paths reach Envoy exactly as written.
 async fn raw_request(f: &Fixture, request: &[u8]) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in echo::load_certs(&f.dir.join("pki/cluster-ca.crt"))? {
-        roots.add(cert)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", f.envoy.settings.listen_port)).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    let mut tls = connector.connect(name, tcp).await?;
+    let ca = f.dir.join("pki/cluster-ca.crt");
+    let mut tls = skewgate_harness::envoy::connect_tls(&ca, None, f.envoy.settings.listen_port).await?;
     tls.write_all(request).await?;
     let mut response = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await;

@@ -254,6 +254,7 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
         json!({"gracePeriod": "1500ms", "pollPeriod": "200ms", "probePeriod": "100ms"}),
     )?;
     assert_eq!(config.deprecations.len(), 1, "gracePeriod is reported as ignored");
+    let config_again = config.clone();
     let running = sync::spawn(config).await?;
     let ready = async {
         reqwest::get(format!("http://{}/readyz", running.listen)).await.map(|r| r.status().as_u16())
@@ -303,6 +304,15 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
         "{text}"
     );
 
+    // A sidecar restarted meanwhile keeps c's GVRs too (the last good discovery is saved), and
+    // keeps c out.
+    running.stop().await?;
+    let running = sync::spawn(config_again).await?;
+    let mut reports = running.reports.clone();
+    tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]), "a restarted sidecar forgot c");
+    assert_eq!(draining(&envoy_dir)?, BTreeSet::from(["c".to_string()]));
+
     let restarted = Instant::now();
     let addr: SocketAddr = format!("127.0.0.1:{}", apiservers[2].1).parse()?;
     cluster.start_standin("c", "1.36", addr).await?;
@@ -316,6 +326,7 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
     assert_eq!(metric(&text, "skewgate_apiserver_current{apiserver=\"c\"}"), Some(1.0), "{text}");
     assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"c\"}"), Some(1.0), "{text}");
     assert_eq!(metric(&text, "skewgate_apiserver_excluded_seconds_count"), Some(1.0), "{text}");
+    assert!(cluster.dir.join("envoy/state/discovery.json").is_file());
     assert!(metric(&text, "skewgate_gvrs").is_some_and(|n| n > 80.0), "{text}");
     running.stop().await
 }

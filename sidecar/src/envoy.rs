@@ -231,8 +231,9 @@ pub fn ecds(table_json: &str, wasm: &Path) -> Value {
     }]})
 }
 
-/// `cds` with every endpoint of the apiservers in `draining` marked `DRAINING` and every other
-/// endpoint without a health status of its own (Envoy's active health checks decide alone).
+/// `cds` with every endpoint of the apiservers in `draining` marked `DRAINING` (and left out of
+/// active health checks) and every other endpoint without a health status of its own (Envoy's
+/// active health checks decide alone).
 /// Envoy sends no new request to a `DRAINING` host, whatever its health checks say; requests
 /// under way (watches included) go on. STATIC and STRICT_DNS clusters both honour it.
 pub fn with_draining(cds: &Value, draining: &BTreeSet<String>) -> Value {
@@ -246,10 +247,22 @@ pub fn with_draining(cds: &Value, draining: &BTreeSet<String>) -> Value {
                 let id =
                     endpoint.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str);
                 let drain = id.is_some_and(|id| draining.contains(id));
-                if let Some(endpoint) = endpoint.as_object_mut() {
+                if let Some(lb_endpoint) = endpoint.as_object_mut() {
                     match drain {
-                        true => endpoint.insert("health_status".into(), json!("DRAINING")),
-                        false => endpoint.remove("health_status"),
+                        true => lb_endpoint.insert("health_status".into(), json!("DRAINING")),
+                        false => lb_endpoint.remove("health_status"),
+                    };
+                }
+                // A changed cluster takes over only once each of its hosts has been health-checked
+                // (warming): an apiserver that hangs while it stops would hold its own exclusion
+                // back for a whole check timeout. It gets no requests anyway.
+                if let Some(inner) = endpoint.get_mut("endpoint").and_then(Value::as_object_mut) {
+                    match drain {
+                        true => inner.insert(
+                            "health_check_config".into(),
+                            json!({"disable_active_health_check": true}),
+                        ),
+                        false => inner.remove("health_check_config"),
                     };
                 }
             }
@@ -398,6 +411,9 @@ mod tests {
         assert_eq!(status(&drained, 1, 0), None);
         assert_eq!(status(&drained, 2, 0), Some(json!("DRAINING")));
         assert_eq!(status(&drained, 3, 0), Some(json!("DRAINING")));
+        let b_endpoint =
+            &drained["resources"][3]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(b_endpoint["health_check_config"], json!({"disable_active_health_check": true}));
         assert_eq!(with_draining(&drained, &BTreeSet::new()), v, "undraining restores the clusters exactly");
     }
 

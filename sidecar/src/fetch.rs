@@ -30,7 +30,7 @@ const LEGACY_PARALLELISM: usize = 8;
 const ERROR_BODY_PREVIEW: usize = 512;
 
 /// One apiserver's discovery, in the aggregated form whatever it served.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct Documents {
     /// `gitVersion` from `/version`; "" when it could not be read (informational only).
     pub version: String,
@@ -41,11 +41,12 @@ pub struct Documents {
     /// Built from legacy discovery (`APIGroupList` + `APIResourceList`s).
     pub legacy: bool,
     /// The aggregated documents' ETags as the apiserver sent them: what a probe asks about.
+    #[serde(default)]
     pub etags: Etags,
 }
 
 /// `ETag`s of `/api` and `/apis` (quotes included, as sent).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
 pub struct Etags {
     pub api: Option<String>,
     pub apis: Option<String>,
@@ -56,17 +57,6 @@ impl Etags {
     pub fn both(&self) -> Option<(&str, &str)> {
         Some((self.api.as_deref()?, self.apis.as_deref()?))
     }
-}
-
-/// What a probe found: whether the apiserver is ready and still serves the documents whose
-/// ETags it was asked about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Probe {
-    /// `/readyz` answered 200.
-    pub ready: bool,
-    /// `Some(true)`: both documents unchanged (304); `Some(false)`: at least one changed;
-    /// `None`: no ETags to ask with.
-    pub unchanged: Option<bool>,
 }
 
 /// One GET's answer.
@@ -98,6 +88,8 @@ pub enum ErrorKind {
     WrongShape,
     /// Anything else on the client side (e.g. an unusable certificate file).
     Request,
+    /// The apiserver closed the connection the sidecar keeps open to it (it stopped).
+    Closed,
 }
 
 impl ErrorKind {
@@ -115,6 +107,7 @@ impl ErrorKind {
             ErrorKind::WrongKind => "wrong_kind",
             ErrorKind::WrongShape => "wrong_shape",
             ErrorKind::Request => "request",
+            ErrorKind::Closed => "closed",
         }
     }
 
@@ -146,7 +139,7 @@ impl fmt::Display for FetchError {
 impl std::error::Error for FetchError {}
 
 impl FetchError {
-    fn new(path: &str, kind: ErrorKind, detail: impl Into<String>) -> Self {
+    pub fn new(path: &str, kind: ErrorKind, detail: impl Into<String>) -> Self {
         Self { path: path.to_owned(), kind, detail: detail.into() }
     }
 
@@ -294,6 +287,20 @@ impl ClientTls {
     }
 }
 
+/// What every request of the sidecar carries: its front-proxy identity, and what
+/// kube-apiserver sends to a peer, so that an apiserver with its own peer proxy answers from its
+/// own state instead of forwarding (spec §3).
+pub fn identity_headers(identity: &Identity) -> Result<HeaderMap, ClientError> {
+    let mut headers = HeaderMap::new();
+    let value = |v: &str| HeaderValue::from_str(v).map_err(|e| ClientError(format!("identity {v:?}: {e}")));
+    headers.insert(HeaderName::from_static(REMOTE_USER), value(&identity.user)?);
+    for group in &identity.groups {
+        headers.append(HeaderName::from_static(REMOTE_GROUP), value(group)?);
+    }
+    headers.insert(HeaderName::from_static(PEER_PROXIED), HeaderValue::from_static("true"));
+    Ok(headers)
+}
+
 impl Fetcher {
     pub fn new(
         endpoint: &Endpoint,
@@ -302,16 +309,7 @@ impl Fetcher {
         identity: &Identity,
         limits: Limits,
     ) -> Result<Self, ClientError> {
-        let mut headers = HeaderMap::new();
-        let value =
-            |v: &str| HeaderValue::from_str(v).map_err(|e| ClientError(format!("identity {v:?}: {e}")));
-        headers.insert(HeaderName::from_static(REMOTE_USER), value(&identity.user)?);
-        for group in &identity.groups {
-            headers.append(HeaderName::from_static(REMOTE_GROUP), value(group)?);
-        }
-        // What kube-apiserver sends to a peer: an apiserver with its own peer proxy then answers
-        // from its own state instead of forwarding (spec §3).
-        headers.insert(HeaderName::from_static(PEER_PROXIED), HeaderValue::from_static("true"));
+        let headers = identity_headers(identity)?;
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
@@ -359,34 +357,6 @@ impl Fetcher {
             false => Etags { api: api_etag, apis: apis_etag },
         };
         Ok(Documents { version, core, apis, legacy, etags })
-    }
-
-    /// `/readyz`, and `/api` and `/apis` with `If-None-Match` of `etags`, concurrently: cheap
-    /// enough to ask every few hundred milliseconds (304s carry no body). An error means the
-    /// apiserver's discovery could not be asked at all.
-    pub async fn probe(&self, etags: &Etags) -> Result<Probe, FetchError> {
-        let ready = async {
-            match self.client.get(format!("{}/readyz", self.base)).headers(self.identity.clone()).send().await
-            {
-                Ok(response) => Ok(response.status() == reqwest::StatusCode::OK),
-                Err(e) => Err(FetchError::new("/readyz", classify(&e), describe(&e))),
-            }
-        };
-        let Some((api_tag, apis_tag)) = etags.both() else {
-            return Ok(Probe { ready: ready.await?, unchanged: None });
-        };
-        let (ready, api, apis) = tokio::join!(
-            ready,
-            self.get_tagged("/api", ACCEPT_NOPEER, Some(api_tag)),
-            self.get_tagged("/apis", ACCEPT_NOPEER, Some(apis_tag))
-        );
-        let same = |answer: Answer, tag: &str| match answer {
-            Answer::NotModified => true,
-            // A server that ignores If-None-Match but sends the same ETag has not changed.
-            Answer::Body(_, etag) => etag.as_deref() == Some(tag),
-        };
-        let unchanged = same(api?, api_tag) && same(apis?, apis_tag);
-        Ok(Probe { ready: ready?, unchanged: Some(unchanged) })
     }
 
     /// `/version` as a label; a failure only costs the label.
@@ -658,61 +628,6 @@ mod tests {
             assert_eq!(h["x-kubernetes-peer-proxied"], "true");
             assert_eq!(h["host"], format!("kubernetes.default.svc:{}", addr.port()));
         }
-    }
-
-    /// An answer with an ETag, or 304: the raw server cannot see If-None-Match, so the test
-    /// says which one it gets.
-    fn tagged(status: u16, etag: &str, body: &[u8]) -> Answer {
-        let mut raw = format!(
-            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\netag: {etag}\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        )
-        .into_bytes();
-        raw.extend_from_slice(body);
-        Answer::Raw(raw)
-    }
-
-    #[tokio::test]
-    async fn probes_ask_with_the_etags_and_read_readyz() {
-        use std::sync::atomic::{AtomicU8, Ordering};
-        let certs = Certs::new("fetch-probe");
-        let core = aggregated_core();
-        // 0: first fetch; 1: unchanged, ready; 2: /apis changed, unready.
-        let phase = Arc::new(AtomicU8::new(0));
-        let p = phase.clone();
-        let handler: crate::testing::Handler =
-            Arc::new(move |path: &str| match (p.load(Ordering::SeqCst), path) {
-                (_, "/version") => json(r#"{"gitVersion":"v1.33.2"}"#),
-                (0, "/api") => tagged(200, "\"CORE\"", &core),
-                (0, "/apis") => tagged(200, "\"APIS1\"", APIS_133.as_bytes()),
-                (1 | 2, "/api") => tagged(304, "\"CORE\"", b""),
-                (1, "/apis") => tagged(304, "\"APIS1\"", b""),
-                (2, "/apis") => tagged(200, "\"APIS2\"", APIS_133.as_bytes()),
-                (1, "/readyz") => Answer::Json(200, "text/plain", b"ok".to_vec()),
-                (_, "/readyz") => Answer::Json(500, "text/plain", b"[-]etcd failed".to_vec()),
-                _ => Answer::Json(404, "application/json", b"{}".to_vec()),
-            });
-        let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
-        let fetcher = certs.fetcher(addr, limits());
-        let docs = fetcher.fetch().await.unwrap();
-        assert_eq!(docs.etags, Etags { api: Some("\"CORE\"".into()), apis: Some("\"APIS1\"".into()) });
-        phase.store(1, Ordering::SeqCst);
-        assert_eq!(fetcher.probe(&docs.etags).await.unwrap(), Probe { ready: true, unchanged: Some(true) });
-        {
-            let seen = seen.lock().unwrap();
-            let (_, h) = seen.iter().rev().find(|(p, _)| p == "/apis").unwrap();
-            assert_eq!(h["if-none-match"], "\"APIS1\"");
-            assert_eq!(h["accept"], ACCEPT_NOPEER);
-            let (_, h) = seen.iter().rev().find(|(p, _)| p == "/readyz").unwrap();
-            assert_eq!(h["x-remote-user"], "system:apiserver");
-        }
-        phase.store(2, Ordering::SeqCst);
-        assert_eq!(fetcher.probe(&docs.etags).await.unwrap(), Probe { ready: false, unchanged: Some(false) });
-        // Without ETags (legacy discovery) only readiness can be asked about.
-        assert_eq!(fetcher.probe(&Etags::default()).await.unwrap(), Probe { ready: false, unchanged: None });
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        let error = certs.fetcher(closed, limits()).probe(&docs.etags).await.unwrap_err();
-        assert_eq!(error.kind, ErrorKind::Connect);
     }
 
     #[tokio::test]

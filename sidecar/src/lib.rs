@@ -17,3 +17,4 @@ pub mod skew;
 pub mod sync;
 #[cfg(test)]
 pub mod testing;
+pub mod tether;

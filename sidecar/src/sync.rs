@@ -3,9 +3,11 @@
 //!
 //! Two kinds of look, each remembered per apiserver:
 //! - every poll period, a full fetch of every apiserver's discovery;
-//! - every probe period, a probe of each apiserver on its own: `/readyz`, and `/api` + `/apis`
-//!   with the ETags of its last good documents (304: unchanged). One that changed is fetched at
-//!   once and the new table pushed at once, without waiting for the next poll.
+//! - every probe period, a probe of each apiserver on its own, over a connection kept open to it
+//!   ([`crate::tether`]): `/readyz`, and `/api` + `/apis` with the ETags of its last good
+//!   documents (304: unchanged). One that changed is fetched at once and the new table pushed at
+//!   once, without waiting for the next poll; one whose connection closes (its process stopped)
+//!   counts as unreachable from that moment.
 //!
 //! An apiserver's last good documents stay until it answers with others or leaves the
 //! configuration: one that stops answering keeps its GVRs in the table, where Envoy finds no
@@ -19,10 +21,11 @@
 //! Envoy confirms a push.
 //!
 //! When this process is down, Envoy keeps the last table and the last overlay: eligibility holds
-//! as it was, and Envoy's own `/readyz` checks go on. The library runs in-process in tests and
-//! the harness.
+//! as it was, and Envoy's own `/readyz` checks go on. The last good documents are saved next to
+//! Envoy's files (`state/discovery.json`), so that a restarted sidecar keeps an unreachable
+//! apiserver's GVRs in the table too. The library runs in-process in tests and the harness.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,17 +35,18 @@ use anyhow::Context;
 use skewgate_core::build::BuildError;
 use skewgate_core::table::TableConfig;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
-use crate::envoy::{UpstreamTls, table_from_ecds};
-use crate::fetch::{ClientTls, Documents, Etags, FetchError, Fetcher, Probe};
+use crate::envoy::{UpstreamTls, table_from_ecds, write_atomic};
+use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
 use crate::routing::{self, Counts, RenderError, Resources, Server};
 use crate::serve::{self, Shared};
+use crate::tether::{self, Probe, Tether};
 
 pub use crate::config::SyncConfig;
 
@@ -168,6 +172,17 @@ impl Memory {
         }
     }
 
+    /// Documents from a look older than what is remembered: they only fill a gap. Ones that
+    /// differ from what a newer look found are dropped; the next probe asks again.
+    fn fill(&mut self, documents: Documents, now: Instant) -> bool {
+        if self.good.is_some() {
+            return false;
+        }
+        let served = Served::of(&documents);
+        self.good = Some((documents, served, now));
+        true
+    }
+
     /// Returns whether the documents changed.
     fn answered(&mut self, id: &str, documents: Documents, now: Instant) -> bool {
         if self.failing {
@@ -176,7 +191,12 @@ impl Memory {
         self.failing = false;
         self.error = None;
         self.reachable = true;
-        let changed = self.good.as_ref().is_none_or(|(d, _, _)| *d != documents);
+        // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
+        // its documents must not cause a push (and a save) at every probe.
+        let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
+            (&d.version, &d.core, &d.apis, d.legacy)
+                != (&documents.version, &documents.core, &documents.apis, documents.legacy)
+        });
         let served = Served::of(&documents);
         self.good = Some((documents, served, now));
         changed
@@ -221,6 +241,7 @@ impl Memory {
 pub struct Sidecar {
     config: SyncConfig,
     fetchers: Vec<Fetcher>,
+    tethers: Vec<Tether>,
     memory: Vec<Memory>,
     pusher: Pusher<HttpAdmin>,
     upstream: UpstreamTls,
@@ -244,6 +265,12 @@ impl Sidecar {
             .iter()
             .map(|e| Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits))
             .collect::<Result<Vec<_>, _>>()?;
+        let tether_tls = tether::tls_config(&config.tls)?;
+        let tethers = config
+            .apiservers
+            .iter()
+            .map(|e| Tether::new(e, &config.server_name, tether_tls.clone(), &config.identity))
+            .collect::<Result<Vec<_>, _>>()?;
         let admin = match &config.envoy.admin_url {
             Some(url) => Some(HttpAdmin::new(url, config.envoy.confirm_timeout)?),
             None => None,
@@ -266,12 +293,18 @@ impl Sidecar {
         };
         let started = Instant::now();
         let draining = pusher.adopt_draining_from_disk().unwrap_or_default();
+        let mut saved = load_saved(&config);
         let memory = config
             .apiservers
             .iter()
             .map(|e| {
                 let excluded = draining.contains(&e.id);
-                Memory { excluded_since: excluded.then_some(started), ..Memory::default() }
+                // Until a look says otherwise, what the previous sidecar last saw of it.
+                let good = saved.remove(&e.id).map(|d| {
+                    let served = Served::of(&d);
+                    (d, served, started)
+                });
+                Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() }
             })
             .collect();
         let live = std::fs::read(config.envoy.ecds_path())
@@ -282,6 +315,7 @@ impl Sidecar {
         Ok(Self {
             config,
             fetchers,
+            tethers,
             memory,
             pusher,
             upstream,
@@ -293,6 +327,25 @@ impl Sidecar {
 
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
+    }
+
+    /// Saves every apiserver's last good documents for the next sidecar (see the module doc).
+    fn save(&self) {
+        let saved: BTreeMap<&str, &Documents> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .filter_map(|(e, m)| m.good.as_ref().map(|(d, _, _)| (e.id.as_str(), d)))
+            .collect();
+        let path = saved_path(&self.config);
+        let written = serde_json::to_vec(&saved).map_err(std::io::Error::other).and_then(|bytes| {
+            std::fs::create_dir_all(path.parent().unwrap_or(&self.config.envoy.dir))?;
+            write_atomic(&path, &bytes)
+        });
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot save the apiservers' last good discovery");
+        }
     }
 
     /// Fetches every apiserver concurrently and updates what is remembered of each.
@@ -313,12 +366,11 @@ impl Sidecar {
             if let Err(e) = &result {
                 metrics.fetch_error(id, e.kind.label());
             }
-            if !memory.newer(started) {
-                continue;
-            }
-            match result {
-                Ok(documents) => changed |= memory.answered(id, documents, now),
-                Err(error) => memory.failed(id, error),
+            match (memory.newer(started), result) {
+                (true, Ok(documents)) => changed |= memory.answered(id, documents, now),
+                (true, Err(error)) => memory.failed(id, error),
+                (false, Ok(documents)) => changed |= memory.fill(documents, now),
+                (false, Err(_)) => {}
             }
             metrics.set_current(id, memory.standing(now) == Standing::Current);
         }
@@ -334,16 +386,26 @@ impl Sidecar {
             return false;
         };
         let id = endpoint.id.as_str();
+        // Probe failures are not fetches: an apiserver that is down would count four times a
+        // second. Its exclusion (`reason="unreachable"`) and the next full fetch show it.
         if let Look::Changed { fetched, .. } = &look {
             if let Err(e) = fetched.as_ref() {
                 self.shared.metrics.fetch_error(id, e.kind.label());
             }
         }
-        if let Look::Failed(e) = &look {
-            self.shared.metrics.fetch_error(id, e.kind.label());
+        // Readiness carries no discovery: the latest answer counts, whenever its probe started.
+        if let Look::Ready { ready } = look {
+            memory.readiness(id, ready);
+            return false;
         }
         if !memory.newer(started) {
-            return false;
+            return match look {
+                Look::Changed { fetched, .. } => match *fetched {
+                    Ok(documents) => memory.fill(documents, now),
+                    Err(_) => false,
+                },
+                _ => false,
+            };
         }
         let changed = match look {
             Look::Unchanged { ready } => {
@@ -356,10 +418,7 @@ impl Sidecar {
                 memory.reachable = true;
                 false
             }
-            Look::Ready { ready } => {
-                memory.readiness(id, ready);
-                false
-            }
+            Look::Ready { .. } => false,
             Look::Changed { ready, fetched } => {
                 memory.readiness(id, ready);
                 match *fetched {
@@ -544,6 +603,7 @@ impl Sidecar {
     pub async fn sync(&mut self) -> Result<SyncReport, SyncError> {
         let started = Instant::now();
         self.collect().await;
+        self.save();
         self.apply_eligibility();
         let (table, resources) = match self.prepare() {
             Ok(prepared) => prepared,
@@ -555,6 +615,23 @@ impl Sidecar {
         };
         let result = self.pusher.push(&resources).await;
         self.pushed(table, result, started)
+    }
+}
+
+fn saved_path(config: &SyncConfig) -> std::path::PathBuf {
+    config.envoy.dir.join("state").join("discovery.json")
+}
+
+/// What a previous sidecar saved; nothing when there is no file or it does not parse.
+fn load_saved(config: &SyncConfig) -> BTreeMap<String, Documents> {
+    let path = saved_path(config);
+    let Ok(bytes) = std::fs::read(&path) else { return BTreeMap::new() };
+    match serde_json::from_slice(&bytes) {
+        Ok(saved) => saved,
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "ignoring the saved discovery");
+            BTreeMap::new()
+        }
     }
 }
 
@@ -589,28 +666,82 @@ async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
         .collect()
 }
 
-/// One probe of one apiserver, bounded by `timeout`; a changed one is fetched in full.
-async fn look(fetcher: Fetcher, etags: Etags, timeout: Duration) -> Look {
-    let probe = match tokio::time::timeout(timeout, fetcher.probe(&etags)).await {
-        Ok(probe) => probe,
-        Err(_) => Err(FetchError {
-            path: "/readyz".into(),
-            kind: crate::fetch::ErrorKind::Timeout,
-            detail: format!("probe not answered within {timeout:?}"),
-        }),
+/// Keeps a connection open to one apiserver and probes it every `period` (bounded by
+/// `timeout`), reporting every look; a changed apiserver is fetched in full, and a closed
+/// connection is reported the moment it closes. Reconnects at the next period.
+async fn tether_task(
+    index: usize,
+    tether: Tether,
+    fetcher: Fetcher,
+    etags: watch::Receiver<Etags>,
+    (period, timeout): (Duration, Duration),
+    out: mpsc::UnboundedSender<(usize, Instant, Look)>,
+) {
+    let timed_out = |path: &str| {
+        FetchError::new(
+            path,
+            ErrorKind::Timeout,
+            format!("no answer within {}", crate::duration::format(timeout)),
+        )
     };
-    match probe {
-        Err(error) => Look::Failed(error),
-        Ok(Probe { ready, unchanged: Some(true) }) => Look::Unchanged { ready },
-        Ok(Probe { ready, unchanged: None }) => Look::Ready { ready },
-        Ok(Probe { ready, unchanged: Some(false) }) => {
-            Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut started = Instant::now();
+        let mut link = match tokio::time::timeout(timeout, tether.connect()).await {
+            Ok(Ok(link)) => link,
+            Ok(Err(error)) => {
+                if out.send((index, started, Look::Failed(error))).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => {
+                if out.send((index, started, Look::Failed(timed_out("(connect)")))).is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let asked = etags.borrow().clone();
+            let look = match tokio::time::timeout(timeout, link.probe(&asked)).await {
+                Err(_) => Look::Failed(timed_out("/readyz")),
+                Ok(Err(error)) => Look::Failed(error),
+                Ok(Ok(Probe { ready, unchanged: Some(true) })) => Look::Unchanged { ready },
+                Ok(Ok(Probe { ready, unchanged: None })) => Look::Ready { ready },
+                Ok(Ok(Probe { ready, unchanged: Some(false) })) => {
+                    Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
+                }
+            };
+            let failed = matches!(look, Look::Failed(_));
+            if out.send((index, started, look)).is_err() {
+                return;
+            }
+            if failed {
+                break;
+            }
+            tokio::select! {
+                _ = tick.tick() => started = Instant::now(),
+                () = link.closed() => {
+                    let closed = FetchError::new(
+                        "(connection)",
+                        ErrorKind::Closed,
+                        "the apiserver closed the connection the sidecar keeps open to it",
+                    );
+                    if out.send((index, Instant::now(), Look::Failed(closed))).is_err() {
+                        return;
+                    }
+                    break;
+                }
+            }
         }
     }
 }
 
-/// One sync and done (`skewgate sync --once`). Without memory of earlier syncs, an apiserver
-/// that fails now serves nothing in the table.
+/// One sync and done (`skewgate sync --once`). An apiserver that fails now keeps the last good
+/// discovery a previous sidecar saved of it; without one it serves nothing in the table.
 pub async fn sync_once(config: SyncConfig) -> anyhow::Result<SyncReport> {
     let mut sidecar = Sidecar::new(config)?;
     Ok(sidecar.sync().await?)
@@ -690,7 +821,7 @@ async fn run_with(
     reports: watch::Sender<Option<Arc<SyncReport>>>,
 ) -> anyhow::Result<()> {
     let (poll_period, probe_period) = (config.poll_period, config.probe_period);
-    let probe_timeout = Duration::from_millis(config.health.timeout_ms);
+    let probe_timeout = tether::probe_timeout(config.health.timeout_ms);
     let mut sidecar = Sidecar::new(config)?;
     tracing::info!(
         listen = %listener.local_addr()?,
@@ -708,14 +839,20 @@ async fn run_with(
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(poll_period);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut probe = tokio::time::interval(probe_period);
-    probe.set_missed_tick_behavior(MissedTickBehavior::Skip);
-    // At most one job of each kind at a time (one probe per apiserver); all are aborted with
-    // this future.
+    // At most one fetch and one push at a time, and one tether per apiserver; all are aborted
+    // with this future.
     let mut fetches: JoinSet<(Instant, Vec<Result<Documents, FetchError>>)> = JoinSet::new();
-    let mut probes: JoinSet<(usize, Instant, Look)> = JoinSet::new();
-    let mut probing = vec![false; sidecar.fetchers.len()];
     let mut pushes: JoinSet<PushDone> = JoinSet::new();
+    let mut tethers = JoinSet::new();
+    let (looks_out, mut looks) = mpsc::unbounded_channel();
+    let mut etags = Vec::new();
+    for (index, (tether, fetcher)) in sidecar.tethers.iter().zip(&sidecar.fetchers).enumerate() {
+        let (tx, rx) = watch::channel(Etags::default());
+        etags.push(tx);
+        let (tether, fetcher, out) = (tether.clone(), fetcher.clone(), looks_out.clone());
+        tethers.spawn(tether_task(index, tether, fetcher, rx, (probe_period, probe_timeout), out));
+    }
+    drop(looks_out);
     // The memory changed since the table being pushed (or live) was built.
     let mut push_wanted = false;
     // What triggered the wanted push, for its report's `took`.
@@ -732,22 +869,11 @@ async fn run_with(
                     });
                 }
             }
-            _ = probe.tick(), if sidecar.judged => {
-                for (index, fetcher) in sidecar.fetchers.iter().enumerate() {
-                    if probing[index] {
-                        continue;
-                    }
-                    probing[index] = true;
-                    let (fetcher, etags) = (fetcher.clone(), sidecar.memory[index].etags());
-                    probes.spawn(async move {
-                        let started = Instant::now();
-                        (index, started, look(fetcher, etags, probe_timeout).await)
-                    });
-                }
-            }
             Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
                 if let Ok((started, results)) = joined {
-                    sidecar.record_fetches(started, results);
+                    if sidecar.record_fetches(started, results) {
+                        sidecar.save();
+                    }
                     // Every poll ends in a push, unchanged or not: its report says the sync ran.
                     if !push_wanted {
                         wanted_since = started;
@@ -755,20 +881,13 @@ async fn run_with(
                     push_wanted = true;
                 }
             }
-            Some(joined) = probes.join_next(), if !probes.is_empty() => {
-                if let Ok((index, started, look)) = joined {
-                    if let Some(flag) = probing.get_mut(index) {
-                        *flag = false;
+            Some((index, started, look)) = looks.recv() => {
+                if sidecar.record_look(index, started, look) {
+                    sidecar.save();
+                    if !push_wanted {
+                        wanted_since = started;
                     }
-                    if sidecar.record_look(index, started, look) {
-                        if !push_wanted {
-                            wanted_since = started;
-                        }
-                        push_wanted = true;
-                    }
-                } else {
-                    // A probe task that panicked or was cancelled: let every apiserver be probed again.
-                    probing.iter_mut().for_each(|p| *p = false);
+                    push_wanted = true;
                 }
             }
             Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
@@ -778,6 +897,14 @@ async fn run_with(
                     }
                 }
             }
+        }
+        for (sender, memory) in etags.iter().zip(&sidecar.memory) {
+            let current = memory.etags();
+            sender.send_if_modified(|asked| {
+                let changed = *asked != current;
+                *asked = current;
+                changed
+            });
         }
         sidecar.apply_eligibility();
         if push_wanted && pushes.is_empty() {
@@ -860,6 +987,10 @@ mod tests {
         assert!(!m.newer(t0), "started before what is remembered");
         assert!(m.newer(t0 + Duration::from_millis(10)));
         assert!(m.newer(t0 + Duration::from_millis(20)));
+        // An older look's documents only fill a gap: never undo what a newer one found.
+        assert!(m.fill(docs("v1.33.0"), t0));
+        assert!(!m.fill(docs("v1.36.0"), t0));
+        assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
     }
 
     #[test]

@@ -8,7 +8,8 @@
 //! README is left alone.
 //!
 //! Usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS]
-//!              [--leave-and-return [--away SECONDS]] [--kube-apiserver PATH --etcd PATH]
+//!              [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]
+//!              [--kube-apiserver PATH --etcd PATH]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -19,7 +20,8 @@ use skewgate_harness::paths;
 use skewgate_harness::real::Binaries;
 
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
-                     [--leave-and-return [--away SECONDS]] [--kube-apiserver PATH --etcd PATH]";
+                     [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \
+                     [--kube-apiserver PATH --etcd PATH]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -35,6 +37,7 @@ fn main() -> Result<()> {
     let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
     let mut variant = Variant::Upgrade;
     let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
+    let (mut restarts, mut down) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -44,9 +47,14 @@ fn main() -> Result<()> {
             "--ready-delay" => ready_delay = Some(seconds("--ready-delay", args.next(), true)?),
             "--poll" => poll = Some(seconds("--poll", args.next(), false)?),
             "--leave-and-return" => variant = Variant::LeaveAndReturn,
+            "--restarts" => {
+                variant = Variant::Restarts;
+                restarts = Some(args.next().context("--restarts N")?.parse::<usize>()?);
+            }
             "--away" => away = Some(seconds("--away", args.next(), false)?),
             "--kube-apiserver" => kube_apiserver = Some(args.next().context("--kube-apiserver PATH")?.into()),
             "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
+            "--down" => down = Some(seconds("--down", args.next(), true)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -56,6 +64,9 @@ fn main() -> Result<()> {
     }
     if away.is_some() && variant != Variant::LeaveAndReturn {
         bail!("--away goes with --leave-and-return");
+    }
+    if down.is_some() && variant != Variant::Restarts {
+        bail!("--down goes with --restarts");
     }
     let mut o = Options::new(quick);
     if let Some(rate) = rate {
@@ -82,6 +93,18 @@ fn main() -> Result<()> {
     };
     if o.real.is_some() && ready_delay.is_some() {
         bail!("--ready-delay is for stand-ins: real kube-apiservers take their own start-up");
+    }
+    if o.real.is_some() && down.is_some() {
+        bail!("--down is for stand-ins: a real kube-apiserver takes its own time to listen again");
+    }
+    if let Some(n) = restarts {
+        if !(1..=1000).contains(&n) {
+            bail!("--restarts must be 1..=1000");
+        }
+        o.restarts = n;
+    }
+    if let Some(d) = down {
+        o.down = d;
     }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
