@@ -616,3 +616,100 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
     assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
     Ok(())
 }
+
+/// F8: `skewgate explain` predicts, for odd paths sent as raw HTTP/1.1, what the real Envoy does:
+/// the status when Envoy answers itself, else the cluster it routes to (access log) and the path
+/// the apiserver receives (echo).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_predicts_what_envoy_does_with_odd_paths() -> Result<()> {
+    let f = Fixture::start("explain-paths").await?;
+    let table = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
+    let on = reqwest::Client::new()
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .send()
+        .await?;
+    assert!(on.status().is_success(), "runtime_modify: {}", on.status());
+    let vectors = [
+        "/apis/../apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/..",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/%2e%2E",
+        "/apis/resource.k8s.io/v1alpha3/../v1/namespaces/default/resourceclaims",
+        "/api/v1/../../apis/resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1/%2e%2e/v1alpha3/deviceclasses",
+        "/apis/resource.k8s.io/v1/.%2E/v1alpha3/deviceclasses/gpu",
+        "/apis/resource.k8s.io/v1alpha3/deviceclasses/%2e%2e/../../v1/resourceclaims",
+        "/apis/resource.k8s.io\\v1\\namespaces\\default\\resourceclaims",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/..\\..\\..\\v1alpha3/deviceclasses",
+        "/apis/%72esource.k8s.io/v1/namespaces/default/resource%63laims",
+        "/apis/resource%2Ek8s%2eio/v1/resourceclaims",
+        "/apis/resource.k8s.io/%76%31/resourceclaims",
+        "/apis/resource.k8s.io%2Fv1/namespaces/default/resourceclaims",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/x%2F..",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/..%2f",
+        "/apis/resource.k8s.io/v1/./namespaces/./default/resourceclaims/.",
+        "/apis/resource.k8s.io/v1/resourceclaims/%%30%30",
+        "/apis/resource.k8s.io/v1/resourceclaims/a\"<>`{|}^",
+        "/apis/resource.k8s.io/v1alpha3/deviceclasses/..",
+        "/apis//resource.k8s.io/../resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1//..//resourceclaims",
+        "/api/v1/namespaces/default/pods/...",
+        "/apis/test.skewgate.io/v1/../../resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1/resourceclaims/%00",
+        "/apis/resource.k8s.io/v1/resourceclaims#fragment",
+    ];
+    let mut routed = Vec::new();
+    for (i, raw) in vectors.iter().enumerate() {
+        // A marker in the query (which Envoy leaves alone) finds the request's access log line.
+        let target = format!("{raw}?f8={i}");
+        let request =
+            skewgate::explain::Request { method: "GET".into(), target: target.clone(), ..Default::default() };
+        let predicted = skewgate::explain::explain(&table, &request);
+        let wire = format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (status, body) = raw_request(&f, wire.as_bytes()).await.with_context(|| target.clone())?;
+        println!("{status} ← {target}: {predicted}");
+        if predicted["action"] == "respond" {
+            assert_eq!(
+                Some(u64::from(status)),
+                predicted["status"].as_u64(),
+                "{target}: {body}\n{predicted}"
+            );
+            continue;
+        }
+        assert_eq!(status, 200, "{target}: {body}\n{predicted}");
+        let echo: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+        assert_eq!(echo["target"], predicted["path"]["forwarded"], "{target}: {predicted}");
+        let cluster = predicted["cluster"].as_str().context("no cluster")?.to_string();
+        let members: Vec<&str> = table
+            .apiservers()
+            .iter()
+            .map(|a| a.id.as_str())
+            .filter(|id| predicted["servingSet"].as_array().is_some_and(|s| s.iter().any(|m| m == id)))
+            .collect();
+        let by = echo["servedBy"].as_str().unwrap_or("");
+        assert!(
+            members.is_empty() || members.contains(&by),
+            "{target}: served by {by}, predicted {members:?}"
+        );
+        routed.push((i, target, cluster));
+    }
+    assert!(routed.len() >= 20, "too few vectors reached an apiserver: {routed:?}");
+    // Envoy's access log, flushed on its own schedule, names the cluster it used.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, target, cluster) in &routed {
+        let marker = format!("f8={i} HTTP/1.1");
+        let line = loop {
+            if let Some(line) = f.envoy.log().lines().find(|l| l.contains(&marker)).map(str::to_string) {
+                break line;
+            }
+            if Instant::now() > deadline {
+                bail!("no access log line for {target}:\n{}", f.envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            line.contains(&format!(" cluster={cluster} ")),
+            "{target}: explain said {cluster}, Envoy: {line}"
+        );
+    }
+    Ok(())
+}

@@ -1,5 +1,6 @@
 //! `skewgate explain`: what the filter does with one request, and why. It runs the very code the
-//! filter runs (`core::decision`), on a table file.
+//! filter runs (`core::decision`), on a table file, after the path normalisation Envoy applies
+//! before the filter sees the request ([`crate::envoy_path`]).
 
 use std::borrow::Cow;
 
@@ -11,6 +12,7 @@ use skewgate_core::status;
 use skewgate_core::table::RoutingTable;
 
 use crate::envoy::table_from_ecds;
+use crate::envoy_path;
 
 /// A request as the filter would see it.
 #[derive(Debug, Clone, Default)]
@@ -39,10 +41,34 @@ pub fn load_table(bytes: &[u8]) -> Result<RoutingTable, String> {
     RoutingTable::from_json(bytes).map_err(|e| e.to_string())
 }
 
+/// The decision for `req` as a client sends it: Envoy normalises the path first (or answers
+/// itself), then the filter decides on what Envoy forwards.
 pub fn explain(table: &RoutingTable, req: &Request) -> Value {
+    let forwarded = match envoy_path::normalize(&req.target) {
+        Ok(forwarded) => forwarded,
+        Err(refusal) => {
+            return json!({
+                "path": {"received": req.target},
+                "action": "respond",
+                "status": refusal.status,
+                "by": "envoy",
+                "envoyDetails": refusal.details,
+                "reason": format!("Envoy refuses it before the filter runs: {}", refusal.why),
+            });
+        }
+    };
+    let mut out = decide(table, req, &forwarded);
+    if let Value::Object(map) = &mut out {
+        map.insert("path".into(), json!({"received": req.target, "forwarded": forwarded}));
+    }
+    out
+}
+
+/// What the filter does with a request whose (normalised) target is `target`.
+fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
     let head = RequestHead {
         method: &req.method,
-        target: &req.target,
+        target,
         accept: req.header("accept"),
         if_none_match: req.header("if-none-match"),
         client_subject: req.client_cert_subject.as_deref(),
@@ -51,7 +77,7 @@ pub fn explain(table: &RoutingTable, req: &Request) -> Value {
             .iter()
             .any(|(n, v)| identity::carries_token(&n.to_ascii_lowercase(), v.as_bytes())),
     };
-    let (raw_path, query) = split_target(&req.target);
+    let (raw_path, query) = split_target(target);
     let decoded = decode_path(raw_path);
     let (info, decision) = match &decoded {
         Ok(path) => {

@@ -6,6 +6,7 @@ pub mod config;
 pub mod duration;
 pub mod eligibility;
 pub mod envoy;
+pub mod envoy_path;
 pub mod explain;
 pub mod fetch;
 pub mod metrics;

@@ -43,7 +43,10 @@ enum Command {
         client_cert_subject: Option<String>,
         /// HTTP method, e.g. GET.
         method: String,
-        /// Path and query, e.g. /apis/resource.k8s.io/v1/namespaces/default/resourceclaims?watch=1
+        /// Path and query as the client sends them, e.g.
+        /// /apis/resource.k8s.io/v1/namespaces/default/resourceclaims?watch=1. Envoy's path
+        /// normalisation (shipped bootstrap: dot segments, `\`, escapes) is applied first; the
+        /// output shows the path as received and as forwarded.
         path: String,
     },
     /// The discovery sidecar: poll every apiserver's discovery and keep Envoy's cds.json and

@@ -304,3 +304,21 @@ fn ecds_carrying_the_table_works_too() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("ecds.json"));
 }
+
+/// Envoy resolves dot segments before the filter decides: explain decides on the same path and
+/// shows both.
+#[test]
+fn the_path_is_explained_as_envoy_forwards_it() {
+    let v = explain(&["GET", "/apis/../apis/resource.k8s.io/v1/namespaces/default/resourceclaims"]);
+    assert_eq!(v["cluster"], "skewgate-set-c");
+    assert_eq!(v["path"]["received"], "/apis/../apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
+    assert_eq!(v["path"]["forwarded"], "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
+    let v = explain(&["GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/%2E%2e?watch=1"]);
+    assert_eq!(v["cluster"], "skewgate-pool");
+    assert_eq!(v["path"]["forwarded"], "/apis/resource.k8s.io/v1/namespaces/default/?watch=1");
+    let v = explain(&["GET", "/apis/resource.k8s.io/v1/resourceclaims#x"]);
+    assert_eq!(
+        (v["action"].as_str(), v["status"].as_u64(), v["by"].as_str()),
+        (Some("respond"), Some(400), Some("envoy"))
+    );
+}

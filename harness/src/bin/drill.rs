@@ -36,8 +36,8 @@ fn main() -> Result<()> {
     let mut quick = false;
     let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
     let mut variant = Variant::Upgrade;
-    let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let (mut restarts, mut down) = (None, None);
+    let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -52,9 +52,9 @@ fn main() -> Result<()> {
                 restarts = Some(args.next().context("--restarts N")?.parse::<usize>()?);
             }
             "--away" => away = Some(seconds("--away", args.next(), false)?),
+            "--down" => down = Some(seconds("--down", args.next(), true)?),
             "--kube-apiserver" => kube_apiserver = Some(args.next().context("--kube-apiserver PATH")?.into()),
             "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
-            "--down" => down = Some(seconds("--down", args.next(), true)?),
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -86,6 +86,15 @@ fn main() -> Result<()> {
     }
     o.variant = variant;
     o.away = away;
+    if let Some(n) = restarts {
+        if !(1..=1000).contains(&n) {
+            bail!("--restarts must be 1..=1000");
+        }
+        o.restarts = n;
+    }
+    if let Some(d) = down {
+        o.down = d;
+    }
     o.real = match (kube_apiserver, etcd) {
         (Some(k), Some(e)) => Some(Binaries::new(Some(&k), &e)?),
         (None, None) => Binaries::from_env()?,
@@ -96,15 +105,6 @@ fn main() -> Result<()> {
     }
     if o.real.is_some() && down.is_some() {
         bail!("--down is for stand-ins: a real kube-apiserver takes its own time to listen again");
-    }
-    if let Some(n) = restarts {
-        if !(1..=1000).contains(&n) {
-            bail!("--restarts must be 1..=1000");
-        }
-        o.restarts = n;
-    }
-    if let Some(d) = down {
-        o.down = d;
     }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
