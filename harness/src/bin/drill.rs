@@ -103,6 +103,9 @@ fn main() -> Result<()> {
     if o.real.is_some() && ready_delay.is_some() {
         bail!("--ready-delay is for stand-ins: real kube-apiservers take their own start-up");
     }
+    if o.real.is_some() && down.is_some() {
+        bail!("--down is for stand-ins: a real kube-apiserver takes its own time to listen again");
+    }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = runtime.block_on(drill::drill(&o))?;
