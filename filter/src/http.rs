@@ -28,6 +28,9 @@ pub struct Http {
     /// Where the request went, for the 503 body if Envoy cannot get it there.
     serving: Option<Serving>,
     gvr_id: Option<usize>,
+    /// `:path` of a request for a GVR the table does not list, to name it if Envoy fails it
+    /// (Envoy's `request.path` attribute is empty once a retried request has failed).
+    unlisted_target: Option<String>,
     /// The response is ours (merged discovery or a rewritten 503): leave it alone.
     replied: bool,
     /// The status of the composed answer (200 or 304) that replaces an authorized upstream one.
@@ -36,7 +39,7 @@ pub struct Http {
 
 impl Http {
     pub fn new(active: Option<Rc<Active>>) -> Self {
-        Self { active, serving: None, gvr_id: None, replied: false, compose: None }
+        Self { active, serving: None, gvr_id: None, unlisted_target: None, replied: false, compose: None }
     }
 
     fn reply(&mut self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -99,6 +102,9 @@ impl HttpContext for Http {
         }
         self.serving = decision.serving;
         self.gvr_id = decision.gvr.map(|g| g.id);
+        if decision.reason == decision::Reason::ServedByNone {
+            self.unlisted_target = Some(head.target.to_owned());
+        }
         match decision.action {
             decision::Action::Refuse(why) => {
                 active.metrics.refused();
@@ -181,9 +187,8 @@ impl HttpContext for Http {
             ),
             // Not in the table: name the GVR the path asks for, if it is a resource request.
             None => {
-                let target = host::property(&["request", "path"]).unwrap_or_default();
-                let target = String::from_utf8_lossy(&target);
-                let (raw, query) = split_target(&target);
+                let target = self.unlisted_target.as_deref().unwrap_or("");
+                let (raw, query) = split_target(target);
                 let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
                 let info = RequestInfo::parse("GET", &path, query);
                 let gvr =

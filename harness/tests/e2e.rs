@@ -306,8 +306,8 @@ async fn rerouting() -> Result<Row> {
     assert_eq!(serving(&table, CLAIMS), ids(&["c"]));
     assert_eq!(serving(&table, DEVICECLASSES), ids(&["a", "b"]));
     assert_eq!(serving(&table, "pods.v1"), ids(&["a", "b", "c"]));
-    // Counts reach Envoy once a second: let earlier requests' counts land first.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Nothing has asked for these GVRs yet (the launcher and api-resources read health and
+    // discovery only); a count still in flight would only make the totals below too high.
     let claims_before = rerouted_count(envoy, "resource.k8s.io", "v1", "resourceclaims").await?;
     let classes_before = rerouted_count(envoy, "resource.k8s.io", "v1alpha3", "deviceclasses").await?;
 
@@ -815,7 +815,6 @@ async fn watch() -> Result<Row> {
         BTreeMap::from([("a".into(), 0), ("b".into(), 0), ("c".into(), 1)]),
         "reconnects"
     );
-    assert!(open_for >= Duration::from_secs(90));
     row.figure(format!(
         "open {:.0}s, {} events written, {} received, watch requests {watch_requests:?}",
         open_for.as_secs_f64(),

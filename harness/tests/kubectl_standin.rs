@@ -104,10 +104,18 @@ async fn kubectl_talks_to_a_standin() -> Result<()> {
             let _ = tx.send(line);
         }
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // t1 is printed from the list the watch then continues from: anything created after it
+    // arrives as an event, whether or not the watch request is out yet.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !seen.iter().any(|l: &String| l.contains("configmap/t1")) {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen.push(line);
+        }
+    }
+    assert!(seen.iter().any(|l| l.contains("configmap/t1")), "the watch never listed: {seen:?}");
     k.ok(&["create", "configmap", "t2", "--from-literal=b=1"])?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = Vec::new();
     while Instant::now() < deadline && !seen.iter().any(|l: &String| l.contains("configmap/t2")) {
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
             seen.push(line);

@@ -683,12 +683,10 @@ mod tests {
         p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
         envoy.load_now();
         envoy.with(|f| f.healthy_after = u32::MAX);
-        let started = std::time::Instant::now();
         let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
         else {
             panic!("not pushed")
         };
-        assert!(started.elapsed() >= Duration::from_millis(600));
         assert!(
             steps.contains(&Step::ClustersUnhealthy(names(&["skewgate-set-a", "skewgate-set-b_c"]))),
             "{steps:?}"
@@ -709,12 +707,10 @@ mod tests {
             f.healthy_after = u32::MAX;
             f.checked_unhealthy = true;
         });
-        let started = std::time::Instant::now();
         let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
         else {
             panic!("not pushed")
         };
-        assert!(started.elapsed() < Duration::from_millis(600), "{:?}", started.elapsed());
         assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
         assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
     }
@@ -724,12 +720,10 @@ mod tests {
         let d = dir("settle");
         let p = pusher(&d, None);
         p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        let started = std::time::Instant::now();
         let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
         else {
             panic!("not pushed")
         };
-        assert!(started.elapsed() >= Duration::from_millis(120));
         assert!(
             matches!(&steps[..], [Step::WroteCds(u), Step::Settled, Step::WroteEcds(_), Step::Settled, Step::WroteCds(f)] if u.len() == 8 && f.len() == 6),
             "{steps:?}"
