@@ -1,5 +1,5 @@
 //! Content negotiation for `GET /apis`: does the client want aggregated discovery v2 in JSON,
-//! with or without peers? Mirrors kube-apiserver's discovery negotiation (spec §8) for the media
+//! with or without peers? Mirrors kube-apiserver's discovery negotiation (docs/upstream-facts.md, "Peer-aggregated discovery") for the media
 //! types skewgate can answer itself; everything else goes to an apiserver.
 
 /// What the filter does with a `GET /apis`, by its Accept header.
@@ -145,7 +145,7 @@ mod tests {
                 "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
                 MergedV2,
             ),
-            // the apiservers' own peer fetch (spec §4.4)
+            // the apiservers' own peer fetch (docs/upstream-facts.md, "Peer discovery fetch")
             (
                 "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
                 NoPeerV2,

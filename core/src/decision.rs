@@ -1,4 +1,4 @@
-//! The per-request decision (DESIGN §4): one pure function from a request head and a routing
+//! The per-request decision (docs/architecture.md, "Request path"): one pure function from a request head and a routing
 //! table to what Envoy must do. The filter and `skewgate explain` both call [`decide`].
 
 use crate::accept::{DiscoveryAccept, negotiate_discovery};
@@ -236,7 +236,7 @@ fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>) -> Outcome<'t> 
         return pool(table, Reason::InvalidResourcePath);
     }
     let long_running = is_long_running(info);
-    // The subresource never matters (spec §2.1 step 5): the apiserver serving `pods` answers
+    // The subresource never matters (docs/upstream-facts.md, "Decision"): the apiserver serving `pods` answers
     // `pods/resize` too, or 404s it, as upstream does.
     let Some(gvr) = table.gvr(info.api_group, info.api_version, info.resource) else {
         let mut o = pool(table, Reason::ServedByNone);

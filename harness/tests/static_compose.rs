@@ -904,7 +904,7 @@ fn kubeadm_static_pod_mounts_what_the_configs_name() -> Result<()> {
     Ok(())
 }
 
-/// docs/deploy.md names the kube-apiserver flags of spec §7 and metrics the code exports.
+/// docs/deploy.md names the kube-apiserver flags of docs/upstream-facts.md, "Front-proxy authentication" and metrics the code exports.
 #[test]
 fn deploy_doc_names_the_flags_and_real_metrics() -> Result<()> {
     let doc = read("docs/deploy.md")?;

@@ -16,7 +16,7 @@ use crate::duration;
 use crate::envoy::{Endpoint, Health};
 
 pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
-/// The identity kube-apiserver itself asserts when it fetches a peer's discovery (spec §4.4).
+/// The identity kube-apiserver itself asserts when it fetches a peer's discovery (docs/upstream-facts.md, "Peer discovery fetch").
 pub const DEFAULT_USER: &str = "system:apiserver";
 pub const DEFAULT_GROUP: &str = "system:authenticated";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9090";
@@ -67,7 +67,7 @@ port = 6443
 /// Everything `skewgate sync` needs, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyncConfig {
-    /// In table order: the first is "local" for the peer merge (spec §8 orders by id anyway).
+    /// In table order: the first is "local" for the peer merge (docs/upstream-facts.md, "Peer-aggregated discovery" orders by id anyway).
     pub apiservers: Vec<Endpoint>,
     /// SNI and the DNS name required in every serving certificate, whatever address is dialled.
     pub server_name: String,

@@ -21,7 +21,7 @@ pub struct Endpoint {
 }
 
 /// Envoy's side of the apiservers' TLS: it checks their serving certificates against the peer
-/// CA and presents the front-proxy client certificate (spec §7).
+/// CA and presents the front-proxy client certificate (docs/upstream-facts.md, "Front-proxy authentication").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamTls {
     pub peer_ca: String,

@@ -1,5 +1,5 @@
 //! Fetching one apiserver's own discovery over mTLS, as kube-apiserver fetches a peer's
-//! (spec §4.4): `GET /api` and `GET /apis` with the nopeer Accept header, as the front-proxy
+//! (docs/upstream-facts.md, "Peer discovery fetch"): `GET /api` and `GET /apis` with the nopeer Accept header, as the front-proxy
 //! identity, with a legacy walk for servers without aggregated discovery.
 //!
 //! Every failure is a [`FetchError`] with a [`ErrorKind`] that becomes a metrics label; nothing
@@ -289,7 +289,7 @@ impl ClientTls {
 
 /// What every request of the sidecar carries: its front-proxy identity, and what
 /// kube-apiserver sends to a peer, so that an apiserver with its own peer proxy answers from its
-/// own state instead of forwarding (spec §3).
+/// own state instead of forwarding (docs/upstream-facts.md, "Rerouted header").
 pub fn identity_headers(identity: &Identity) -> Result<HeaderMap, ClientError> {
     let mut headers = HeaderMap::new();
     let value = |v: &str| HeaderValue::from_str(v).map_err(|e| ClientError(format!("identity {v:?}: {e}")));

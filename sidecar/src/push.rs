@@ -1,5 +1,5 @@
 //! Handing a table to Envoy through its watched files, in the one order that never leaves a
-//! request routed to a cluster Envoy does not have (DESIGN §6):
+//! request routed to a cluster Envoy does not have (docs/architecture.md, "Discovery path"):
 //!
 //! 1. `cds.json` with the union of the clusters on disk and the new ones; wait until Envoy has
 //!    all new clusters (and the ones the new table starts routing to have a healthy host);
