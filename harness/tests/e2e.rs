@@ -1728,7 +1728,7 @@ async fn edge_authentication() -> Result<Row> {
         Ok(envoy.log().lines().find(|l| l.contains("resourceclaims?limit=11")).map(str::to_string))
     })
     .await?;
-    ensure!(line.contains("route=default") && line.contains("cluster=skewgate-set-c"), "{line}");
+    ensure!(line.contains("route=read") && line.contains("cluster=skewgate-set-c"), "{line}");
     let r = alice.get(format!("{claims}?watch=true&timeoutSeconds=1&limit=12")).send().await?;
     row.requests += 1;
     ensure!(r.status() == 200, "{}", r.status());
