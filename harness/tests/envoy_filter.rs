@@ -153,7 +153,29 @@ impl Fixture {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        Ok(claims)
+        // A cluster is routable once one host passed; every host of a ready apiserver (a to d)
+        // must have, in every cluster, before the tests look at the spread.
+        let ready: Vec<String> = self
+            .endpoints
+            .iter()
+            .filter(|e| ["a", "b", "c", "d"].contains(&e.id.as_str()))
+            .map(|e| format!("{}:{}::", e.address, e.port))
+            .collect();
+        loop {
+            let clusters = reqwest::get(self.envoy.admin_url("/clusters")).await?.text().await?;
+            let waiting: Vec<&str> = clusters
+                .lines()
+                .filter(|l| l.contains("::health_flags::") && !l.ends_with("::health_flags::healthy"))
+                .filter(|l| ready.iter().any(|r| l.contains(&format!("::{r}"))))
+                .collect();
+            if waiting.is_empty() {
+                return Ok(claims);
+            }
+            if Instant::now() > deadline {
+                bail!("hosts still unhealthy:\n{}", waiting.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn send(
@@ -195,7 +217,8 @@ impl Fixture {
 /// CDS for the test table, with two deliberate defects: `set-e` has no health check (so Envoy
 /// really connects to the closed port) and `set-a-c` is missing (unknown cluster).
 fn test_cds(t: &TableConfig, endpoints: &[Endpoint], tls: &UpstreamTls) -> Result<Value> {
-    let health = Health { interval_ms: 500, timeout_ms: 500, connect_timeout_ms: 500 };
+    // A generous check timeout: on a busy 2-core machine a 500 ms one flapped hosts out of the spread.
+    let health = Health { interval_ms: 500, timeout_ms: 2000, connect_timeout_ms: 500 };
     let mut cds = resources::cds(t, endpoints, tls, health)?;
     let clusters = cds["resources"].as_array_mut().context("resources")?;
     clusters.retain(|c| c["name"] != "set-a-c");
