@@ -38,6 +38,13 @@ pub struct ClusterNames {
     pub anonymous_prefix: String,
 }
 
+impl ClusterNames {
+    /// The cluster of the apiservers `members` (any order): one name per set, whatever builds it.
+    pub fn set_cluster(&self, members: &[String]) -> String {
+        set_cluster_name(&self.set_prefix, members)
+    }
+}
+
 impl Default for ClusterNames {
     fn default() -> Self {
         Self {
@@ -131,7 +138,7 @@ pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<T
         policy: PolicyConfig::default(),
         anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
     };
-    table.assign_sets(|members| set_cluster_name(&names.set_prefix, members));
+    table.assign_sets(|members| names.set_cluster(members));
     table.generation = generation(&table)?;
     // Cheap next to a sync, and it turns a table Envoy would refuse into an error here.
     RoutingTable::compile(table.clone()).map_err(BuildError::Table)?;

@@ -41,7 +41,8 @@ pub fn synthetic_table(base: &TableConfig, total: usize) -> TableConfig {
             resources,
         });
     }
-    table.assign_sets(|m| format!("skewgate-set-{}", m.join("_")));
+    let names = skewgate_core::build::ClusterNames::default();
+    table.assign_sets(|m| names.set_cluster(m));
     table.generation = format!("bench-{total}");
     table
 }

@@ -532,7 +532,7 @@ async fn read_capped(response: &mut reqwest::Response, max: u64, truncate: bool)
 }
 
 /// The `kind` of a JSON object, when it has a string one.
-fn kind_of(body: &[u8]) -> Option<String> {
+pub(crate) fn kind_of(body: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Kind {
         #[serde(default)]

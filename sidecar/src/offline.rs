@@ -11,6 +11,7 @@ use skewgate_core::discovery::{
 };
 use skewgate_core::table::TableConfig;
 
+use crate::fetch::kind_of;
 use crate::routing::{self, Server};
 
 /// One `--discovery` argument.
@@ -71,11 +72,6 @@ pub fn load_api(path: &Path) -> Result<ApiGroupDiscoveryList, LoadError> {
         return Ok(core_group_list(&list));
     }
     ApiGroupDiscoveryList::from_json(&bytes).map_err(|e| load_error(path, e.to_string()))
-}
-
-fn kind_of(bytes: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    value.get("kind")?.as_str().map(str::to_owned)
 }
 
 /// The table for the given apiservers, in argument order.

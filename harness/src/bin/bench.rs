@@ -293,7 +293,8 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
         served_by: vec!["a".into(), "b".into()],
         resources: BTreeMap::from([("probes".into(), one(first)), ("probes2".into(), one(second))]),
     });
-    t.assign_sets(|m| format!("skewgate-set-{}", m.join("_")));
+    let names = skewgate_core::build::ClusterNames::default();
+    t.assign_sets(|m| names.set_cluster(m));
     t.generation = format!("{}-{}", table.generation, if swapped { "swapped" } else { "plain" });
     t
 }
