@@ -18,7 +18,7 @@ use skewgate_core::discovery::{
 use super::captured::{self, Capture};
 use super::profile::Profile;
 use super::reply::{self, Reply};
-use super::status::Status;
+use super::status::{Errors, Status};
 
 const CORE_V1: &str = include_str!("../../../testdata/discovery/legacy_core-v1/api__v1.json");
 const MEDIA_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";

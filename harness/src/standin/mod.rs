@@ -65,7 +65,7 @@ use crate::echo::SERVED_BY;
 use crate::pki::Pair;
 use catalog::Catalog;
 use reply::Reply;
-use status::Status;
+use status::{Errors, Status};
 use tls::{PeerCert, Tls};
 
 /// Largest request body accepted (kube-apiserver's `MaxRequestBodyBytes`).

@@ -20,7 +20,7 @@ use super::proto;
 use super::reply::{self, Reply};
 use super::reviews::create_only;
 use super::selector::{FieldSelector, LabelSelector};
-use super::status::{Details, Status, Target};
+use super::status::{Details, Errors, Status, Target};
 use super::store::{Key, Write, metadata_mut};
 use super::table::{self, Include};
 use super::watch::{self, Start};

@@ -9,7 +9,7 @@ use std::time::Duration;
 use skewgate_core::request_info::RequestInfo;
 
 use super::auth::Identity;
-use super::status::{Details, Status};
+use super::status::{Details, Errors, Status};
 
 /// The phases' lengths; each may be zero.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
