@@ -178,9 +178,11 @@ impl Reason {
             Reason::NoMergedDocument => {
                 "aggregated discovery v2 but the table has no merged document: any apiserver"
             }
-            Reason::LegacyGroupDiscovery => "legacy group discovery: apiservers that list the group",
+            Reason::LegacyGroupDiscovery => {
+                "legacy group discovery, nothing composed (the apiservers answer alike, or their legacy documents are unknown): apiservers that list the group"
+            }
             Reason::LegacyGroupVersionDiscovery => {
-                "legacy group/version discovery: apiservers that list the group/version"
+                "legacy group/version discovery, nothing composed (the apiservers answer alike, or their legacy documents are unknown): apiservers that list the group/version"
             }
             Reason::ComposedLegacyDiscovery => {
                 "legacy discovery the apiservers answer differently: answered with the composed document"

@@ -28,8 +28,9 @@ async fn start(name: &str, apiservers: &[(&str, &str)]) -> Result<Cluster> {
     paths::envoy_binary()?;
     paths::kubectl_binary()?;
     paths::filter_wasm()?;
-    let out =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("legacy-edge").join(format!("{name}-{}", std::process::id()));
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("legacy-edge")
+        .join(format!("{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     let options = Options::ephemeral(&out, apiservers);
     cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))
@@ -58,17 +59,30 @@ fn listed(doc: &Value) -> BTreeSet<String> {
             .as_array()
             .into_iter()
             .flatten()
-            .flat_map(|r| strings(r, "verbs").into_iter().map(move |verb| format!("{} {verb}", r["name"].as_str().unwrap_or(""))))
+            .flat_map(|r| {
+                strings(r, "verbs")
+                    .into_iter()
+                    .map(move |verb| format!("{} {verb}", r["name"].as_str().unwrap_or("")))
+            })
             .collect(),
         "APIGroupList" => doc["groups"]
             .as_array()
             .into_iter()
             .flatten()
-            .flat_map(|g| g["versions"].as_array().into_iter().flatten().filter_map(|v| v["groupVersion"].as_str().map(str::to_owned)))
+            .flat_map(|g| {
+                g["versions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v["groupVersion"].as_str().map(str::to_owned))
+            })
             .collect(),
-        "APIGroup" => {
-            doc["versions"].as_array().into_iter().flatten().filter_map(|v| v["groupVersion"].as_str().map(str::to_owned)).collect()
-        }
+        "APIGroup" => doc["versions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v["groupVersion"].as_str().map(str::to_owned))
+            .collect(),
         "APIVersions" => strings(doc, "versions").into_iter().collect(),
         _ => BTreeSet::new(),
     }
@@ -93,7 +107,11 @@ async fn check_cluster(c: &Cluster, extra_paths: &[&str]) -> Result<(usize, Vec<
         // What each apiserver serves there, straight from it.
         let mut own: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for (id, _) in c.running() {
-            let r = direct.get(format!("{}{path}", c.apiserver_url(&id)?)).header("accept", "application/json").send().await?;
+            let r = direct
+                .get(format!("{}{path}", c.apiserver_url(&id)?))
+                .header("accept", "application/json")
+                .send()
+                .await?;
             requests += 1;
             if r.status() == 200 {
                 own.insert(id, listed(&r.json().await?));
@@ -111,9 +129,17 @@ async fn check_cluster(c: &Cluster, extra_paths: &[&str]) -> Result<(usize, Vec<
         requests += 1;
         ensure!(r.status() == 200, "{path}: {}", r.status());
         let served_by = r.headers().get(SERVED_BY).is_some();
-        ensure!(served_by != is_composed, "{path}: composed {is_composed}, answered by an apiserver {served_by}");
+        ensure!(
+            served_by != is_composed,
+            "{path}: composed {is_composed}, answered by an apiserver {served_by}"
+        );
         let got = listed(&r.json().await?);
-        ensure!(got == union, "{path}: through Envoy {:?} ≠ the union (missing {:?})", got, union.difference(&got).collect::<Vec<_>>());
+        ensure!(
+            got == union,
+            "{path}: through Envoy {:?} ≠ the union (missing {:?})",
+            got,
+            union.difference(&got).collect::<Vec<_>>()
+        );
 
         if !is_composed {
             continue;
@@ -128,10 +154,18 @@ async fn check_cluster(c: &Cluster, extra_paths: &[&str]) -> Result<(usize, Vec<
             ensure!(body["kind"] == "Status", "{who} {path} got {body:.200}");
         }
         // JSON only: protobuf-only gets 406 from the filter, after authorization.
-        let r = alice.get(format!("{base}{path}")).header("accept", "application/vnd.kubernetes.protobuf").send().await?;
+        let r = alice
+            .get(format!("{base}{path}"))
+            .header("accept", "application/vnd.kubernetes.protobuf")
+            .send()
+            .await?;
         requests += 1;
         ensure!(r.status() == 406, "protobuf {path}: {}", r.status());
-        let r = anonymous.get(format!("{base}{path}")).header("accept", "application/vnd.kubernetes.protobuf").send().await?;
+        let r = anonymous
+            .get(format!("{base}{path}"))
+            .header("accept", "application/vnd.kubernetes.protobuf")
+            .send()
+            .await?;
         requests += 1;
         ensure!(r.status() == 403, "anonymous protobuf {path}: {}", r.status());
         ensure!(LegacyPath::parse(path).is_some(), "{path}");
@@ -144,7 +178,10 @@ async fn kubectl_raw_union(c: &Cluster, path: &str, must_list: &str) -> Result<(
     for _ in 0..5 {
         let doc: Value = serde_json::from_str(&k.ok(&["get", "--raw", path]).await?)?;
         let names = listed(&doc);
-        ensure!(names.iter().any(|n| n.starts_with(must_list)), "kubectl get --raw {path}: no {must_list} in {names:?}");
+        ensure!(
+            names.iter().any(|n| n.starts_with(must_list)),
+            "kubectl get --raw {path}: no {must_list} in {names:?}"
+        );
     }
     Ok(())
 }
@@ -153,10 +190,41 @@ async fn kubectl_raw_union(c: &Cluster, path: &str, must_list: &str) -> Result<(
 async fn era_cluster_reads_the_union_of_legacy_discovery() -> Result<()> {
     let c = start("era", ERAS).await?;
     // resource.k8s.io/v1alpha3 is served by all three; only the 1.33 ones list deviceclasses.
-    let (requests, composed) = check_cluster(&c, &["/apis/resource.k8s.io/v1alpha3", "/apis/apps/v1"]).await?;
+    let (requests, composed) =
+        check_cluster(&c, &["/apis/resource.k8s.io/v1alpha3", "/apis/apps/v1"]).await?;
     ensure!(composed.iter().any(|p| p == "/apis/resource.k8s.io/v1alpha3"), "{composed:?}");
     kubectl_raw_union(&c, "/apis/resource.k8s.io/v1alpha3", "deviceclasses ").await?;
     kubectl_raw_union(&c, "/apis/resource.k8s.io", "resource.k8s.io/v1").await?;
+    // `skewgate explain` names what the edge answers and from which apiservers' documents.
+    let table = c.table_on_disk()?;
+    let explain = |target: &str, accept: &str| {
+        let request = skewgate::explain::Request {
+            method: "GET".into(),
+            target: target.into(),
+            headers: vec![("Authorization".into(), "Bearer x".into()), ("Accept".into(), accept.into())],
+            ..Default::default()
+        };
+        skewgate::explain::explain(&table, &request)
+    };
+    let e = explain("/apis/resource.k8s.io/v1alpha3", "application/json");
+    ensure!(e["cluster"] == "skewgate-pool" && e["composed"]["status"] == 200, "{e:#}");
+    ensure!(e["composed"]["document"] == "composed legacy discovery /apis/resource.k8s.io/v1alpha3", "{e:#}");
+    ensure!(e["composed"]["inputs"] == serde_json::json!(["a", "b", "c"]), "{e:#}");
+    ensure!(
+        e["composed"]["body"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("APIResourceList resource.k8s.io/v1alpha3")),
+        "{e:#}"
+    );
+    let e = explain("/apis", "application/vnd.kubernetes.protobuf");
+    ensure!(e["composed"]["status"] == 406, "{e:#}");
+    let e = explain("/apis/apps/v1", "application/json");
+    ensure!(
+        e.get("composed").is_none() && e["reason"].as_str().is_some_and(|r| r.contains("nothing composed")),
+        "{e:#}"
+    );
+    let e = explain("/apis", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList");
+    ensure!(e["composed"]["document"].as_str().is_some_and(|d| d.starts_with("peer-aggregated")), "{e:#}");
     eprintln!("era cluster: {requests} requests, composed {composed:?}");
     c.shutdown().await
 }
