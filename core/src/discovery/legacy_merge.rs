@@ -369,3 +369,105 @@ mod tests {
         assert!(merge_resource_lists(&[]).resources.is_empty());
     }
 }
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod merge_props {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const VERBS: [&str; 5] = ["create", "delete", "get", "list", "watch"];
+
+    /// Resource lists of several servers that never contradict each other's order: each lists a
+    /// subsequence of one hidden order, with verbs of its own.
+    fn servers() -> impl Strategy<Value = Vec<ApiResourceList>> {
+        (1usize..10).prop_flat_map(|n| {
+            let names: Vec<String> = (0..n).map(|i| format!("r{i:02}")).collect();
+            let server = prop::collection::vec((any::<bool>(), prop::collection::vec(any::<bool>(), 5)), n);
+            (Just(names).prop_shuffle(), prop::collection::vec(server, 1..5)).prop_map(|(order, servers)| {
+                servers
+                    .into_iter()
+                    .map(|picks| ApiResourceList {
+                        kind: "APIResourceList".into(),
+                        api_version: "v1".into(),
+                        group_version: "g/v1".into(),
+                        resources: order
+                            .iter()
+                            .zip(picks)
+                            .filter(|(_, (keep, _))| *keep)
+                            .map(|(name, (_, verbs))| ApiResource {
+                                name: name.clone(),
+                                kind: "K".into(),
+                                verbs: VERBS
+                                    .iter()
+                                    .zip(verbs)
+                                    .filter(|(_, on)| *on)
+                                    .map(|(v, _)| (*v).to_owned())
+                                    .collect(),
+                                ..ApiResource::default()
+                            })
+                            .collect(),
+                    })
+                    .collect()
+            })
+        })
+    }
+
+    fn ids(lists: &[ApiResourceList]) -> Vec<(String, &ApiResourceList)> {
+        lists.iter().enumerate().map(|(i, l)| (format!("s{i}"), l)).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn merged_resource_list_covers_every_input_in_its_order(lists in servers()) {
+            let owned = ids(&lists);
+            let inputs: Vec<(&str, &ApiResourceList)> = owned.iter().map(|(id, l)| (id.as_str(), *l)).collect();
+            let merged = merge_resource_lists(&inputs);
+            let names: Vec<&str> = merged.resources.iter().map(|r| r.name.as_str()).collect();
+            let mut unique = names.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            prop_assert_eq!(unique.len(), names.len(), "duplicates in {:?}", names);
+            for (_, list) in &inputs {
+                let mut last = None;
+                for entry in &list.resources {
+                    let at = names.iter().position(|n| *n == entry.name);
+                    prop_assert!(at.is_some(), "{} lost", entry.name);
+                    prop_assert!(last < at, "order of {} not kept in {:?}", entry.name, names);
+                    last = at;
+                    let verbs = &merged.resources[at.unwrap_or_default()].verbs;
+                    prop_assert!(entry.verbs.iter().all(|v| verbs.contains(v)));
+                }
+            }
+            prop_assert_eq!(merge_resource_lists(&[("x", &merged), ("y", &merged)]), merged.clone());
+            let mut reversed = inputs.clone();
+            reversed.reverse();
+            prop_assert_eq!(merge_resource_lists(&reversed), merged);
+        }
+
+        #[test]
+        fn merged_group_lists_every_version_with_the_highest_preference_first(
+            versions in prop::collection::vec(prop::sample::subsequence(vec!["v1", "v2", "v1beta1", "v1beta2", "v1alpha1", "v2alpha1"], 1..4), 1..4)
+        ) {
+            let groups: Vec<ApiGroup> = versions
+                .iter()
+                .map(|vs| {
+                    let mut vs = vs.clone();
+                    vs.sort_by(|a, b| compare_kube_aware_versions(a, b));
+                    let gv = |v: &str| GroupVersionForDiscovery { group_version: format!("g/{v}"), version: v.to_owned() };
+                    ApiGroup { name: "g".into(), versions: vs.iter().map(|v| gv(v)).collect(), preferred_version: gv(vs[0]), ..ApiGroup::default() }
+                })
+                .collect();
+            let owned: Vec<(String, &ApiGroup)> = groups.iter().enumerate().map(|(i, g)| (format!("s{i}"), g)).collect();
+            let inputs: Vec<(&str, &ApiGroup)> = owned.iter().map(|(id, g)| (id.as_str(), *g)).collect();
+            let merged = merge_group(&inputs);
+            let all: BTreeSet<&str> = versions.iter().flatten().copied().collect();
+            let listed: BTreeSet<&str> = merged.versions.iter().map(|v| v.version.as_str()).collect();
+            prop_assert_eq!(listed, all.clone());
+            let best = all.iter().copied().min_by(|a, b| compare_kube_aware_versions(a, b));
+            prop_assert_eq!(Some(merged.preferred_version.version.as_str()), best);
+            prop_assert_eq!(merged.versions.first(), Some(&merged.preferred_version));
+            prop_assert_eq!(merge_group(&[("x", &merged), ("y", &merged)]), merged);
+        }
+    }
+}
