@@ -10,9 +10,10 @@ use std::fmt;
 use sha2::{Digest, Sha512};
 
 use crate::discovery::{ApiGroupDiscovery, ApiGroupDiscoveryList, etag, merge_peer_discovery};
+use crate::legacy_build::{LegacySet, compose_legacy};
 use crate::table::{
-    ApiserverConfig, DiscoveryConfig, GroupVersionConfig, MAX_APISERVERS, PolicyConfig, RoutingTable,
-    SCHEMA_VERSION, TableConfig, TableError,
+    ApiserverConfig, DiscoveryConfig, GroupVersionConfig, LegacyDocumentConfig, MAX_APISERVERS, PolicyConfig,
+    RoutingTable, SCHEMA_VERSION, TableConfig, TableError,
 };
 
 /// What one apiserver serves: its aggregated `/api` and `/apis` documents (legacy discovery
@@ -119,6 +120,18 @@ const SHORT_HASH: usize = 16;
 /// characters to escape) are left out, since no request could name them, rather than letting
 /// one odd entry stop every table update.
 pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<TableConfig, BuildError> {
+    build_table_with_legacy(servers, &[], names)
+}
+
+/// [`build_table`] plus the composed legacy discovery documents ([`compose_legacy`]):
+/// `legacy[i]` is `servers[i]`'s legacy set. Nothing is composed unless every server that serves
+/// something has its set: a merge without one of them could lack what only it serves, and the
+/// apiservers then answer legacy discovery themselves, as without skewgate.
+pub fn build_table_with_legacy(
+    servers: &[ServerApis<'_>],
+    legacy: &[Option<&LegacySet>],
+    names: &ClusterNames,
+) -> Result<TableConfig, BuildError> {
     check_ids(servers)?;
     let mut table = TableConfig {
         schema: SCHEMA_VERSION,
@@ -135,14 +148,37 @@ pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<T
         sets: Vec::new(),
         group_versions: group_versions(servers),
         discovery: Some(merged_discovery(servers)?),
+        legacy_discovery: Vec::new(),
         policy: PolicyConfig::default(),
         anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
     };
+    table.legacy_discovery = legacy_discovery(servers, legacy, &table.group_versions)?;
     table.assign_sets(|members| names.set_cluster(members));
     table.generation = generation(&table)?;
     // Cheap next to a sync, and it turns a table Envoy would refuse into an error here.
     RoutingTable::compile(table.clone()).map_err(BuildError::Table)?;
     Ok(table)
+}
+
+fn legacy_discovery(
+    servers: &[ServerApis<'_>],
+    legacy: &[Option<&LegacySet>],
+    group_versions: &[GroupVersionConfig],
+) -> Result<Vec<LegacyDocumentConfig>, BuildError> {
+    let mut inputs: Vec<(&str, &LegacySet)> = Vec::new();
+    for (index, server) in servers.iter().enumerate() {
+        if server.documents.iter().all(|d| d.items.is_empty()) {
+            continue;
+        }
+        match legacy.get(index).copied().flatten() {
+            Some(set) => inputs.push((server.id, set)),
+            None => return Ok(Vec::new()),
+        }
+    }
+    let known = |group: &str, version: Option<&str>| {
+        group_versions.iter().any(|gv| gv.group == group && version.is_none_or(|v| gv.version == v))
+    };
+    compose_legacy(&inputs, known).map_err(|e| BuildError::Serialize(e.to_string()))
 }
 
 fn check_ids(servers: &[ServerApis<'_>]) -> Result<(), BuildError> {

@@ -1,11 +1,11 @@
 //! The per-request decision (docs/architecture.md, "Request path"): one pure function from a request head and a routing
 //! table to what Envoy must do. The filter and `skewgate explain` both call [`decide`].
 
-use crate::accept::{DiscoveryAccept, negotiate_discovery};
+use crate::accept::{DiscoveryAccept, negotiate_discovery, negotiate_legacy};
 use crate::discovery::MEDIA_TYPE_V2_JSON;
 use crate::identity::{self, CertIdentity, Identity, Unforwardable};
 use crate::request_info::{RequestInfo, decode_path, split_target};
-use crate::table::{Gvr, RoutingTable, Serving};
+use crate::table::{Gvr, LegacyPath, RoutingTable, Serving};
 
 /// What the decision needs to know about a request: the few headers it reads.
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,23 +57,75 @@ pub struct Route<'t> {
     pub compose: Option<Reply<'t>>,
 }
 
-/// What the filter answers in place of an authorized upstream answer: the merged discovery
-/// document, or a 304 when the client already has it.
+/// What the filter answers in place of an authorized upstream answer: the merged aggregated
+/// discovery document (or a 304 when the client already has it), a composed legacy discovery
+/// document, or 406 for a composed document asked for in a type skewgate does not compose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply<'t> {
     pub status: u16,
-    /// Quoted, as sent in the `ETag` header.
+    pub content_type: &'static str,
+    /// Quoted, as sent in the `ETag` header; "" for documents that upstream serves without one
+    /// (legacy discovery).
     pub etag: &'t str,
     /// Empty for 304.
     pub body: &'t str,
+    /// Which document, so that the filter can find it again when the apiserver's answer comes.
+    pub source: Composed,
 }
 
+/// Which composed document a [`Reply`] carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Composed {
+    /// The peer-aggregated `/apis`.
+    MergedDiscovery,
+    /// Index into the table's composed legacy documents.
+    Legacy(usize),
+    /// 406 Not Acceptable: the Accept header allows only protobuf or YAML.
+    NotAcceptable,
+}
+
+const MEDIA_TYPE_JSON: &str = "application/json";
+
+/// kube-apiserver's wording for a media type it cannot produce, and why skewgate cannot.
+const NOT_ACCEPTABLE: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"only the following media types are accepted: application/json (skewgate composes this discovery document from several apiservers' documents, in JSON only)","reason":"NotAcceptable","code":406}"#;
+
 impl Reply<'_> {
-    /// Response headers besides `:status`.
+    /// Response headers besides `:status`; an empty value means "no such header".
     pub fn headers(&self) -> [(&'static str, &str); 4] {
-        let content_type = if self.status == 200 { MEDIA_TYPE_V2_JSON } else { "" };
-        [("content-type", content_type), ("etag", self.etag), ("vary", "Accept"), ("cache-control", "public")]
+        let content_type = if self.status == 304 { "" } else { self.content_type };
+        let (vary, cache_control) = if self.etag.is_empty() { ("", "") } else { ("Accept", "public") };
+        [
+            ("content-type", content_type),
+            ("etag", self.etag),
+            ("vary", vary),
+            ("cache-control", cache_control),
+        ]
     }
+}
+
+/// The reply for `source` in `table`: what the decision chose, found again from the filter's
+/// response callback (the table a request was decided on stays with the request).
+pub fn composed_reply(table: &RoutingTable, source: Composed, status: u16) -> Option<Reply<'_>> {
+    let reply = match source {
+        Composed::MergedDiscovery => {
+            let merged = table.merged_discovery()?;
+            Reply {
+                status,
+                content_type: MEDIA_TYPE_V2_JSON,
+                etag: &merged.quoted_etag,
+                body: if status == 304 { "" } else { &merged.document },
+                source,
+            }
+        }
+        Composed::Legacy(index) => {
+            let document = table.legacy_discovery().at(index)?;
+            Reply { status: 200, content_type: MEDIA_TYPE_JSON, etag: "", body: &document.document, source }
+        }
+        Composed::NotAcceptable => {
+            Reply { status: 406, content_type: MEDIA_TYPE_JSON, etag: "", body: NOT_ACCEPTABLE, source }
+        }
+    };
+    Some(reply)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +148,10 @@ pub enum Reason {
     NoMergedDocument,
     LegacyGroupDiscovery,
     LegacyGroupVersionDiscovery,
+    /// Legacy discovery whose apiservers' documents differ: answered with the composed one.
+    ComposedLegacyDiscovery,
+    /// The same, asked for in protobuf or YAML only: 406.
+    ComposedLegacyNotAcceptable,
     OpenApiGroupVersion,
 }
 
@@ -122,9 +178,17 @@ impl Reason {
             Reason::NoMergedDocument => {
                 "aggregated discovery v2 but the table has no merged document: any apiserver"
             }
-            Reason::LegacyGroupDiscovery => "legacy group discovery: apiservers that list the group",
+            Reason::LegacyGroupDiscovery => {
+                "legacy group discovery, nothing composed (the apiservers answer alike, or their legacy documents are unknown): apiservers that list the group"
+            }
             Reason::LegacyGroupVersionDiscovery => {
-                "legacy group/version discovery: apiservers that list the group/version"
+                "legacy group/version discovery, nothing composed (the apiservers answer alike, or their legacy documents are unknown): apiservers that list the group/version"
+            }
+            Reason::ComposedLegacyDiscovery => {
+                "legacy discovery the apiservers answer differently: answered with the composed document"
+            }
+            Reason::ComposedLegacyNotAcceptable => {
+                "legacy discovery composed at the edge (JSON only), asked for in protobuf or YAML only: 406"
             }
             Reason::OpenApiGroupVersion => "OpenAPI v3 of a group/version: apiservers that serve it",
         }
@@ -279,12 +343,25 @@ fn non_resource<'t>(table: &'t RoutingTable, head: &RequestHead<'_>, path: &str)
         },
         None => pool(table, Reason::NonResource),
     };
+    let legacy = |path: LegacyPath<'_>, base: Outcome<'t>| {
+        compose_legacy(table, head, path, negotiate_legacy(head.accept), base)
+    };
     match (first, more) {
         ([Some("apis"), None, ..], _) if path == "/apis" && head.method == "GET" => discovery(table, head),
-        ([Some("apis"), Some(g), None, ..], _) => served(table.group(g), Reason::LegacyGroupDiscovery),
-        ([Some("apis"), Some(g), Some(v), None, _], _) => {
-            served(table.group_version(g, v), Reason::LegacyGroupVersionDiscovery)
+        ([Some("api"), None, ..], _) if path == "/api" => {
+            let base = pool(table, Reason::NonResource);
+            compose_legacy(table, head, LegacyPath::Versions, negotiate_discovery(head.accept), base)
         }
+        ([Some("api"), Some(v), None, ..], _) => {
+            legacy(LegacyPath::GroupVersion("", v), pool(table, Reason::NonResource))
+        }
+        ([Some("apis"), Some(g), None, ..], _) => {
+            legacy(LegacyPath::Group(g), served(table.group(g), Reason::LegacyGroupDiscovery))
+        }
+        ([Some("apis"), Some(g), Some(v), None, _], _) => legacy(
+            LegacyPath::GroupVersion(g, v),
+            served(table.group_version(g, v), Reason::LegacyGroupVersionDiscovery),
+        ),
         ([Some("openapi"), Some("v3"), Some("apis"), Some(g), Some(v)], false) => {
             served(table.group_version(g, v), Reason::OpenApiGroupVersion)
         }
@@ -292,23 +369,56 @@ fn non_resource<'t>(table: &'t RoutingTable, head: &RequestHead<'_>, path: &str)
     }
 }
 
+/// `base` (where the request goes, so that an apiserver authorizes it), answered with the
+/// composed legacy document for `path` if the table has one and the request is a GET.
+fn compose_legacy<'t>(
+    table: &'t RoutingTable,
+    head: &RequestHead<'_>,
+    path: LegacyPath<'_>,
+    accept: DiscoveryAccept,
+    mut base: Outcome<'t>,
+) -> Outcome<'t> {
+    if head.method != "GET" {
+        return base;
+    }
+    let Some((index, _)) = table.legacy_discovery().get(path) else { return base };
+    let (source, reason) = match accept {
+        DiscoveryAccept::LegacyJson => (Composed::Legacy(index), Reason::ComposedLegacyDiscovery),
+        DiscoveryAccept::LegacyOther => (Composed::NotAcceptable, Reason::ComposedLegacyNotAcceptable),
+        DiscoveryAccept::MergedV2 | DiscoveryAccept::NoPeerV2 | DiscoveryAccept::Local => return base,
+    };
+    if let Action::Route(route) = &mut base.action {
+        route.compose = composed_reply(table, source, 200);
+        base.reason = reason;
+    }
+    base
+}
+
 fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t> {
     match negotiate_discovery(head.accept) {
         DiscoveryAccept::MergedV2 => {}
+        accept @ (DiscoveryAccept::LegacyJson | DiscoveryAccept::LegacyOther) => {
+            return compose_legacy(
+                table,
+                head,
+                LegacyPath::GroupList,
+                accept,
+                pool(table, Reason::LocalDiscovery),
+            );
+        }
         DiscoveryAccept::NoPeerV2 | DiscoveryAccept::Local => return pool(table, Reason::LocalDiscovery),
     }
     let Some(merged) = table.merged_discovery() else {
         return pool(table, Reason::NoMergedDocument);
     };
-    let etag = merged.quoted_etag.as_str();
-    let (status, body, reason) = if head.if_none_match == Some(etag) {
-        (304, "", Reason::MergedDiscoveryNotModified)
+    let (status, reason) = if head.if_none_match == Some(merged.quoted_etag.as_str()) {
+        (304, Reason::MergedDiscoveryNotModified)
     } else {
-        (200, merged.document.as_str(), Reason::MergedDiscovery)
+        (200, Reason::MergedDiscovery)
     };
     let mut o = pool(table, reason);
     if let Action::Route(route) = &mut o.action {
-        route.compose = Some(Reply { status, etag, body });
+        route.compose = composed_reply(table, Composed::MergedDiscovery, status);
     }
     o
 }
@@ -529,6 +639,129 @@ mod tests {
         let mut h = head("GET", "/apis");
         h.accept = Some(V2);
         assert_eq!(decide(&t, &h).reason, Reason::NoMergedDocument);
+    }
+
+    fn table_with_legacy() -> RoutingTable {
+        let mut v = sample();
+        let doc = |path: &str, body: &str| serde_json::json!({"path": path, "inputs": ["a", "c"], "document": body});
+        v["legacyDiscovery"] = serde_json::json!([
+            doc("/api", r#"{"kind":"APIVersions","versions":["v1"]}"#),
+            doc("/apis", r#"{"kind":"APIGroupList"}"#),
+            doc("/apis/resource.k8s.io", r#"{"kind":"APIGroup"}"#),
+            doc(
+                "/apis/resource.k8s.io/v1alpha3",
+                r#"{"kind":"APIResourceList","groupVersion":"resource.k8s.io/v1alpha3"}"#
+            ),
+            doc("/api/v1", r#"{"kind":"APIResourceList","groupVersion":"v1"}"#),
+        ]);
+        RoutingTable::from_json(v.to_string().as_bytes()).unwrap()
+    }
+
+    /// (method, target, accept) → (cluster, reason, composed status and body kind).
+    #[test]
+    fn composed_legacy_discovery() {
+        let t = table_with_legacy();
+        let protobuf = "application/vnd.kubernetes.protobuf";
+        type Case<'a> = (&'a str, &'a str, Option<&'a str>, &'a str, Reason, Option<(u16, &'a str)>);
+        let cases: [Case<'_>; 14] = [
+            (
+                "GET",
+                "/apis",
+                Some("application/json"),
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIGroupList")),
+            ),
+            ("GET", "/apis", None, "pool", Reason::ComposedLegacyDiscovery, Some((200, "APIGroupList"))),
+            ("GET", "/apis", Some(V2), "pool", Reason::MergedDiscovery, Some((200, "APIGroupDiscoveryList"))),
+            ("GET", "/apis", Some(NOPEER), "pool", Reason::LocalDiscovery, None),
+            (
+                "GET",
+                "/apis",
+                Some(protobuf),
+                "pool",
+                Reason::ComposedLegacyNotAcceptable,
+                Some((406, "Status")),
+            ),
+            (
+                "GET",
+                "/api",
+                Some("application/json, */*"),
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIVersions")),
+            ),
+            ("GET", "/api", Some(V2), "pool", Reason::NonResource, None),
+            ("GET", "/api/v1", None, "pool", Reason::ComposedLegacyDiscovery, Some((200, "APIResourceList"))),
+            (
+                "GET",
+                "/apis/resource.k8s.io",
+                None,
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIGroup")),
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1alpha3",
+                Some(V2),
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIResourceList")),
+            ),
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1alpha3/",
+                None,
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIResourceList")),
+            ),
+            // Identical everywhere (nothing composed): the serving apiservers answer.
+            ("GET", "/apis/resource.k8s.io/v1", None, "set-c", Reason::LegacyGroupVersionDiscovery, None),
+            (
+                "HEAD",
+                "/apis/resource.k8s.io/v1alpha3",
+                None,
+                "pool",
+                Reason::LegacyGroupVersionDiscovery,
+                None,
+            ),
+            ("POST", "/apis", None, "pool", Reason::NonResource, None),
+        ];
+        for (method, target, accept, cluster, reason, composed) in cases {
+            let mut h = head(method, target);
+            h.accept = accept;
+            let d = decide(&t, &h);
+            let route = d.route().unwrap();
+            assert_eq!((route.cluster, d.reason), (cluster, reason), "{method} {target} {accept:?}");
+            let got = route.compose.map(|r| {
+                let kind: serde_json::Value = serde_json::from_str(r.body).unwrap();
+                (r.status, kind["kind"].as_str().unwrap_or_default().to_owned())
+            });
+            assert_eq!(got, composed.map(|(s, k)| (s, k.to_owned())), "{method} {target} {accept:?}");
+        }
+        let mut h = head("GET", "/apis/resource.k8s.io/v1alpha3");
+        h.accept = Some(protobuf);
+        let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
+        assert_eq!(reply.status, 406);
+        assert_eq!(
+            reply.headers(),
+            [("content-type", "application/json"), ("etag", ""), ("vary", ""), ("cache-control", "")]
+        );
+        // The filter finds the same reply again from its source.
+        h.accept = None;
+        let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
+        assert_eq!(composed_reply(&t, reply.source, 200), Some(reply));
+        assert_eq!(reply.headers()[0], ("content-type", "application/json"));
+        assert_eq!(reply.headers()[1], ("etag", ""));
+        // Without composed documents, legacy discovery goes where it went before.
+        let plain = table();
+        let d = decide(&plain, &head("GET", "/apis/resource.k8s.io/v1alpha3"));
+        assert_eq!(
+            (d.reason, d.route().and_then(|r| r.compose)),
+            (Reason::LegacyGroupVersionDiscovery, None)
+        );
     }
 
     #[test]

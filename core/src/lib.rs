@@ -8,6 +8,8 @@ pub mod build;
 pub mod decision;
 pub mod discovery;
 pub mod identity;
+pub mod legacy_build;
+pub mod legacy_documents;
 pub mod request_info;
 pub mod status;
 pub mod table;

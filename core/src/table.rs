@@ -10,6 +10,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::legacy_documents::{LegacyDocument, LegacyDocumentConfig, LegacyDocuments, LegacyPath};
+
 /// The only schema this build understands.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -36,6 +38,9 @@ pub struct TableConfig {
     /// The peer-aggregated `/apis` document, served by the filter itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<DiscoveryConfig>,
+    /// Legacy discovery documents composed from apiservers that answer them differently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub legacy_discovery: Vec<LegacyDocumentConfig>,
     #[serde(default)]
     pub policy: PolicyConfig,
     /// When set, the pool and every set cluster have a twin named with this prefix that reaches
@@ -198,6 +203,7 @@ pub struct RoutingTable {
     gvrs: Vec<Gvr>,
     groups: HashMap<String, GroupEntry>,
     merged: Option<MergedDiscovery>,
+    legacy: LegacyDocuments,
     policy: PolicyConfig,
 }
 
@@ -341,6 +347,11 @@ impl RoutingTable {
             None => None,
         };
 
+        let legacy = LegacyDocuments::compile(config.legacy_discovery, |g, v| {
+            groups.get(g).is_some_and(|entry| v.is_none_or(|v| entry.versions.contains_key(v)))
+        })
+        .map_err(|(field, reason)| err(field, reason))?;
+
         Ok(Self {
             generation: config.generation,
             apiservers,
@@ -350,6 +361,7 @@ impl RoutingTable {
             gvrs,
             groups,
             merged,
+            legacy,
             policy: config.policy,
         })
     }
@@ -377,6 +389,11 @@ impl RoutingTable {
 
     pub fn merged_discovery(&self) -> Option<&MergedDiscovery> {
         self.merged.as_ref()
+    }
+
+    /// The composed legacy discovery documents.
+    pub fn legacy_discovery(&self) -> &LegacyDocuments {
+        &self.legacy
     }
 
     pub fn policy(&self) -> PolicyConfig {

@@ -33,8 +33,8 @@ pub struct Http {
     unlisted_target: Option<String>,
     /// The response is ours (merged discovery or a rewritten 503): leave it alone.
     replied: bool,
-    /// The status of the composed answer (200 or 304) that replaces an authorized upstream one.
-    compose: Option<u16>,
+    /// The composed answer (its status and document) that replaces an authorized upstream one.
+    compose: Option<(u16, decision::Composed)>,
 }
 
 impl Http {
@@ -117,7 +117,7 @@ impl HttpContext for Http {
                     // The apiserver must answer 200 (authorized) or 401/403, not 304 for an
                     // ETag of its own document.
                     host::set_request_header("if-none-match", None);
-                    self.compose = Some(reply.status);
+                    self.compose = Some((reply.status, reply.source));
                 }
                 // Every host call costs a few µs: only long-running requests get the route header
                 // (a client's own x-skewgate-* headers were stripped above).
@@ -160,8 +160,9 @@ impl HttpContext for Http {
         let status = host::response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
             .unwrap_or(0);
-        if let (Some(compose), true) = (self.compose, (200..300).contains(&status) || status == 304) {
-            return self.compose_reply(compose);
+        if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
+        {
+            return self.compose_reply(compose, source);
         }
         if status < 500 {
             return Action::Continue;
@@ -201,17 +202,18 @@ impl HttpContext for Http {
 }
 
 impl Http {
-    /// The merged document (or 304) in place of an answer an apiserver authorized. Read from the
-    /// table the request was decided on, so a table swap in between cannot mix two documents.
-    fn compose_reply(&mut self, status: u16) -> Action {
+    /// The composed document (or 304, or 406) in place of an answer an apiserver authorized.
+    /// Read from the table the request was decided on, so a table swap in between cannot mix two
+    /// documents.
+    fn compose_reply(&mut self, status: u16, source: decision::Composed) -> Action {
         let Some(active) = self.active.clone() else { return Action::Continue };
-        let Some(merged) = active.table.merged_discovery() else { return Action::Continue };
-        active.metrics.merged_discovery(status);
-        let reply = decision::Reply {
-            status,
-            etag: &merged.quoted_etag,
-            body: if status == 304 { "" } else { &merged.document },
+        let Some(reply) = decision::composed_reply(&active.table, source, status) else {
+            return Action::Continue;
         };
+        if source == decision::Composed::MergedDiscovery {
+            active.metrics.merged_discovery(status);
+        }
+        let status = reply.status;
         let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
         let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
         self.reply(u32::from(status), headers, body)

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
-use skewgate_core::decision::{self, Action, Reason, RequestHead};
+use skewgate_core::decision::{self, Action, Composed, Reason, RequestHead};
 use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status;
@@ -114,11 +114,14 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
                     .filter(|(_, v)| !v.is_empty())
                     .map(|(k, v)| ((*k).into(), json!(v)))
                     .collect();
+                let (document, inputs) = composed_from(table, reply.source);
                 out.insert(
                     "composed".into(),
                     json!({
                         "when": "the apiserver answers 2xx or 304; its 401/403 reach the client unchanged",
                         "status": reply.status,
+                        "document": document,
+                        "inputs": inputs,
                         "responseHeaders": headers,
                         "body": body_summary(reply.body),
                     }),
@@ -169,15 +172,53 @@ fn header_edits(
     json!({"remove": removed, "set": set})
 }
 
+/// Which document the edge answers with, and the apiservers whose documents it merges.
+fn composed_from(table: &RoutingTable, source: Composed) -> (String, Vec<String>) {
+    let everyone = || table.apiservers().iter().map(|a| a.id.clone()).collect();
+    match source {
+        Composed::MergedDiscovery => ("peer-aggregated /apis (apidiscovery.k8s.io/v2)".into(), everyone()),
+        Composed::Legacy(index) => match table.legacy_discovery().at(index) {
+            Some(d) => (format!("composed legacy discovery {}", d.path), d.inputs.clone()),
+            None => ("(missing)".into(), Vec::new()),
+        },
+        Composed::NotAcceptable => {
+            ("406 Not Acceptable: composed legacy discovery is served as JSON only".into(), Vec::new())
+        }
+    }
+}
+
 fn body_summary(body: &str) -> String {
     if body.is_empty() {
         return "(empty)".into();
     }
-    let groups = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("items").and_then(Value::as_array).map(Vec::len));
-    match groups {
-        Some(n) => format!("peer-aggregated APIGroupDiscoveryList, {n} groups, {} bytes", body.len()),
-        None => format!("{} bytes", body.len()),
+    let Ok(doc) = serde_json::from_str::<Value>(body) else { return format!("{} bytes", body.len()) };
+    let count = |key: &str| doc.get(key).and_then(Value::as_array).map_or(0, Vec::len);
+    let size = body.len();
+    match doc.get("kind").and_then(Value::as_str).unwrap_or_default() {
+        "APIGroupDiscoveryList" => {
+            format!("peer-aggregated APIGroupDiscoveryList, {} groups, {size} bytes", count("items"))
+        }
+        "APIGroupList" => format!("APIGroupList, {} groups, {size} bytes", count("groups")),
+        "APIResourceList" => format!(
+            "APIResourceList {}, {} entries, {size} bytes",
+            doc["groupVersion"].as_str().unwrap_or_default(),
+            count("resources")
+        ),
+        "APIGroup" => {
+            let versions: Vec<&str> = doc["versions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["version"].as_str())
+                .collect();
+            format!(
+                "APIGroup {}, versions {versions:?}, preferred {}, {size} bytes",
+                doc["name"].as_str().unwrap_or_default(),
+                doc["preferredVersion"]["version"].as_str().unwrap_or_default()
+            )
+        }
+        "APIVersions" => format!("APIVersions {}, {size} bytes", doc["versions"]),
+        "Status" => format!("Status {}: {}", doc["code"], doc["message"].as_str().unwrap_or_default()),
+        _ => format!("{size} bytes"),
     }
 }

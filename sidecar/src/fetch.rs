@@ -19,6 +19,8 @@ use skewgate_core::discovery::{
 };
 use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 
+use skewgate_core::legacy_build::LegacySet;
+
 use crate::config::{Identity, Limits, TlsFiles};
 use crate::envoy::Endpoint;
 
@@ -43,6 +45,10 @@ pub struct Documents {
     /// The aggregated documents' ETags as the apiserver sent them: what a probe asks about.
     #[serde(default)]
     pub etags: Etags,
+    /// Its legacy discovery documents, from which the edge composes the merged ones. `None`
+    /// when they could not be read yet (the table then composes no legacy document).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy_documents: Option<LegacySet>,
 }
 
 /// `ETag`s of `/api` and `/apis` (quotes included, as sent).
@@ -232,6 +238,19 @@ pub struct Fetcher {
     /// Sent with every request; not as the client's default headers, which keep only one
     /// value of a repeated header (and there is one `X-Remote-Group` per group).
     identity: HeaderMap,
+    /// The last legacy set read, with the aggregated documents and version it was read with.
+    legacy_cache: Arc<std::sync::Mutex<Option<LegacyCache>>>,
+}
+
+/// The legacy documents say what the aggregated ones say (plus `storageVersionHash`, set by the
+/// binary's storage versions): they are walked again only when the aggregated documents or the
+/// reported version change, not at every poll (a walk is one request per group/version).
+#[derive(Debug, Clone)]
+struct LegacyCache {
+    core: ApiGroupDiscoveryList,
+    apis: ApiGroupDiscoveryList,
+    version: String,
+    set: LegacySet,
 }
 
 impl fmt::Debug for Fetcher {
@@ -332,6 +351,7 @@ impl Fetcher {
             base: format!("https://{server_name}:{}", endpoint.port),
             max_body: limits.max_body_bytes,
             identity: headers,
+            legacy_cache: Arc::default(),
         })
     }
 
@@ -356,7 +376,61 @@ impl Fetcher {
             true => Etags::default(),
             false => Etags { api: api_etag, apis: apis_etag },
         };
-        Ok(Documents { version, core, apis, legacy, etags })
+        let legacy_documents = self.legacy_documents(&core, &apis, &version).await;
+        Ok(Documents { version, core, apis, legacy, etags, legacy_documents })
+    }
+
+    /// The legacy set for these aggregated documents: cached, or walked. A failed walk keeps
+    /// the previous set, if any (closer to what the server serves than none), and is retried at
+    /// the next fetch; it never fails the fetch: routing needs only the aggregated documents.
+    async fn legacy_documents(
+        &self,
+        core: &ApiGroupDiscoveryList,
+        apis: &ApiGroupDiscoveryList,
+        version: &str,
+    ) -> Option<LegacySet> {
+        let cached = self.legacy_cache.lock().ok().and_then(|cache| cache.clone());
+        if let Some(cache) = &cached {
+            if (&cache.core, &cache.apis, cache.version.as_str()) == (core, apis, version) {
+                return Some(cache.set.clone());
+            }
+        }
+        match self.legacy_walk().await {
+            Ok(set) => {
+                if let Ok(mut cache) = self.legacy_cache.lock() {
+                    *cache = Some(LegacyCache {
+                        core: core.clone(),
+                        apis: apis.clone(),
+                        version: version.to_owned(),
+                        set: set.clone(),
+                    });
+                }
+                Some(set)
+            }
+            Err(error) => {
+                tracing::warn!(apiserver = %self.id, %error, "legacy discovery failed; keeping the previous set");
+                cached.map(|cache| cache.set)
+            }
+        }
+    }
+
+    /// `/api`, `/apis` (legacy Accept) and every `APIResourceList` they name, with the limits
+    /// of every other discovery request.
+    pub async fn legacy_walk(&self) -> Result<LegacySet, FetchError> {
+        let (api, apis) = tokio::try_join!(self.get("/api", ACCEPT_JSON), self.get("/apis", ACCEPT_JSON))?;
+        let api = ApiVersions::from_json(&api).map_err(|e| FetchError::discovery("/api", &e))?;
+        let apis = ApiGroupList::from_json(&apis).map_err(|e| FetchError::discovery("/apis", &e))?;
+        let core = api.versions.iter().filter(|v| is_segment(v)).map(|v| format!("/api/{v}"));
+        let groups = apis.groups.iter().filter(|g| is_segment(&g.name)).flat_map(|g| {
+            g.versions
+                .iter()
+                .filter(|v| is_segment(&v.version))
+                .map(move |v| format!("/apis/{}/{}", g.name, v.version))
+        });
+        let mut paths: Vec<String> = core.chain(groups).collect();
+        paths.dedup();
+        let resource_lists = self.resource_lists(paths).await?;
+        Ok(LegacySet { api, apis, resource_lists })
     }
 
     /// `/version` as a label; a failure only costs the label.
@@ -655,7 +729,23 @@ mod tests {
             _ => Answer::Json(404, "text/plain", b"404 page not found".to_vec()),
         });
         let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
-        let docs = certs.fetcher(addr, limits()).fetch().await.unwrap();
+        let fetcher = certs.fetcher(addr, limits());
+        let docs = fetcher.fetch().await.unwrap();
+        // The legacy set is read as the server sent it (storageVersionHash and all).
+        let set = docs.legacy_documents.as_ref().unwrap();
+        assert_eq!(set.api.versions, ["v1"]);
+        assert_eq!(set.apis.groups[0].name, "resource.k8s.io");
+        let gvs: Vec<&str> = set.resource_lists.iter().map(|l| l.group_version.as_str()).collect();
+        assert_eq!(gvs, ["v1", "resource.k8s.io/v1beta1", "resource.k8s.io/v1alpha3"]);
+        let walks = |seen: &crate::testing::Seen| {
+            seen.lock().unwrap().iter().filter(|(p, _)| p == "/apis/resource.k8s.io/v1alpha3").count()
+        };
+        // Once for the aggregated form, once for the legacy set.
+        assert_eq!(walks(&seen), 2);
+        // Unchanged discovery: the legacy set comes from the cache, not from another walk.
+        let again = fetcher.fetch().await.unwrap();
+        assert_eq!(again.legacy_documents, docs.legacy_documents);
+        assert_eq!(walks(&seen), 3);
         assert!(docs.legacy);
         assert_eq!(docs.version, "");
         assert!(docs.core.gvrs().any(|g| g == ("", "v1", "pods")));

@@ -87,7 +87,7 @@ pub fn build(specs: &[Spec]) -> anyhow::Result<TableConfig> {
     }
     let servers: Vec<Server<'_>> = loaded
         .iter()
-        .map(|(id, core, apis)| Server { id, version: "", documents: Some([core, apis]) })
+        .map(|(id, core, apis)| Server { id, version: "", documents: Some([core, apis]), legacy: None })
         .collect();
     Ok(routing::build(&servers)?)
 }

@@ -194,8 +194,14 @@ impl Memory {
         // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
         // its documents must not cause a push (and a save) at every probe.
         let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
-            (&d.version, &d.core, &d.apis, d.legacy)
-                != (&documents.version, &documents.core, &documents.apis, documents.legacy)
+            (&d.version, &d.core, &d.apis, d.legacy, &d.legacy_documents)
+                != (
+                    &documents.version,
+                    &documents.core,
+                    &documents.apis,
+                    documents.legacy,
+                    &documents.legacy_documents,
+                )
         });
         let served = Served::of(&documents);
         self.good = Some((documents, served, now));
@@ -481,6 +487,7 @@ impl Sidecar {
                 id: &e.id,
                 version: m.good.as_ref().map_or("", |(d, _, _)| d.version.as_str()),
                 documents: m.good.as_ref().map(|(d, _, _)| [&d.core, &d.apis]),
+                legacy: m.good.as_ref().and_then(|(d, _, _)| d.legacy_documents.as_ref()),
             })
             .collect();
         Ok(routing::build(&servers)?)
@@ -953,6 +960,7 @@ mod tests {
             apis: ApiGroupDiscoveryList::v2(Vec::new()),
             legacy: false,
             etags: Etags::default(),
+            legacy_documents: None,
         }
     }
 
