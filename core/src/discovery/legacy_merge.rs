@@ -20,7 +20,7 @@
 //!   server to server without saying anything about the API: it is ignored when deciding
 //!   whether documents differ, and the first-seen server's is kept.
 //!
-//! Upstream's legacy discovery is local only (spec §8); skewgate merges it because behind one
+//! Upstream's legacy discovery is local only (docs/upstream-facts.md, "One API surface"); skewgate merges it because behind one
 //! address a client must not see a document lacking something an apiserver there serves.
 
 use std::cmp::Ordering;
