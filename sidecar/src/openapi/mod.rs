@@ -1,0 +1,236 @@
+//! OpenAPI at the edge (issue 12, DESIGN §OpenAPI): the sidecar fetches every apiserver's
+//! `/openapi/v3` index, the documents it lists and `/openapi/v2`, composes one document per
+//! path ([`merge`]) and serves them with kube-openapi's caching semantics on a Unix socket in
+//! Envoy's directory ([`serve`]). The filter sends each OpenAPI request to an apiserver first, so
+//! that the apiserver authenticates and authorizes it, and only on its success fetches the
+//! composed answer from here.
+//!
+//! Why not the routing table: the real documents are ~8 MB (v3, all group/versions) and ~2–4 MB
+//! (v2) per apiserver; in ECDS every table change would re-parse them in every worker, and
+//! Envoy's ECDS parse peaks at about ten times the file.
+
+pub mod fetch;
+pub mod merge;
+pub mod serve;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha512};
+
+use merge::{Flavor, Outcome};
+
+/// The Envoy cluster the filter fetches composed documents from.
+pub const CLUSTER: &str = "skewgate-openapi";
+/// Its socket, in Envoy's directory (only Envoy and the sidecar can reach it).
+pub const SOCKET: &str = "openapi.sock";
+
+/// What the composer holds at most, all apiservers' fetched documents and the composed ones
+/// together: the real documents of one apiserver are ~12 MB (v3 + v2 JSON).
+pub const MEMORY_BUDGET_BYTES: usize = 128 * 1024 * 1024;
+
+/// One document and its ETag: `%X` of its SHA-512, as kube-openapi computes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Doc {
+    pub body: Bytes,
+    pub etag: String,
+}
+
+impl Doc {
+    pub fn new(body: Bytes) -> Doc {
+        let etag = Sha512::digest(&body).iter().fold(String::with_capacity(128), |mut hex, byte| {
+            let _ = write!(hex, "{byte:02X}");
+            hex
+        });
+        Doc { body, etag }
+    }
+}
+
+/// One apiserver's OpenAPI as last fetched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fetched {
+    /// The API level it serves (`/version`'s emulated major.minor, else major.minor).
+    pub level: (u32, u32),
+    /// `/openapi/v3` index key (`apis/<g>/<v>`, `api/v1`, `version`, ...) → document, whose
+    /// ETag is the hash in the index.
+    pub v3: BTreeMap<String, Doc>,
+    pub v2: Option<Doc>,
+}
+
+impl Fetched {
+    pub fn bytes(&self) -> usize {
+        self.v3.values().map(|d| d.body.len()).sum::<usize>() + self.v2.as_ref().map_or(0, |d| d.body.len())
+    }
+}
+
+/// The API level from a `/version` body; (0, 0) when unreadable (then last in priority).
+pub fn api_level(version: &[u8]) -> (u32, u32) {
+    let Ok(v) = serde_json::from_slice::<Value>(version) else { return (0, 0) };
+    let number = |name: &str| v[name].as_str().and_then(|s| s.trim_end_matches('+').parse::<u32>().ok());
+    match (number("emulationMajor"), number("emulationMinor")) {
+        (Some(major), Some(minor)) => (major, minor),
+        _ => (number("major").unwrap_or(0), number("minor").unwrap_or(0)),
+    }
+}
+
+/// One composed document and where it came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Composite {
+    pub doc: Doc,
+    /// The apiservers whose document for this path went in, in priority order.
+    pub inputs: Vec<String>,
+    /// `None`: merged; `Some(id)`: that apiserver's document unchanged.
+    pub verbatim: Option<String>,
+}
+
+/// What the edge serves.
+#[derive(Debug, Clone)]
+pub struct Composed {
+    pub index: Doc,
+    pub v3: BTreeMap<String, Composite>,
+    pub v2: Option<Composite>,
+    /// `Last-Modified`.
+    pub built: SystemTime,
+}
+
+impl Composed {
+    /// Bytes held by the composed documents (a verbatim one shares its input's buffer, counted
+    /// anyway: an upper bound).
+    pub fn bytes(&self) -> usize {
+        self.index.body.len()
+            + self.v3.values().map(|c| c.doc.body.len()).sum::<usize>()
+            + self.v2.as_ref().map_or(0, |c| c.doc.body.len())
+    }
+}
+
+/// Servers in priority order: highest API level first, then as configured (server-ID order).
+pub fn priority<'a>(servers: &[(&'a str, &'a Fetched)]) -> Vec<(&'a str, &'a Fetched)> {
+    let mut ordered = servers.to_vec();
+    ordered.sort_by(|a, b| b.1.level.cmp(&a.1.level));
+    ordered
+}
+
+/// Composes per path, reusing earlier results whose inputs (by ETag) did not change.
+#[derive(Debug, Default)]
+pub struct Composer {
+    memo: HashMap<String, (Vec<String>, Composite)>,
+}
+
+impl Composer {
+    /// `servers` as configured; their priority is computed here.
+    pub fn compose(&mut self, servers: &[(&str, &Fetched)]) -> Composed {
+        let ordered = priority(servers);
+        let mut keys: Vec<&String> = ordered.iter().flat_map(|(_, f)| f.v3.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let mut v3 = BTreeMap::new();
+        let mut memo = HashMap::new();
+        for key in keys {
+            let inputs: Vec<(&str, &Doc)> =
+                ordered.iter().filter_map(|(id, f)| Some((*id, f.v3.get(key)?))).collect();
+            if let Some(c) = self.composite(&format!("v3 {key}"), Flavor::V3, &inputs, &mut memo) {
+                v3.insert(key.clone(), c);
+            }
+        }
+        let v2_inputs: Vec<(&str, &Doc)> =
+            ordered.iter().filter_map(|(id, f)| Some((*id, f.v2.as_ref()?))).collect();
+        let v2 = self.composite("v2", Flavor::V2, &v2_inputs, &mut memo);
+        self.memo = memo;
+        let paths: Map<String, Value> = v3
+            .iter()
+            .map(|(key, c)| {
+                (key.clone(), json!({ "serverRelativeURL": server_relative_url(key, &c.doc.etag) }))
+            })
+            .collect();
+        let index = Doc::new(serde_json::to_vec(&json!({ "paths": paths })).unwrap_or_default().into());
+        Composed { index, v3, v2, built: SystemTime::now() }
+    }
+
+    fn composite(
+        &self,
+        memo_key: &str,
+        flavor: Flavor,
+        inputs: &[(&str, &Doc)],
+        memo: &mut HashMap<String, (Vec<String>, Composite)>,
+    ) -> Option<Composite> {
+        let (first_id, first) = inputs.first()?;
+        let tags: Vec<String> = inputs.iter().map(|(id, d)| format!("{id}={}", d.etag)).collect();
+        if let Some((seen, c)) = self.memo.get(memo_key).filter(|(seen, _)| *seen == tags) {
+            memo.insert(memo_key.to_string(), (seen.clone(), c.clone()));
+            return Some(c.clone());
+        }
+        let ids: Vec<String> = inputs.iter().map(|(id, _)| id.to_string()).collect();
+        let composite = if inputs.iter().all(|(_, d)| d.etag == first.etag) {
+            Composite { doc: (*first).clone(), inputs: ids, verbatim: Some(first_id.to_string()) }
+        } else {
+            // A document that does not parse counts as absent: the others still compose.
+            let parsed: Vec<(&str, &Doc, Value)> = inputs
+                .iter()
+                .filter_map(|(id, d)| Some((*id, *d, serde_json::from_slice::<Value>(&d.body).ok()?)))
+                .collect();
+            let values: Vec<&Value> = parsed.iter().map(|(_, _, v)| v).collect();
+            let used: Vec<String> = parsed.iter().map(|(id, _, _)| id.to_string()).collect();
+            match merge::merge(flavor, &values) {
+                Outcome::Input(i) => {
+                    let (id, doc, _) = parsed.get(i)?;
+                    Composite { doc: (*doc).clone(), inputs: used, verbatim: Some(id.to_string()) }
+                }
+                Outcome::Merged(v) => Composite {
+                    doc: Doc::new(serde_json::to_vec(&v).ok()?.into()),
+                    inputs: used,
+                    verbatim: None,
+                },
+            }
+        };
+        memo.insert(memo_key.to_string(), (tags, composite.clone()));
+        Some(composite)
+    }
+}
+
+/// `/openapi/v3/<key>?hash=<etag>`, as kube-openapi's `constructServerRelativeURL`.
+pub fn server_relative_url(key: &str, etag: &str) -> String {
+    format!("/openapi/v3/{}?hash={etag}", key.trim_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetched(level: (u32, u32), docs: &[(&str, &str)]) -> Fetched {
+        let v3 =
+            docs.iter().map(|(k, body)| (k.to_string(), Doc::new(Bytes::from(body.to_string())))).collect();
+        Fetched { level, v3, v2: None }
+    }
+
+    #[test]
+    fn api_levels() {
+        assert_eq!(
+            api_level(br#"{"major":"1","minor":"36+","emulationMajor":"1","emulationMinor":"33"}"#),
+            (1, 33)
+        );
+        assert_eq!(api_level(br#"{"major":"1","minor":"36"}"#), (1, 36));
+        assert_eq!(api_level(b"nope"), (0, 0));
+    }
+
+    #[test]
+    fn newest_first_then_configured_order_and_memo() {
+        let a = fetched((1, 33), &[("apis/g/v1", r#"{"paths":{"/a":1}}"#), ("version", "{}")]);
+        let b = fetched((1, 36), &[("apis/g/v1", r#"{"paths":{"/a":2,"/b":2}}"#), ("apis/g/v2", "{}")]);
+        let mut composer = Composer::default();
+        let c = composer.compose(&[("a", &a), ("b", &b)]);
+        let gv = &c.v3["apis/g/v1"];
+        assert_eq!((gv.inputs.clone(), gv.verbatim.as_deref()), (vec!["b".into(), "a".into()], Some("b")));
+        assert_eq!(c.v3.keys().collect::<Vec<_>>(), ["apis/g/v1", "apis/g/v2", "version"]);
+        let index: Value = serde_json::from_slice(&c.index.body).unwrap();
+        assert_eq!(
+            index["paths"]["apis/g/v1"]["serverRelativeURL"],
+            json!(server_relative_url("apis/g/v1", &b.v3["apis/g/v1"].etag))
+        );
+        // Unchanged inputs: the same composition, byte for byte.
+        let again = composer.compose(&[("a", &a), ("b", &b)]);
+        assert_eq!(again.index, c.index);
+    }
+}
