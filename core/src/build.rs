@@ -130,6 +130,7 @@ pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<T
         discovery: Some(merged_discovery(servers)?),
         policy: PolicyConfig::default(),
         anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
+        openapi_cluster: None,
     };
     table.assign_sets(|members| set_cluster_name(&names.set_prefix, members));
     table.generation = generation(&table)?;

@@ -8,6 +8,7 @@ pub mod build;
 pub mod decision;
 pub mod discovery;
 pub mod identity;
+pub mod openapi;
 pub mod request_info;
 pub mod status;
 pub mod table;

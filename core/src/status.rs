@@ -82,6 +82,24 @@ pub fn service_unavailable(u: &Unavailable<'_>) -> Status<'static> {
     }
 }
 
+/// 503 for an OpenAPI document the edge composes when the composer (the sidecar) cannot answer:
+/// never an incomplete document from a single apiserver instead.
+pub fn composer_unavailable(cluster: &str, detail: &str) -> Status<'static> {
+    let detail: String = detail.chars().take(200).collect();
+    Status {
+        kind: "Status",
+        api_version: "v1",
+        metadata: Empty {},
+        status: "Failure",
+        message: format!(
+            "the server is currently unable to handle the request: skewgate: the composed OpenAPI document is unavailable (cluster {cluster}; {detail})"
+        ),
+        reason: "ServiceUnavailable",
+        details: None,
+        code: 503,
+    }
+}
+
 /// 401 Unauthorized, as kube-apiserver words it, with why skewgate refused the credential.
 pub fn unauthorized(why: &str) -> Status<'static> {
     Status {

@@ -32,6 +32,23 @@ pub const SOCKET: &str = "openapi.sock";
 /// together: the real documents of one apiserver are ~12 MB (v3 + v2 JSON).
 pub const MEMORY_BUDGET_BYTES: usize = 128 * 1024 * 1024;
 
+/// Adds the composer's cluster (the Unix socket) to `cds.json`'s resources.
+pub fn add_cluster(cds: &mut Value, socket: &std::path::Path) {
+    let cluster = json!({
+        "@type": "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+        "name": CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "load_assignment": {
+            "cluster_name": CLUSTER,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"pipe": {"path": socket.display().to_string()}}}}]}]
+        }
+    });
+    if let Some(resources) = cds.get_mut("resources").and_then(Value::as_array_mut) {
+        resources.push(cluster);
+    }
+}
+
 /// One document and its ETag: `%X` of its SHA-512, as kube-openapi computes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Doc {
@@ -109,7 +126,7 @@ impl Composed {
 /// Servers in priority order: highest API level first, then as configured (server-ID order).
 pub fn priority<'a>(servers: &[(&'a str, &'a Fetched)]) -> Vec<(&'a str, &'a Fetched)> {
     let mut ordered = servers.to_vec();
-    ordered.sort_by(|a, b| b.1.level.cmp(&a.1.level));
+    ordered.sort_by_key(|s| std::cmp::Reverse(s.1.level));
     ordered
 }
 

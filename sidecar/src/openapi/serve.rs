@@ -202,7 +202,9 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let listener = bind(&socket)?;
     let current: Current = Arc::default();
-    let server = tokio::spawn(serve(listener, current.clone(), std::future::pending()));
+    // Dropped with this future (the sidecar stopped or killed): nothing answers for a dead sidecar.
+    let _server =
+        Stop { task: tokio::spawn(serve(listener, current.clone(), std::future::pending())), socket };
     tokio::pin!(shutdown);
     let mut composer = Composer::default();
     let mut last: Vec<Option<Fetched>> = vec![None; fetchers.len()];
@@ -267,7 +269,18 @@ pub async fn run(
         );
         *current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(composed));
     }
-    server.abort();
-    let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+/// Stops the server and removes its socket when dropped.
+struct Stop {
+    task: tokio::task::JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl Drop for Stop {
+    fn drop(&mut self) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
 }
