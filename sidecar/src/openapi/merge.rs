@@ -150,3 +150,63 @@ mod tests {
         assert_eq!(names(Flavor::V2, &m), ["paths//a", "paths//b", "definitions/A", "definitions/B"]);
     }
 }
+
+#[cfg(test)]
+mod prop {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    /// A v3 document with some of 6 paths and 6 schemas, each valued by its document number.
+    fn doc(n: i64) -> impl Strategy<Value = Value> {
+        (proptest::collection::btree_set(0..6u8, 0..6), proptest::collection::btree_set(0..6u8, 0..6)).prop_map(
+            move |(paths, schemas)| {
+                let paths: Map<String, Value> = paths.iter().map(|p| (format!("/p{p}"), json!(n))).collect();
+                let schemas: Map<String, Value> = schemas.iter().map(|s| (format!("S{s}"), json!(n))).collect();
+                json!({"openapi": "3.0.0", "info": {"n": n}, "paths": paths, "components": {"schemas": schemas}})
+            },
+        )
+    }
+
+    fn docs() -> impl Strategy<Value = Vec<Value>> {
+        (1..5usize).prop_flat_map(|len| (0..len as i64).map(doc).collect::<Vec<_>>())
+    }
+
+    fn result(inputs: &[Value]) -> Value {
+        let refs: Vec<&Value> = inputs.iter().collect();
+        match merge(Flavor::V3, &refs) {
+            Outcome::Input(i) => inputs[i].clone(),
+            Outcome::Merged(v) => v,
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn superset_first_seen_idempotent(inputs in docs()) {
+            let merged = result(&inputs);
+            let have: std::collections::BTreeSet<String> = names(Flavor::V3, &merged).into_iter().collect();
+            for input in &inputs {
+                for name in names(Flavor::V3, input) {
+                    prop_assert!(have.contains(&name), "{name}");
+                }
+            }
+            // Each name carries the value of the first input that has it, unless one input
+            // covering all others is served whole.
+            let covering = (0..inputs.len()).find(|&i| covers(Flavor::V3, &inputs[i], &inputs.iter().collect::<Vec<_>>()));
+            for (map, key) in [("paths", None), ("components", Some("schemas"))] {
+                let at = |v: &Value| match key { Some(k) => v[map][k].clone(), None => v[map].clone() };
+                for (name, value) in at(&merged).as_object().cloned().unwrap_or_default() {
+                    let expected = match covering {
+                        Some(i) => at(&inputs[i])[&name].clone(),
+                        None => inputs.iter().map(at).find(|m| m.get(&name).is_some()).map(|m| m[&name].clone()).unwrap_or_default(),
+                    };
+                    prop_assert_eq!(value, expected);
+                }
+            }
+            let mut again = vec![merged.clone()];
+            again.extend(inputs.iter().cloned());
+            prop_assert_eq!(result(&again), merged);
+        }
+    }
+}
