@@ -193,6 +193,25 @@ async fn composed_openapi_through_envoy() -> Result<()> {
         assert!(explained.contains("deviceClassName"), "{explained}");
     }
 
+    // `skewgate explain` names the composer and the apiservers whose documents went in.
+    let ecds = std::fs::read(c.envoy_dir().join("ecds/ecds.json"))?;
+    let table = skewgate::explain::load_table(&ecds).map_err(anyhow::Error::msg)?;
+    let summary: Value = serde_json::from_slice(&std::fs::read(c.envoy_dir().join("openapi.json"))?)?;
+    for (path, inputs, from) in
+        [(url, vec!["c"], "c (unchanged)"), ("/openapi/v2", vec!["c", "a", "b"], "merged")]
+    {
+        let req = skewgate::explain::Request {
+            method: "GET".into(),
+            target: path.into(),
+            openapi_summary: Some(summary.clone()),
+            ..Default::default()
+        };
+        let shown = skewgate::explain::explain(&table, &req);
+        assert_eq!(shown["openapi"]["composedBy"]["cluster"], "skewgate-openapi", "{shown}");
+        assert_eq!(shown["openapi"]["document"]["inputs"], serde_json::json!(inputs), "{shown}");
+        assert_eq!(shown["openapi"]["document"]["from"], from, "{shown}");
+    }
+
     // The composer gone: a clear 503, never a document from one apiserver.
     c.stop_sidecar().await?;
     let socket = c.envoy_dir().join("openapi.sock");

@@ -123,6 +123,36 @@ impl Composed {
     }
 }
 
+/// Where the composer writes [`Composed::summary`], in Envoy's directory.
+pub const SUMMARY: &str = "openapi.json";
+
+impl Composed {
+    /// Per path, its ETag and where it came from: what `skewgate explain --openapi` shows.
+    pub fn summary(&self) -> Value {
+        let entry = |c: &Composite| {
+            json!({
+                "etag": c.doc.etag,
+                "bytes": c.doc.body.len(),
+                "inputs": c.inputs,
+                "from": c.verbatim.as_deref().map_or("merged".to_string(), |id| format!("{id} (unchanged)")),
+            })
+        };
+        let v3: Map<String, Value> =
+            self.v3.iter().map(|(k, c)| (format!("/openapi/v3/{k}"), entry(c))).collect();
+        json!({
+            "/openapi/v3": {"etag": self.index.etag, "bytes": self.index.body.len(), "from": "composed index"},
+            "/openapi/v2": self.v2.as_ref().map(entry),
+            "documents": v3,
+        })
+    }
+
+    /// The summary entry for a request path (query ignored).
+    pub fn summary_entry<'s>(summary: &'s Value, path: &str) -> Option<&'s Value> {
+        let path = path.split_once('?').map_or(path, |(p, _)| p);
+        summary.get(path).or_else(|| summary["documents"].get(path)).filter(|v| !v.is_null())
+    }
+}
+
 /// Servers in priority order: highest API level first, then as configured (server-ID order).
 pub fn priority<'a>(servers: &[(&'a str, &'a Fetched)]) -> Vec<(&'a str, &'a Fetched)> {
     let mut ordered = servers.to_vec();

@@ -201,6 +201,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let listener = bind(&socket)?;
+    let socket_dir = socket.parent().map(Path::to_path_buf);
     let current: Current = Arc::default();
     // Dropped with this future (the sidecar stopped or killed): nothing answers for a dead sidecar.
     let _server =
@@ -267,6 +268,12 @@ pub async fn run(
             took_ms = started.elapsed().as_millis() as u64,
             "OpenAPI composed"
         );
+        if let Some(dir) = socket_dir.as_deref() {
+            let summary = composed.summary().to_string();
+            if let Err(error) = crate::envoy::write_atomic(&dir.join(super::SUMMARY), summary.as_bytes()) {
+                tracing::warn!(%error, "cannot write the OpenAPI summary");
+            }
+        }
         *current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(composed));
     }
     Ok(())
