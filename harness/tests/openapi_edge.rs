@@ -152,11 +152,25 @@ async fn composed_openapi_through_envoy() -> Result<()> {
         get(&admin, &format!("{envoy}/openapi/v2"), &[("If-None-Match", &etag)]).await?.0,
         StatusCode::NOT_MODIFIED
     );
-    // The protobuf form is not composed: 406, never one apiserver's incomplete document.
-    assert_eq!(
-        get(&admin, &format!("{envoy}/openapi/v2"), &[("Accept", V2_PROTO)]).await?.0,
-        StatusCode::NOT_ACCEPTABLE
-    );
+    // v2 in protobuf (what kubectl asks for first): merged at the wire level, every definition
+    // and path of every apiserver's, decoded by name.
+    let mut proto_names = BTreeSet::new();
+    for id in ["a", "b", "c"] {
+        let url = c.apiserver_url(id)?;
+        let (_, _, own) = get(&direct, &format!("{url}/openapi/v2"), &[("Accept", V2_PROTO)]).await?;
+        proto_names.extend(skewgate::openapi::v2proto::names(&own).map_err(anyhow::Error::msg)?);
+    }
+    let (status, headers, body) =
+        get(&admin, &format!("{envoy}/openapi/v2"), &[("Accept", V2_PROTO)]).await?;
+    assert_eq!((status, headers["content-type"].to_str()?), (StatusCode::OK, V2_PROTO));
+    let have = skewgate::openapi::v2proto::names(&body).map_err(anyhow::Error::msg)?;
+    let missing: Vec<&String> = proto_names.difference(&have).collect();
+    assert!(missing.is_empty(), "v2 protobuf lacks {missing:?}");
+    assert!(have.contains("definitions/io.k8s.api.resource.v1.ResourceClaim"));
+    assert!(have.contains("definitions/io.k8s.api.resource.v1beta2.ResourceClaim"));
+    let etag = headers[ETAG].to_str()?.to_string();
+    let conditional = [("Accept", V2_PROTO), ("If-None-Match", etag.as_str())];
+    assert_eq!(get(&admin, &format!("{envoy}/openapi/v2"), &conditional).await?.0, StatusCode::NOT_MODIFIED);
 
     // No credential, or a bad one: the apiserver's 401/403 for every path, never a document.
     let anonymous = plain_client(&c.pki.cluster_ca.cert_path)?;

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{Doc, Fetched, api_level};
+use super::{Doc, Fetched, api_level, v2proto};
 use crate::fetch::{Answer, ErrorKind, FetchError, Fetcher};
 
 const JSON: &str = "application/json";
@@ -50,6 +50,15 @@ pub async fn fetch(fetcher: &Fetcher, previous: Option<&Fetched>) -> Result<Fetc
     fetched.v2 = match fetcher.get_tagged("/openapi/v2", JSON, tag.as_deref()).await? {
         Answer::Body(body, _) => Some(Doc::new(body)),
         Answer::NotModified => old_v2.cloned(),
+    };
+    let old_proto = previous.and_then(|p| p.v2_proto.as_ref());
+    let tag = old_proto.map(|d| format!("\"{}\"", d.etag));
+    fetched.v2_proto = match fetcher.get_tagged("/openapi/v2", v2proto::MEDIA_TYPE, tag.as_deref()).await {
+        Ok(Answer::Body(body, _)) => Some(Doc::new(body)),
+        Ok(Answer::NotModified) => old_proto.cloned(),
+        // 406: it does not offer protobuf; the composed protobuf is then not served at all.
+        Err(e) if e.kind == ErrorKind::HttpStatus => None,
+        Err(e) => return Err(e),
     };
     Ok(fetched)
 }

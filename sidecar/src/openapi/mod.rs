@@ -12,6 +12,7 @@
 pub mod fetch;
 pub mod merge;
 pub mod serve;
+pub mod v2proto;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -75,11 +76,14 @@ pub struct Fetched {
     /// ETag is the hash in the index.
     pub v3: BTreeMap<String, Doc>,
     pub v2: Option<Doc>,
+    /// `/openapi/v2` in protobuf; None when the apiserver does not serve it.
+    pub v2_proto: Option<Doc>,
 }
 
 impl Fetched {
     pub fn bytes(&self) -> usize {
-        self.v3.values().map(|d| d.body.len()).sum::<usize>() + self.v2.as_ref().map_or(0, |d| d.body.len())
+        let len = |d: &Option<Doc>| d.as_ref().map_or(0, |d| d.body.len());
+        self.v3.values().map(|d| d.body.len()).sum::<usize>() + len(&self.v2) + len(&self.v2_proto)
     }
 }
 
@@ -109,6 +113,9 @@ pub struct Composed {
     pub index: Doc,
     pub v3: BTreeMap<String, Composite>,
     pub v2: Option<Composite>,
+    /// Only when every apiserver with a v2 document serves it in protobuf too: a protobuf
+    /// document merged from fewer would lack kinds.
+    pub v2_proto: Option<Composite>,
     /// `Last-Modified`.
     pub built: SystemTime,
 }
@@ -120,6 +127,7 @@ impl Composed {
         self.index.body.len()
             + self.v3.values().map(|c| c.doc.body.len()).sum::<usize>()
             + self.v2.as_ref().map_or(0, |c| c.doc.body.len())
+            + self.v2_proto.as_ref().map_or(0, |c| c.doc.body.len())
     }
 }
 
@@ -142,6 +150,7 @@ impl Composed {
         json!({
             "/openapi/v3": {"etag": self.index.etag, "bytes": self.index.body.len(), "from": "composed index"},
             "/openapi/v2": self.v2.as_ref().map(entry),
+            "/openapi/v2 (protobuf)": self.v2_proto.as_ref().map(entry),
             "documents": v3,
         })
     }
@@ -185,6 +194,12 @@ impl Composer {
         let v2_inputs: Vec<(&str, &Doc)> =
             ordered.iter().filter_map(|(id, f)| Some((*id, f.v2.as_ref()?))).collect();
         let v2 = self.composite("v2", Flavor::V2, &v2_inputs, &mut memo);
+        let proto_inputs: Vec<(&str, &Doc)> =
+            ordered.iter().filter_map(|(id, f)| Some((*id, f.v2_proto.as_ref()?))).collect();
+        let v2_proto = match proto_inputs.len() == v2_inputs.len() {
+            true => self.proto_composite(&proto_inputs, &mut memo),
+            false => None,
+        };
         self.memo = memo;
         let paths: Map<String, Value> = v3
             .iter()
@@ -193,7 +208,36 @@ impl Composer {
             })
             .collect();
         let index = Doc::new(serde_json::to_vec(&json!({ "paths": paths })).unwrap_or_default().into());
-        Composed { index, v3, v2, built: SystemTime::now() }
+        Composed { index, v3, v2, v2_proto, built: SystemTime::now() }
+    }
+
+    fn proto_composite(
+        &self,
+        inputs: &[(&str, &Doc)],
+        memo: &mut HashMap<String, (Vec<String>, Composite)>,
+    ) -> Option<Composite> {
+        const KEY: &str = "v2 protobuf";
+        let (first_id, first) = inputs.first()?;
+        let tags: Vec<String> = inputs.iter().map(|(id, d)| format!("{id}={}", d.etag)).collect();
+        if let Some(entry) = self.memo.get(KEY).filter(|(seen, _)| *seen == tags) {
+            memo.insert(KEY.to_string(), entry.clone());
+            return Some(entry.1.clone());
+        }
+        let ids: Vec<String> = inputs.iter().map(|(id, _)| id.to_string()).collect();
+        let composite = if inputs.iter().all(|(_, d)| d.etag == first.etag) {
+            Composite { doc: (*first).clone(), inputs: ids, verbatim: Some(first_id.to_string()) }
+        } else {
+            let bodies: Vec<&[u8]> = inputs.iter().map(|(_, d)| &d.body[..]).collect();
+            match v2proto::merge(&bodies) {
+                Ok(merged) => Composite { doc: Doc::new(merged.into()), inputs: ids, verbatim: None },
+                Err(error) => {
+                    tracing::warn!(%error, "cannot merge /openapi/v2 protobuf; it is not served");
+                    return None;
+                }
+            }
+        };
+        memo.insert(KEY.to_string(), (tags, composite.clone()));
+        Some(composite)
     }
 
     fn composite(
@@ -249,7 +293,7 @@ mod tests {
     fn fetched(level: (u32, u32), docs: &[(&str, &str)]) -> Fetched {
         let v3 =
             docs.iter().map(|(k, body)| (k.to_string(), Doc::new(Bytes::from(body.to_string())))).collect();
-        Fetched { level, v3, v2: None }
+        Fetched { level, v3, v2: None, v2_proto: None }
     }
 
     #[test]

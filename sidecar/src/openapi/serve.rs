@@ -24,7 +24,7 @@ use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 
 use super::fetch::fetch;
-use super::{Composed, Composer, Doc, Fetched, MEMORY_BUDGET_BYTES, server_relative_url};
+use super::{Composed, Composer, Doc, Fetched, MEMORY_BUDGET_BYTES, server_relative_url, v2proto};
 use crate::fetch::Fetcher;
 
 /// What the server answers from; None until the first composition.
@@ -44,13 +44,19 @@ pub fn respond(
         );
     };
     let mut resp = match path {
-        "/openapi/v2" => match (&composed.v2, accepts_json(headers)) {
-            (Some(v2), true) => serve_content(&v2.doc, headers, composed.built),
-            (None, _) => status(StatusCode::SERVICE_UNAVAILABLE, "no apiserver served /openapi/v2"),
-            // The protobuf form is not composed: 406, as kube-openapi answers a type it lacks.
-            (_, false) => empty(StatusCode::NOT_ACCEPTABLE),
+        "/openapi/v2" => match v2_form(headers) {
+            Some(V2Form::Json) => match &composed.v2 {
+                Some(v2) => serve_content(&v2.doc, headers, composed.built, JSON),
+                None => status(StatusCode::SERVICE_UNAVAILABLE, "no apiserver served /openapi/v2"),
+            },
+            Some(V2Form::Proto) => match &composed.v2_proto {
+                Some(v2) => serve_content(&v2.doc, headers, composed.built, v2proto::MEDIA_TYPE),
+                // Some apiserver does not serve it: 406, as kube-openapi answers a type it lacks.
+                None => empty(StatusCode::NOT_ACCEPTABLE),
+            },
+            None => empty(StatusCode::NOT_ACCEPTABLE),
         },
-        "/openapi/v3" => serve_content(&composed.index, headers, composed.built),
+        "/openapi/v3" => serve_content(&composed.index, headers, composed.built, JSON),
         _ => match path.strip_prefix("/openapi/v3/") {
             Some(key) => v3_document(composed, key, query, headers),
             None => empty(StatusCode::NOT_FOUND),
@@ -69,7 +75,7 @@ fn v3_document(composed: &Composed, key: &str, query: &str, headers: &HeaderMap)
     // kube-openapi's handler3 writes nothing for a path it has no document of.
     let Some(c) = composed.v3.get(key) else { return empty(StatusCode::OK) };
     let hash = query.split('&').find_map(|p| p.strip_prefix("hash=")).filter(|h| !h.is_empty());
-    let Some(hash) = hash else { return serve_content(&c.doc, headers, composed.built) };
+    let Some(hash) = hash else { return serve_content(&c.doc, headers, composed.built, JSON) };
     if hash != c.doc.etag {
         let mut resp = empty(StatusCode::MOVED_PERMANENTLY);
         let h = resp.headers_mut();
@@ -82,7 +88,7 @@ fn v3_document(composed: &Composed, key: &str, query: &str, headers: &HeaderMap)
         }
         return resp;
     }
-    let mut resp = serve_content(&c.doc, headers, composed.built);
+    let mut resp = serve_content(&c.doc, headers, composed.built, JSON);
     let h = resp.headers_mut();
     h.insert(CACHE_CONTROL, HeaderValue::from_static("public, immutable"));
     let expires = SystemTime::now() + Duration::from_secs(365 * 24 * 3600);
@@ -93,7 +99,12 @@ fn v3_document(composed: &Composed, key: &str, query: &str, headers: &HeaderMap)
 }
 
 /// Go's `http.ServeContent` with an ETag set: 304 for a matching `If-None-Match`.
-fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Response<Full<Bytes>> {
+fn serve_content(
+    doc: &Doc,
+    headers: &HeaderMap,
+    built: SystemTime,
+    media_type: &'static str,
+) -> Response<Full<Bytes>> {
     let quoted = format!("\"{}\"", doc.etag);
     let not_modified = headers.get(IF_NONE_MATCH).and_then(|v| v.to_str().ok()).is_some_and(|tags| {
         tags.split(',').map(str::trim).any(|t| t == "*" || t.trim_start_matches("W/") == quoted)
@@ -102,7 +113,7 @@ fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Response<
         empty(StatusCode::NOT_MODIFIED)
     } else {
         let mut resp = Response::new(Full::new(doc.body.clone()));
-        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(media_type));
         if let Ok(value) = HeaderValue::from_str(&http_date(built)) {
             resp.headers_mut().insert(LAST_MODIFIED, value);
         }
@@ -112,6 +123,33 @@ fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Response<
         resp.headers_mut().insert(ETAG, tag);
     }
     resp
+}
+
+const JSON: &str = "application/json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum V2Form {
+    Json,
+    Proto,
+}
+
+/// The form of `/openapi/v2` the first acceptable `Accept` clause names (kube-openapi offers
+/// JSON and protobuf; `*/*` gets JSON).
+fn v2_form(headers: &HeaderMap) -> Option<V2Form> {
+    let accept = headers.get(ACCEPT).and_then(|v| v.to_str().ok()).filter(|a| !a.trim().is_empty());
+    accept.unwrap_or("*/*").split(',').find_map(|clause| {
+        let mut parts = clause.split(';');
+        let media = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+        let q_zero = parts.any(|p| {
+            p.split_once('=').is_some_and(|(n, v)| n.trim() == "q" && v.trim().parse::<f32>() == Ok(0.0))
+        });
+        match media.as_str() {
+            _ if q_zero => None,
+            "application/json" | "application/*" | "*/*" => Some(V2Form::Json),
+            m if m == v2proto::MEDIA_TYPE => Some(V2Form::Proto),
+            _ => None,
+        }
+    })
 }
 
 /// Whether `Accept` lets JSON through (kube-openapi also offers protobuf, which is not composed).
