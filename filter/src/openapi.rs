@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use skewgate_core::openapi::{AUTHORIZE_ACCEPT, PASSED_HEADERS, authorize_target};
+use skewgate_core::openapi::{AUTHORIZE_ACCEPT, AUTHORIZE_RANGE, PASSED_HEADERS, authorize_target};
 use skewgate_core::status;
 
 use crate::host;
@@ -30,6 +30,10 @@ impl Pending {
         host::set_request_header("accept", Some(AUTHORIZE_ACCEPT));
         host::remove_request_header("if-none-match");
         host::remove_request_header("if-modified-since");
+        host::remove_request_header("if-range");
+        // The apiserver's body is dropped: one byte of it is enough (kube-openapi serves
+        // documents with Go's ServeContent, which answers a range with 206).
+        host::set_request_header("range", Some(AUTHORIZE_RANGE));
         Pending {
             cluster: cluster.to_string(),
             target: target.to_string(),

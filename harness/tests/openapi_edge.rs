@@ -106,6 +106,22 @@ async fn composed_openapi_through_envoy() -> Result<()> {
     let (status, _, body) =
         get(&admin, &format!("{envoy}{url}"), &[("If-None-Match", &format!("\"{hash}\""))]).await?;
     assert_eq!((status, body.len()), (StatusCode::NOT_MODIFIED, 0));
+    // c authorized both: asked without the hash, for one byte.
+    let asked: Vec<(String, u16)> = c
+        .standin("c")?
+        .recent()
+        .into_iter()
+        // The sidecar's own fetches carry the hash.
+        .filter(|s| {
+            s.target.starts_with("/openapi/v3/apis/resource.k8s.io/v1") && !s.target.contains("hash=")
+        })
+        .map(|s| (s.target, s.status))
+        .collect();
+    assert!(
+        asked.iter().all(|a| *a == ("/openapi/v3/apis/resource.k8s.io/v1".to_string(), 206)),
+        "{asked:?}"
+    );
+    assert_eq!(asked.len(), 2);
     let stale = "/openapi/v3/apis/resource.k8s.io/v1?hash=0123";
     let bearer = format!("Bearer {}", c.admin_token());
     let no_redirects = plain_client(&c.pki.cluster_ca.cert_path)?;

@@ -154,9 +154,10 @@ fn openapi(req: &Request, target: &str, composer: &str) -> Value {
             "request": {
                 ":path": skewgate_core::openapi::authorize_target(target),
                 "accept": skewgate_core::openapi::AUTHORIZE_ACCEPT,
-                "removed": ["if-none-match", "if-modified-since"],
+                "range": skewgate_core::openapi::AUTHORIZE_RANGE,
+                "removed": ["if-none-match", "if-modified-since", "if-range"],
             },
-            "then": "2xx, 304 or 404: the composed answer below; 401, 403 and anything else reach the client as the apiserver sent them",
+            "then": "2xx, 304, 404 or 416: the composed answer below; 401, 403 and anything else reach the client as the apiserver sent them",
         },
         "composedBy": {
             "cluster": composer,

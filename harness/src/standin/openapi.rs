@@ -16,7 +16,7 @@
 //! v2 in protobuf (`com.github.proto-openapi.spec.v2@v1.0+protobuf`) is a reduced encoding of
 //! the v2 JSON ([`super::openapi_proto`]: names, descriptions, types, GVKs; no operations).
 //! Not modelled: v3 in protobuf (`com.github.proto-openapi.spec.v3.v1.0+protobuf`): a request
-//! that accepts nothing else gets the 406 upstream gives unknown types; v2's gzip; byte ranges.
+//! that accepts nothing else gets the 406 upstream gives unknown types; v2's gzip; byte ranges other than one `bytes=A-B`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -27,8 +27,8 @@ use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::{
-    ACCEPT, CACHE_CONTROL, CONTENT_TYPE, ETAG, EXPIRES, HeaderValue, IF_MODIFIED_SINCE, IF_NONE_MATCH,
-    LAST_MODIFIED, LOCATION, VARY,
+    ACCEPT, CACHE_CONTROL, CONTENT_RANGE, CONTENT_TYPE, ETAG, EXPIRES, HeaderValue, IF_MODIFIED_SINCE,
+    IF_NONE_MATCH, LAST_MODIFIED, LOCATION, RANGE, VARY,
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
@@ -176,7 +176,7 @@ impl OpenApi {
         let mut resp = match (prefers_v2_proto(headers), accepts_json(headers)) {
             (true, _) => {
                 let mut resp = serve_content(&self.v2_proto, headers, self.built);
-                if resp.status() == 200 {
+                if matches!(resp.status().as_u16(), 200 | 206) {
                     resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(V2_PROTO));
                 }
                 resp
@@ -308,8 +308,27 @@ fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Reply {
                 built <= since
             }),
     };
+    let range = header(RANGE).and_then(|r| single_range(r, doc.body.len() as u64));
     let mut resp = if not_modified {
         reply::empty(304)
+    } else if let Some(range) = range {
+        // Go's ServeContent: one satisfiable range → 206, an unsatisfiable one → 416.
+        let mut resp = match range {
+            Some((start, end)) => {
+                let body = doc.body.slice(start as usize..=end as usize);
+                let mut resp = reply::bytes(206, "application/json", body);
+                let content_range = format!("bytes {start}-{end}/{}", doc.body.len());
+                if let Ok(value) = HeaderValue::from_str(&content_range) {
+                    resp.headers_mut().insert(CONTENT_RANGE, value);
+                }
+                resp
+            }
+            None => reply::empty(416),
+        };
+        if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(built)) {
+            resp.headers_mut().insert(LAST_MODIFIED, value);
+        }
+        resp
     } else {
         let mut resp = reply::bytes(200, "application/json", doc.body.clone());
         if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(built)) {
@@ -321,6 +340,20 @@ fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Reply {
         resp.headers_mut().insert(ETAG, tag);
     }
     resp
+}
+
+/// `bytes=A-B` (or `bytes=A-`): Some(Some(range)) within a body of `len` bytes, Some(None) when
+/// it cannot be satisfied; None for anything else (no range, several, suffix ranges: the whole
+/// document, as a stand-in keeps it simple).
+fn single_range(header: &str, len: u64) -> Option<Option<(u64, u64)>> {
+    let spec = header.trim().strip_prefix("bytes=")?;
+    let (start, end) = spec.split_once('-')?;
+    let start: u64 = start.trim().parse().ok()?;
+    let end: u64 = match end.trim() {
+        "" => len.saturating_sub(1),
+        e => e.parse().ok()?,
+    };
+    Some((start < len && start <= end).then(|| (start, end.min(len - 1))))
 }
 
 /// A captured group/version document fitted to the resources an era serves there: paths of
