@@ -242,6 +242,15 @@ async fn composed_openapi_through_envoy() -> Result<()> {
         assert_eq!(shown["openapi"]["document"]["from"], from, "{shown}");
     }
 
+    // The composer polls conditionally: an unchanged v2 costs a 304, not megabytes.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !c.standin("a")?.recent().iter().any(|s| s.target == "/openapi/v2" && s.status == 304) {
+        if Instant::now() > deadline {
+            bail!("the composer never asked for /openapi/v2 conditionally");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
     // The composer gone: a clear 503, never a document from one apiserver.
     c.stop_sidecar().await?;
     let socket = c.envoy_dir().join("openapi.sock");

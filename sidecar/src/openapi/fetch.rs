@@ -45,21 +45,24 @@ pub async fn fetch(fetcher: &Fetcher, previous: Option<&Fetched>) -> Result<Fetc
             joined.map_err(|e| FetchError::new("/openapi/v3", ErrorKind::HttpStatus, e.to_string()))??;
         fetched.v3.insert(key, doc);
     }
+    // Conditional on the ETag the apiserver sent last (upstream's v2 ETag need not be ours).
+    let tags = previous.map(|p| p.v2_etags.clone()).unwrap_or_default();
     let old_v2 = previous.and_then(|p| p.v2.as_ref());
-    let tag = old_v2.map(|d| format!("\"{}\"", d.etag));
-    fetched.v2 = match fetcher.get_tagged("/openapi/v2", JSON, tag.as_deref()).await? {
-        Answer::Body(body, _) => Some(Doc::new(body)),
-        Answer::NotModified => old_v2.cloned(),
-    };
+    let [json_tag, proto_tag] = &tags;
+    (fetched.v2, fetched.v2_etags[0]) =
+        match fetcher.get_tagged("/openapi/v2", JSON, json_tag.as_deref()).await? {
+            Answer::Body(body, etag) => (Some(Doc::new(body)), etag),
+            Answer::NotModified => (old_v2.cloned(), json_tag.clone()),
+        };
     let old_proto = previous.and_then(|p| p.v2_proto.as_ref());
-    let tag = old_proto.map(|d| format!("\"{}\"", d.etag));
-    fetched.v2_proto = match fetcher.get_tagged("/openapi/v2", v2proto::MEDIA_TYPE, tag.as_deref()).await {
-        Ok(Answer::Body(body, _)) => Some(Doc::new(body)),
-        Ok(Answer::NotModified) => old_proto.cloned(),
-        // 406: it does not offer protobuf; the composed protobuf is then not served at all.
-        Err(e) if e.kind == ErrorKind::HttpStatus => None,
-        Err(e) => return Err(e),
-    };
+    (fetched.v2_proto, fetched.v2_etags[1]) =
+        match fetcher.get_tagged("/openapi/v2", v2proto::MEDIA_TYPE, proto_tag.as_deref()).await {
+            Ok(Answer::Body(body, etag)) => (Some(Doc::new(body)), etag),
+            Ok(Answer::NotModified) => (old_proto.cloned(), proto_tag.clone()),
+            // 406: it does not offer protobuf; the composed protobuf is then not served at all.
+            Err(e) if e.kind == ErrorKind::HttpStatus => (None, None),
+            Err(e) => return Err(e),
+        };
     Ok(fetched)
 }
 

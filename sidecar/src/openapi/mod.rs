@@ -78,6 +78,8 @@ pub struct Fetched {
     pub v2: Option<Doc>,
     /// `/openapi/v2` in protobuf; None when the apiserver does not serve it.
     pub v2_proto: Option<Doc>,
+    /// The `ETag`s the apiserver sent with v2 (JSON, protobuf), asked again with `If-None-Match`.
+    pub v2_etags: [Option<String>; 2],
 }
 
 impl Fetched {
@@ -293,7 +295,7 @@ mod tests {
     fn fetched(level: (u32, u32), docs: &[(&str, &str)]) -> Fetched {
         let v3 =
             docs.iter().map(|(k, body)| (k.to_string(), Doc::new(Bytes::from(body.to_string())))).collect();
-        Fetched { level, v3, v2: None, v2_proto: None }
+        Fetched { level, v3, ..Fetched::default() }
     }
 
     #[test]
