@@ -251,6 +251,11 @@ async fn composed_openapi_through_envoy() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
+    let metrics = c.sidecar_metrics().await?;
+    for line in ["skewgate_openapi_documents 53", "skewgate_openapi_compositions_total 1"] {
+        assert!(metrics.lines().any(|l| l == line), "{line} not in {metrics}");
+    }
+
     // The composer gone: a clear 503, never a document from one apiserver.
     c.stop_sidecar().await?;
     let socket = c.envoy_dir().join("openapi.sock");

@@ -843,6 +843,7 @@ async fn run_with(
     let ids = sidecar.config.apiservers.iter().map(|e| e.id.clone()).collect();
     let socket = sidecar.config.envoy.dir.join(crate::openapi::SOCKET);
     let _openapi = AbortOnDrop(tokio::spawn(crate::openapi::serve::run(
+        sidecar.shared(),
         sidecar.fetchers.clone(),
         ids,
         socket,

@@ -232,6 +232,7 @@ pub async fn serve(listener: UnixListener, current: Current, shutdown: impl Futu
 /// Fetches every apiserver each `period` and recomposes when something changed. An apiserver
 /// that fails keeps its last good documents until it answers again, as discovery does.
 pub async fn run(
+    shared: Arc<crate::serve::Shared>,
     fetchers: Vec<Fetcher>,
     ids: Vec<String>,
     socket: PathBuf,
@@ -255,6 +256,7 @@ pub async fn run(
             _ = poll.tick() => {}
         }
         let started = Instant::now();
+        let metrics = &shared.metrics.openapi;
         let mut tasks = JoinSet::new();
         for (index, (fetcher, previous)) in fetchers.iter().zip(&last).enumerate() {
             let (fetcher, previous) = (fetcher.clone(), previous.clone());
@@ -276,6 +278,11 @@ pub async fn run(
                     *slot = Some(f);
                 }
                 Some(Err(error)) => {
+                    let labels = crate::metrics::FetchErrorLabels {
+                        apiserver: id.clone(),
+                        kind: error.kind.label().to_string(),
+                    };
+                    metrics.fetch_errors.get_or_create(&labels).inc();
                     tracing::warn!(apiserver = %id, %error, "OpenAPI fetch failed; its last documents stay")
                 }
             }
@@ -312,6 +319,10 @@ pub async fn run(
                 tracing::warn!(%error, "cannot write the OpenAPI summary");
             }
         }
+        metrics.compositions.inc();
+        metrics.held_bytes.set(i64::try_from(held).unwrap_or(i64::MAX));
+        metrics.documents.set(composed.v3.len() as i64);
+        metrics.merged_documents.set(composed.v3.values().filter(|c| c.verbatim.is_none()).count() as i64);
         *current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(composed));
     }
     Ok(())
