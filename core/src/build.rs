@@ -151,6 +151,7 @@ pub fn build_table_with_legacy(
         legacy_discovery: Vec::new(),
         policy: PolicyConfig::default(),
         anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
+        openapi_cluster: None,
     };
     table.legacy_discovery = legacy_discovery(servers, legacy, &table.group_versions)?;
     table.assign_sets(|members| names.set_cluster(members));

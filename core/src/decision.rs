@@ -34,6 +34,9 @@ pub struct Decision<'t, 'r> {
     pub identity: Option<Identity<'r>>,
     /// No credential at all: routed to the cluster's twin without the front-proxy certificate.
     pub anonymous: bool,
+    /// An OpenAPI document composed from every apiserver's: once an apiserver has authorized
+    /// the request, the filter fetches the answer from this cluster.
+    pub openapi: Option<&'t str>,
     strip_peer_proxied: bool,
 }
 
@@ -153,6 +156,8 @@ pub enum Reason {
     /// The same, asked for in protobuf or YAML only: 406.
     ComposedLegacyNotAcceptable,
     OpenApiGroupVersion,
+    /// `/openapi/v2`, the `/openapi/v3` index or a v3 document not of a group/version.
+    OpenApiDocument,
 }
 
 impl Reason {
@@ -191,6 +196,7 @@ impl Reason {
                 "legacy discovery composed at the edge (JSON only), asked for in protobuf or YAML only: 406"
             }
             Reason::OpenApiGroupVersion => "OpenAPI v3 of a group/version: apiservers that serve it",
+            Reason::OpenApiDocument => "OpenAPI document: any apiserver",
         }
     }
 }
@@ -270,7 +276,12 @@ fn finish<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>, o: Outcome<'t
     if let (Action::Route(route), true) = (&mut action, anonymous) {
         route.cluster = table.anonymous_cluster(o.serving.unwrap_or(Serving::All));
     }
+    let openapi = match (o.reason, head.method) {
+        (Reason::OpenApiGroupVersion | Reason::OpenApiDocument, "GET") => table.openapi_cluster(),
+        _ => None,
+    };
     Decision {
+        openapi,
         action,
         reason: o.reason,
         gvr: o.gvr,
@@ -363,8 +374,12 @@ fn non_resource<'t>(table: &'t RoutingTable, head: &RequestHead<'_>, path: &str)
             served(table.group_version(g, v), Reason::LegacyGroupVersionDiscovery),
         ),
         ([Some("openapi"), Some("v3"), Some("apis"), Some(g), Some(v)], false) => {
-            served(table.group_version(g, v), Reason::OpenApiGroupVersion)
+            match table.group_version(g, v) {
+                Some(s) => served(Some(s), Reason::OpenApiGroupVersion),
+                None => pool(table, Reason::OpenApiDocument),
+            }
         }
+        ([Some("openapi"), Some("v2" | "v3"), ..], _) => pool(table, Reason::OpenApiDocument),
         _ => pool(table, Reason::NonResource),
     }
 }
@@ -565,9 +580,17 @@ mod tests {
                 false,
                 Reason::OpenApiGroupVersion,
             ),
-            ("GET", "/openapi/v3/apis/resource.k8s.io/v1/extra", "pool", false, false, Reason::NonResource),
-            ("GET", "/openapi/v3", "pool", false, false, Reason::NonResource),
-            ("GET", "/openapi/v2", "pool", false, false, Reason::NonResource),
+            (
+                "GET",
+                "/openapi/v3/apis/resource.k8s.io/v1/extra",
+                "pool",
+                false,
+                false,
+                Reason::OpenApiDocument,
+            ),
+            ("GET", "/openapi/v3", "pool", false, false, Reason::OpenApiDocument),
+            ("GET", "/openapi/v2", "pool", false, false, Reason::OpenApiDocument),
+            ("GET", "/openapi/v3/apis/unknown.example.com/v1", "pool", false, false, Reason::OpenApiDocument),
             ("GET", "/apis", "pool", false, false, Reason::LocalDiscovery),
             ("", "", "pool", false, false, Reason::NonResource),
         ];
@@ -762,6 +785,35 @@ mod tests {
             (d.reason, d.route().and_then(|r| r.compose)),
             (Reason::LegacyGroupVersionDiscovery, None)
         );
+    }
+
+    #[test]
+    fn openapi_is_composed_only_with_a_composer_and_only_for_get() {
+        let t = table();
+        assert_eq!(decide(&t, &head("GET", "/openapi/v3")).openapi, None);
+        let mut v = sample();
+        v["openapiCluster"] = serde_json::json!("composer");
+        let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
+        for target in
+            ["/openapi/v3", "/openapi/v2", "/openapi/v3/apis/resource.k8s.io/v1?hash=X", "/openapi/v3/api/v1"]
+        {
+            let d = decide(&t, &head("GET", target));
+            assert_eq!(d.openapi, Some("composer"), "{target}");
+            // Still sent to an apiserver first, which authorizes it.
+            assert!(d.route().is_some_and(|r| r.compose.is_none()), "{target}");
+        }
+        let d = decide(&t, &head("GET", "/openapi/v3/apis/resource.k8s.io/v1"));
+        assert_eq!(d.route().map(|r| r.cluster), Some("set-c"));
+        for (method, target) in [
+            ("POST", "/openapi/v3"),
+            ("HEAD", "/openapi/v2"),
+            ("GET", "/apis/apps/v1"),
+            ("GET", "/openapiv3"),
+        ] {
+            assert_eq!(decide(&t, &head(method, target)).openapi, None, "{method} {target}");
+        }
+        v["openapiCluster"] = serde_json::json!("pool");
+        assert!(RoutingTable::from_json(v.to_string().as_bytes()).is_err());
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod identity;
 pub mod legacy_build;
 pub mod legacy_documents;
+pub mod openapi;
 pub mod request_info;
 pub mod status;
 pub mod table;

@@ -112,6 +112,19 @@ pub fn service_unavailable(u: &Unavailable<'_>) -> Status {
     )
 }
 
+/// 503 for an OpenAPI document the edge composes when the composer (the sidecar) cannot answer:
+/// never an incomplete document from a single apiserver instead.
+pub fn composer_unavailable(cluster: &str, detail: &str) -> Status {
+    let detail: String = detail.chars().take(200).collect();
+    Status::failure(
+        503,
+        "ServiceUnavailable",
+        format!(
+            "the server is currently unable to handle the request: skewgate: the composed OpenAPI document is unavailable (cluster {cluster}; {detail})"
+        ),
+    )
+}
+
 /// 401 Unauthorized, as kube-apiserver words it, with why skewgate refused the credential.
 pub fn unauthorized(why: &str) -> Status {
     Status::failure(

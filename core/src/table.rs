@@ -49,6 +49,10 @@ pub struct TableConfig {
     /// for a direct request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anonymous_cluster_prefix: Option<String>,
+    /// The cluster that answers OpenAPI documents composed from every apiserver's (the
+    /// sidecar's Unix socket). Without it, OpenAPI requests go to an apiserver as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openapi_cluster: Option<String>,
 }
 
 impl TableConfig {
@@ -205,6 +209,7 @@ pub struct RoutingTable {
     merged: Option<MergedDiscovery>,
     legacy: LegacyDocuments,
     policy: PolicyConfig,
+    openapi_cluster: Option<String>,
 }
 
 /// The peer-aggregated `/apis` answer, ready to send.
@@ -242,6 +247,9 @@ impl RoutingTable {
         let anonymous_pool_cluster = config.anonymous_cluster(&config.pool_cluster);
         if let Some(name) = &anonymous_pool_cluster {
             claim_cluster(&mut clusters, name, "anonymousClusterPrefix (pool twin)".to_string())?;
+        }
+        if let Some(name) = &config.openapi_cluster {
+            claim_cluster(&mut clusters, name, "openapiCluster".to_string())?;
         }
         let all_mask = full_mask(apiservers.len());
         let ids: HashMap<&str, usize> =
@@ -363,6 +371,7 @@ impl RoutingTable {
             merged,
             legacy,
             policy: config.policy,
+            openapi_cluster: config.openapi_cluster,
         })
     }
 
@@ -394,6 +403,11 @@ impl RoutingTable {
     /// The composed legacy discovery documents.
     pub fn legacy_discovery(&self) -> &LegacyDocuments {
         &self.legacy
+    }
+
+    /// Where composed OpenAPI documents come from, if the edge composes them.
+    pub fn openapi_cluster(&self) -> Option<&str> {
+        self.openapi_cluster.as_deref()
     }
 
     pub fn policy(&self) -> PolicyConfig {

@@ -13,6 +13,7 @@ use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
 
 use crate::host;
+use crate::openapi::Pending;
 use crate::root::Active;
 
 /// Read by the route's `cluster_header`.
@@ -35,11 +36,21 @@ pub struct Http {
     replied: bool,
     /// The composed answer (its status and document) that replaces an authorized upstream one.
     compose: Option<(u16, decision::Composed)>,
+    /// An OpenAPI document composed at the edge, once an apiserver has let the request through.
+    openapi: Option<Pending>,
 }
 
 impl Http {
     pub fn new(active: Option<Rc<Active>>) -> Self {
-        Self { active, serving: None, gvr_id: None, unlisted_target: None, replied: false, compose: None }
+        Self {
+            active,
+            serving: None,
+            gvr_id: None,
+            unlisted_target: None,
+            replied: false,
+            compose: None,
+            openapi: None,
+        }
     }
 
     fn reply(&mut self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -49,7 +60,14 @@ impl Http {
     }
 }
 
-impl Context for Http {}
+impl Context for Http {
+    fn on_http_call_response(&mut self, _token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let Some(pending) = self.openapi.take() else { return };
+        let (status, headers, body) = pending.answer(body_size);
+        let headers = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        self.reply(status, headers, (!body.is_empty()).then_some(&body[..]));
+    }
+}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
@@ -124,6 +142,10 @@ impl HttpContext for Http {
                 if route.long_running {
                     host::set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
                 }
+                if let Some(cluster) = decision.openapi {
+                    self.openapi =
+                        Some(Pending::start(cluster, head.target, head.accept, head.if_none_match));
+                }
                 if route.rerouted {
                     host::set_request_header(PEER_PROXIED, Some("true"));
                     if let Some(id) = self.gvr_id {
@@ -153,6 +175,10 @@ impl HttpContext for Http {
         }
     }
 
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        self.on_openapi_body(body_size).unwrap_or(Action::Continue)
+    }
+
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         if self.replied {
             return Action::Continue;
@@ -160,6 +186,15 @@ impl HttpContext for Http {
         let status = host::response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
             .unwrap_or(0);
+        if let Some(pending) = self.openapi.as_mut().filter(|_| skewgate_core::openapi::authorized(status)) {
+            return match pending.dispatch() {
+                Ok(()) => Action::Pause,
+                Err(body) => {
+                    self.openapi = None;
+                    self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+                }
+            };
+        }
         if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
         {
             return self.compose_reply(compose, source);
@@ -202,6 +237,16 @@ impl HttpContext for Http {
 }
 
 impl Http {
+    /// The apiserver's body while the composed answer is on its way: dropped chunk by chunk, so
+    /// that a multi-megabyte document never fills Envoy's buffer.
+    fn on_openapi_body(&mut self, body_size: usize) -> Option<Action> {
+        if self.replied || !self.openapi.as_ref().is_some_and(|p| p.dispatched) {
+            return None;
+        }
+        host::drop_response_body(body_size);
+        Some(Action::Pause)
+    }
+
     /// The composed document (or 304, or 406) in place of an answer an apiserver authorized.
     /// Read from the table the request was decided on, so a table swap in between cannot mix two
     /// documents.

@@ -22,6 +22,8 @@ pub struct Request {
     /// Downstream headers, names as given.
     pub headers: Vec<(String, String)>,
     pub client_cert_subject: Option<String>,
+    /// The OpenAPI composer's summary (`openapi.json` in Envoy's directory), if given.
+    pub openapi_summary: Option<Value>,
 }
 
 impl Request {
@@ -107,6 +109,9 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
                 "requestHeaders".into(),
                 header_edits(req, &decision, route, table.policy().x509_credential_id),
             );
+            if let Some(composer) = decision.openapi {
+                out.insert("openapi".into(), openapi(req, target, composer));
+            }
             if let Some(reply) = route.compose {
                 let headers: Map<String, Value> = reply
                     .headers()
@@ -136,6 +141,34 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
     }
     out.insert("reason".into(), json!(decision.reason.as_str()));
     Value::Object(out)
+}
+
+/// An OpenAPI document composed at the edge: what the apiserver is asked (to authorize), what
+/// the composer is asked, and, with its summary, which apiservers' documents went in.
+fn openapi(req: &Request, target: &str, composer: &str) -> Value {
+    let composed = req
+        .openapi_summary
+        .as_ref()
+        .and_then(|s| crate::openapi::Composed::summary_entry(s, target))
+        .cloned()
+        .unwrap_or_else(|| json!("(no summary given: --openapi ENVOY_DIR/openapi.json)"));
+    json!({
+        "authorizedBy": {
+            "request": {
+                ":path": skewgate_core::openapi::authorize_target(target),
+                "accept": skewgate_core::openapi::AUTHORIZE_ACCEPT,
+                "range": skewgate_core::openapi::AUTHORIZE_RANGE,
+                "removed": ["if-none-match", "if-modified-since", "if-range"],
+            },
+            "then": "2xx, 304, 404 or 416: the composed answer below; 401, 403 and anything else reach the client as the apiserver sent them",
+        },
+        "composedBy": {
+            "cluster": composer,
+            "request": {":path": target, "accept": req.header("accept"), "if-none-match": req.header("if-none-match")},
+            "unreachable": "503 Status, never one apiserver's document",
+        },
+        "document": composed,
+    })
 }
 
 /// What the filter removes and sets on the way upstream.

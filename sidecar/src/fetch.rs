@@ -66,7 +66,7 @@ impl Etags {
 }
 
 /// One GET's answer.
-enum Answer {
+pub(crate) enum Answer {
     Body(Bytes, Option<String>),
     NotModified,
 }
@@ -534,7 +534,7 @@ impl Fetcher {
     }
 
     /// One GET, optionally conditional: 304 is then an answer too.
-    async fn get_tagged(
+    pub(crate) async fn get_tagged(
         &self,
         path: &str,
         accept: &str,

@@ -41,6 +41,10 @@ enum Command {
         /// Subject of a verified client certificate, as Envoy renders it (e.g. "CN=alice,O=devs").
         #[arg(long)]
         client_cert_subject: Option<String>,
+        /// The OpenAPI composer's summary (`openapi.json` in Envoy's directory): shows which
+        /// apiservers' documents an OpenAPI path is composed from.
+        #[arg(long, value_name = "FILE")]
+        openapi: Option<PathBuf>,
         /// HTTP method, e.g. GET.
         method: String,
         /// Path and query as the client sends them, e.g.
@@ -109,8 +113,8 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Explain { table, accept, headers, client_cert_subject, method, path } => {
-            explain_command(table, accept, headers, client_cert_subject, method, path)
+        Command::Explain { table, accept, headers, client_cert_subject, openapi, method, path } => {
+            explain_command(table, accept, headers, client_cert_subject, openapi, method, path)
         }
         Command::Sync {
             config,
@@ -306,9 +310,25 @@ fn explain_command(
     accept: Option<String>,
     headers: Vec<String>,
     client_cert_subject: Option<String>,
+    openapi: Option<PathBuf>,
     method: String,
     path: String,
 ) -> ExitCode {
+    let openapi_summary =
+        match openapi.map(|p| std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))) {
+            None => None,
+            Some(Ok(bytes)) => match serde_json::from_slice(&bytes) {
+                Ok(summary) => Some(summary),
+                Err(e) => {
+                    eprintln!("skewgate explain: --openapi: not JSON: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+            Some(Err(e)) => {
+                eprintln!("skewgate explain: --openapi {e}");
+                return ExitCode::from(2);
+            }
+        };
     let table = match std::fs::read(&table)
         .map_err(|e| e.to_string())
         .and_then(|bytes| explain::load_table(&bytes))
@@ -331,7 +351,7 @@ fn explain_command(
         parsed.retain(|(n, _)| !n.eq_ignore_ascii_case("accept"));
         parsed.push(("accept".into(), accept));
     }
-    let req = Request { method, target: path, headers: parsed, client_cert_subject };
+    let req = Request { method, target: path, headers: parsed, client_cert_subject, openapi_summary };
     println!("{}", explain::explain(&table, &req));
     ExitCode::SUCCESS
 }

@@ -54,6 +54,8 @@ pub struct Metrics {
     pub apiserver_excluded: Histogram,
     last_success_age: Gauge<f64, AtomicU64>,
     last_success: Mutex<Option<Instant>>,
+    /// `skewgate_openapi_*`: the OpenAPI composer.
+    pub openapi: crate::openapi::Metrics,
 }
 
 impl Default for Metrics {
@@ -127,6 +129,8 @@ impl Metrics {
             last_success_age.clone(),
         );
         last_success_age.set(-1.0);
+        let openapi = crate::openapi::Metrics::default();
+        openapi.register(registry.sub_registry_with_prefix("openapi"));
         Self {
             registry,
             sync_duration,
@@ -141,6 +145,7 @@ impl Metrics {
             apiserver_excluded,
             last_success_age,
             last_success: Mutex::new(None),
+            openapi,
         }
     }
 
@@ -230,5 +235,25 @@ mod tests {
         m.succeeded(Instant::now());
         let text = m.encode().unwrap();
         assert!(!text.contains("skewgate_last_successful_sync_age_seconds -1"), "{text}");
+    }
+
+    #[test]
+    fn openapi_composer_names() {
+        let m = Metrics::new();
+        let labels = FetchErrorLabels { apiserver: "c".into(), kind: "http_status".into() };
+        m.openapi.fetch_errors.get_or_create(&labels).inc();
+        m.openapi.compositions.inc();
+        m.openapi.held_bytes.set(41_861_140);
+        m.openapi.documents.set(53);
+        let text = m.encode().unwrap();
+        for line in [
+            "skewgate_openapi_fetch_errors_total{apiserver=\"c\",kind=\"http_status\"} 1",
+            "skewgate_openapi_compositions_total 1",
+            "skewgate_openapi_held_bytes 41861140",
+            "skewgate_openapi_documents 53",
+            "skewgate_openapi_merged_documents 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -494,14 +494,16 @@ impl Sidecar {
     }
 
     fn prepare(&self) -> Result<(TableConfig, Resources), SyncError> {
-        let table = self.table()?;
-        let resources = routing::render(
+        let mut table = self.table()?;
+        table.openapi_cluster = Some(crate::openapi::CLUSTER.into());
+        let mut resources = routing::render(
             &table,
             &self.config.apiservers,
             &self.upstream,
             self.config.health,
             &self.config.envoy.wasm,
         )?;
+        crate::openapi::add_cluster(&mut resources.cds, &self.config.envoy.dir.join(crate::openapi::SOCKET));
         Ok((table, resources))
     }
 
@@ -843,6 +845,18 @@ async fn run_with(
     let mut server = AbortOnDrop(tokio::spawn(serve::serve(listener, sidecar.shared(), async {
         let _ = server_stopped.await;
     })));
+    // The OpenAPI composer: its own loop and socket, so that a slow or huge document never holds
+    // a table change back. Aborted with this future.
+    let ids = sidecar.config.apiservers.iter().map(|e| e.id.clone()).collect();
+    let socket = sidecar.config.envoy.dir.join(crate::openapi::SOCKET);
+    let _openapi = AbortOnDrop(tokio::spawn(crate::openapi::serve::run(
+        sidecar.shared(),
+        sidecar.fetchers.clone(),
+        ids,
+        socket,
+        poll_period,
+        std::future::pending(),
+    )));
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(poll_period);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);

@@ -14,6 +14,7 @@ mod clock;
 mod discovery;
 mod objects;
 mod openapi;
+mod openapi_proto;
 mod params;
 mod patch;
 mod profile;

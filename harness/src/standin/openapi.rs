@@ -13,11 +13,10 @@
 //! kind through an operation's `x-kubernetes-group-version-kind` and then the schema carrying
 //! the same GVK.
 //!
-//! Not modelled: the protobuf forms (v2 `com.github.proto-openapi.spec.v2@v1.0+protobuf`, v3
-//! `com.github.proto-openapi.spec.v3.v1.0+protobuf`): a request that accepts nothing else gets
-//! the 406 upstream gives unknown types, so client-go's `OpenAPISchema()` fails where a real
-//! server would have answered (kubectl reaches for v2 only for group/versions missing from v3,
-//! which every profile here covers); v2's gzip; byte ranges.
+//! v2 in protobuf (`com.github.proto-openapi.spec.v2@v1.0+protobuf`) is a reduced encoding of
+//! the v2 JSON ([`super::openapi_proto`]: names, descriptions, types, GVKs; no operations).
+//! Not modelled: v3 in protobuf (`com.github.proto-openapi.spec.v3.v1.0+protobuf`): a request
+//! that accepts nothing else gets the 406 upstream gives unknown types; v2's gzip; byte ranges other than one `bytes=A-B`.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -28,8 +27,8 @@ use anyhow::{Context, Result, anyhow};
 use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::{
-    ACCEPT, CACHE_CONTROL, CONTENT_TYPE, ETAG, EXPIRES, HeaderValue, IF_MODIFIED_SINCE, IF_NONE_MATCH,
-    LAST_MODIFIED, LOCATION, VARY,
+    ACCEPT, CACHE_CONTROL, CONTENT_RANGE, CONTENT_TYPE, ETAG, EXPIRES, HeaderValue, IF_MODIFIED_SINCE,
+    IF_NONE_MATCH, LAST_MODIFIED, LOCATION, RANGE, VARY,
 };
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
@@ -67,6 +66,7 @@ pub struct OpenApi {
     /// `api/v1`, `apis/<g>/<v>`, `apis/<g>`, `version`, ... → document.
     documents: HashMap<String, Doc>,
     v2: Doc,
+    v2_proto: Doc,
     /// `Last-Modified`.
     built: SystemTime,
 }
@@ -101,6 +101,7 @@ impl OpenApi {
             index: Doc::new(documents.file("openapi/v3/index.json")?.clone()),
             documents: served,
             v2: Doc::new(documents.file("openapi/v2.json")?.clone()),
+            v2_proto: proto_of(documents.file("openapi/v2.json")?)?,
             built: SystemTime::now(),
         })
     }
@@ -156,6 +157,7 @@ impl OpenApi {
             index: Doc::new(to_bytes(&json!({ "paths": paths }))),
             documents: served,
             v2: Doc::new(first.file("openapi/v2.json")?.clone()),
+            v2_proto: proto_of(first.file("openapi/v2.json")?)?,
             built: SystemTime::now(),
         })
     }
@@ -171,9 +173,16 @@ impl OpenApi {
     }
 
     fn v2_reply(&self, headers: &HeaderMap) -> Reply {
-        let mut resp = match accepts_json(headers) {
-            true => serve_content(&self.v2, headers, self.built),
-            false => reply::empty(406),
+        let mut resp = match (prefers_v2_proto(headers), accepts_json(headers)) {
+            (true, _) => {
+                let mut resp = serve_content(&self.v2_proto, headers, self.built);
+                if matches!(resp.status().as_u16(), 200 | 206) {
+                    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(V2_PROTO));
+                }
+                resp
+            }
+            (false, true) => serve_content(&self.v2, headers, self.built),
+            (false, false) => reply::empty(406),
         };
         resp.headers_mut().insert(VARY, HeaderValue::from_static("Accept"));
         resp
@@ -250,6 +259,22 @@ fn to_bytes(value: &Value) -> Bytes {
     serde_json::to_vec(value).unwrap_or_default().into()
 }
 
+const V2_PROTO: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
+
+fn proto_of(v2_json: &Bytes) -> Result<Doc> {
+    Ok(Doc::new(super::openapi_proto::reduced(&serde_json::from_slice(v2_json)?).into()))
+}
+
+/// Whether the first acceptable `Accept` clause for v2 names its protobuf form.
+fn prefers_v2_proto(headers: &HeaderMap) -> bool {
+    let accept = headers.get(ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("*/*");
+    let chosen = accept
+        .split(',')
+        .map(|c| c.split(';').next().unwrap_or_default().trim().to_ascii_lowercase())
+        .find(|m| matches!(m.as_str(), "application/json" | "application/*" | "*/*") || m == V2_PROTO);
+    chosen.as_deref() == Some(V2_PROTO)
+}
+
 /// Whether an `Accept` header (goautoneg's clause order: quality, then specificity) reaches JSON
 /// before anything else: the protobuf forms upstream would serve first are not modelled, so
 /// they are passed over.
@@ -283,8 +308,27 @@ fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Reply {
                 built <= since
             }),
     };
+    let range = header(RANGE).and_then(|r| single_range(r, doc.body.len() as u64));
     let mut resp = if not_modified {
         reply::empty(304)
+    } else if let Some(range) = range {
+        // Go's ServeContent: one satisfiable range → 206, an unsatisfiable one → 416.
+        let mut resp = match range {
+            Some((start, end)) => {
+                let body = doc.body.slice(start as usize..=end as usize);
+                let mut resp = reply::bytes(206, "application/json", body);
+                let content_range = format!("bytes {start}-{end}/{}", doc.body.len());
+                if let Ok(value) = HeaderValue::from_str(&content_range) {
+                    resp.headers_mut().insert(CONTENT_RANGE, value);
+                }
+                resp
+            }
+            None => reply::empty(416),
+        };
+        if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(built)) {
+            resp.headers_mut().insert(LAST_MODIFIED, value);
+        }
+        resp
     } else {
         let mut resp = reply::bytes(200, "application/json", doc.body.clone());
         if let Ok(value) = HeaderValue::from_str(&httpdate::fmt_http_date(built)) {
@@ -296,6 +340,20 @@ fn serve_content(doc: &Doc, headers: &HeaderMap, built: SystemTime) -> Reply {
         resp.headers_mut().insert(ETAG, tag);
     }
     resp
+}
+
+/// `bytes=A-B` (or `bytes=A-`): Some(Some(range)) within a body of `len` bytes, Some(None) when
+/// it cannot be satisfied; None for anything else (no range, several, suffix ranges: the whole
+/// document, as a stand-in keeps it simple).
+fn single_range(header: &str, len: u64) -> Option<Option<(u64, u64)>> {
+    let spec = header.trim().strip_prefix("bytes=")?;
+    let (start, end) = spec.split_once('-')?;
+    let start: u64 = start.trim().parse().ok()?;
+    let end: u64 = match end.trim() {
+        "" => len.saturating_sub(1),
+        e => e.parse().ok()?,
+    };
+    Some((start < len && start <= end).then(|| (start, end.min(len - 1))))
 }
 
 /// A captured group/version document fitted to the resources an era serves there: paths of
