@@ -1,4 +1,4 @@
-//! Merging one OpenAPI document per apiserver into the one the edge serves (DESIGN §OpenAPI).
+//! Merging one OpenAPI document per apiserver into the one the edge serves (docs/openapi.md).
 //!
 //! Inputs come in priority order (newest API level first, then server-ID order; see
 //! [`super::priority`]). The rule, for v3 group/version documents and for v2 alike:

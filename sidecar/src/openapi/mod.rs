@@ -1,4 +1,4 @@
-//! OpenAPI at the edge (issue 12, DESIGN §OpenAPI): the sidecar fetches every apiserver's
+//! OpenAPI at the edge (docs/openapi.md): the sidecar fetches every apiserver's
 //! `/openapi/v3` index, the documents it lists and `/openapi/v2`, composes one document per
 //! path ([`merge`]) and serves them with kube-openapi's caching semantics on a Unix socket in
 //! Envoy's directory ([`serve`]). The filter sends each OpenAPI request to an apiserver first, so
