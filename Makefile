@@ -76,7 +76,7 @@ clients: setup wasm
 	  SKEWGATE_CLIENT_RUNS="$(CLIENT_RUNS)" SKEWGATE_CLIENTS_SUMMARY=$$PWD/$$summary RUST_LIB_BACKTRACE=0 \
 	    cargo test -p skewgate-harness --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  echo; echo "skewgate client loops (operation, result, runs, failures, wall)"; \
-	  cat "$$summary"/*.tsv 2>/dev/null | awk -F'\t' '{printf "%-44s %-5s %5s %5s %8s\n", $$1, $$2, $$3, $$4, $$5}'; \
+	  cat "$$summary"/*.tsv 2>/dev/null | awk -F'\t' '{printf "%-44s %-5s %5s  %-20s %8s\n", $$1, $$2, $$3, $$4, $$5}'; \
 	  rm -rf "$$summary"; exit $$status
 
 clients-full:

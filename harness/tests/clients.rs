@@ -284,16 +284,17 @@ async fn helm_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
             ("upgrade", vec!["upgrade", &release, &chart, "--set", "message=upgraded"]),
             ("uninstall", vec!["uninstall", &release]),
         ];
-        let mut failed = false;
+        let mut installed = true;
         for (op, args) in steps {
-            // Upgrading or uninstalling a release that was never installed tells nothing new.
-            if failed {
+            // Upgrading or uninstalling a release that was never installed tells nothing new
+            // (a failed upgrade leaves the release, which uninstall then removes).
+            if !installed {
                 report.not_reached(op);
                 continue;
             }
             let label = report.mark(&c, op, run).await?;
             let out = helm(&c, &bin, &args).await?;
-            failed = !out.ok;
+            installed = out.ok || op != "install";
             report.record(op, &label, out.took, (!out.ok).then(|| failure_detail(&out)));
         }
     }
