@@ -153,6 +153,35 @@ pub async fn access_log_on(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
+/// Waits until the edge answers the documents clients start from (`/api`, `/apis`,
+/// `/openapi/v3`, `/openapi/v2`) with 200 to an authorized user: what the edge composes may be
+/// ready some time after the cluster started. Returns how long that took (reported, not
+/// asserted).
+pub async fn edge_ready(c: &Cluster, timeout: Duration) -> Result<Duration> {
+    let client = c.client(crate::cluster::Credentials::AdminToken, Duration::from_secs(10))?;
+    let started = Instant::now();
+    let mut last = Vec::new();
+    loop {
+        last.clear();
+        for path in ["/api", "/apis", "/openapi/v3", "/openapi/v2"] {
+            let status = match client.get(format!("{}{path}", c.envoy_url()?)).send().await {
+                Ok(r) => r.status().as_u16(),
+                Err(_) => 0,
+            };
+            if status != 200 {
+                last.push(format!("{path} {status}"));
+            }
+        }
+        if last.is_empty() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > timeout {
+            bail!("the edge still answers {} after {timeout:?}", last.join(", "));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn marker(c: &Cluster, label: &str) -> Result<()> {
     let client = c.client(crate::cluster::Credentials::AdminToken, Duration::from_secs(10))?;
     let r = client.get(format!("{}/version?{MARKER}={label}", c.envoy_url()?)).send().await?;

@@ -39,6 +39,11 @@ async fn start(name: &str, apiservers: &[(&str, &str)]) -> Result<Cluster> {
     let options = Options::ephemeral(&out, apiservers);
     let c = cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))?;
     clients::access_log_on(&c).await?;
+    let ready = clients::edge_ready(&c, Duration::from_secs(60)).await?;
+    println!(
+        "{name}: the edge answered discovery and OpenAPI {:.1}s after the cluster started",
+        ready.as_secs_f64()
+    );
     Ok(c)
 }
 
