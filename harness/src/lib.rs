@@ -2,6 +2,7 @@
 //! loopback apiserver doubles. Used by the integration tests, the local cluster and benchmarks.
 
 pub mod bench;
+pub mod clients;
 pub mod cluster;
 pub mod drill;
 pub mod echo;
