@@ -27,7 +27,6 @@ fmt-check:
 lint: fmt-check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p skewgate-harness --test e2e_real -- -D warnings
-	cargo clippy -p skewgate-harness --test clients -- -D warnings
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
 
 ## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
@@ -48,7 +47,7 @@ ETCD ?=
 REAL_ENV = SKEWGATE_KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" SKEWGATE_ETCD="$(abspath $(ETCD))"
 
 ## End-to-end scenarios on local skewed clusters (real Envoy + filter, sidecar, stand-ins, the pinned
-## kubectl), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).
+## kubectl), the real-client loops at full counts (see `clients`), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).
 ## With KUBE_APISERVER=PATH ETCD=PATH: the scenarios real apiservers can answer
 ## (harness/tests/e2e_real.rs), one at a time, on three real kube-apiservers and one etcd.
 E2E_THREADS ?= 3
@@ -60,6 +59,7 @@ e2e: wasm
 	  else \
 	    SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
 	      cargo test -p skewgate-harness --test e2e -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	    SKEWGATE_CLIENT_RUNS=full cargo test -p skewgate-harness --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
 	  rm -rf "$$summary"; exit $$status

@@ -495,6 +495,27 @@ impl Cluster {
     }
 }
 
+/// Until the sidecar's `/readyz` passes: a table in Envoy and the first OpenAPI round done, so
+/// that a client's first `kubectl explain` does not meet a 503.
+async fn wait_sidecar_ready(running: &sync::Running, timeout: Duration) -> Result<()> {
+    let url = format!("http://{}/readyz", running.listen);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = reqwest::get(&url).await;
+        if answer.as_ref().is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let why = match answer {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => e.to_string(),
+            };
+            bail!("the sidecar is not ready after {timeout:?}: {}", why.trim());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `cluster::port::health_flags::<flags>` lines of Envoy's `/clusters`.
 fn parse_host_health(text: &str) -> BTreeMap<(String, u16), bool> {
     text.lines()
@@ -688,6 +709,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     let (sidecar, sidecar_config) = match sidecar_config.filter(|_| o.sidecar) {
         Some(mut config) => {
             let running = sync::spawn(config.clone()).await?;
+            wait_sidecar_ready(&running, Duration::from_secs(30)).await?;
             // A restarted sidecar answers where this one did.
             config.listen = running.listen;
             (Some(running), Some(config))
