@@ -11,6 +11,7 @@ pub mod explain;
 pub mod fetch;
 pub mod metrics;
 pub mod offline;
+pub mod peers;
 pub mod push;
 pub mod routing;
 pub mod serve;

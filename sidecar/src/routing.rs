@@ -5,8 +5,9 @@
 use std::path::Path;
 
 use serde_json::Value;
-use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table};
+use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
+use skewgate_core::extensions::Extensions;
 use skewgate_core::table::{RoutingTable, TableConfig, TableError};
 
 use crate::envoy::{self, CdsError, Endpoint, Health, UpstreamTls};
@@ -22,6 +23,11 @@ pub struct Server<'a> {
 
 /// The table for `servers`, in the given order.
 pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
+    build_with(servers, &Extensions::default())
+}
+
+/// [`build`], with CRD- and APIService-backed group/versions sent to the pool.
+pub fn build_with(servers: &[Server<'_>], extensions: &Extensions) -> Result<TableConfig, BuildError> {
     let apis: Vec<ServerApis<'_>> = servers
         .iter()
         .map(|s| ServerApis {
@@ -30,7 +36,7 @@ pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
             documents: s.documents.map(|d| d.to_vec()).unwrap_or_default(),
         })
         .collect();
-    build_table(&apis, &ClusterNames::default())
+    build_table_with(&apis, &ClusterNames::default(), extensions)
 }
 
 /// How big the skew is: what `/metrics` and the logs report.

@@ -292,6 +292,7 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
         version: "v1".into(),
         served_by: vec!["a".into(), "b".into()],
         resources: BTreeMap::from([("probes".into(), one(first)), ("probes2".into(), one(second))]),
+        extension: false,
     });
     t.assign_sets(|m| format!("skewgate-set-{}", m.join("_")));
     t.generation = format!("{}-{}", table.generation, if swapped { "swapped" } else { "plain" });
