@@ -279,7 +279,9 @@ async fn crd_with_lagging_discovery() -> Result<Row> {
     // Until b's discovery shows the CRD (and a while after), every table Envoy gets sends it to
     // the pool or does not know it (the pool too): never a subset.
     let mut tables = BTreeSet::new();
-    let mut subsets = Vec::new();
+    // (generation, members) of every table seen sending it to a subset, and how often one was.
+    let mut subsets = BTreeSet::new();
+    let mut subsets_seen = 0;
     let (a_url, b_url) = (c.apiserver_url("a")?, c.apiserver_url("b")?);
     let mut a_shows = None;
     let mut b_shows = None;
@@ -289,7 +291,9 @@ async fn crd_with_lagging_discovery() -> Result<Row> {
         let table = c.table_on_disk()?;
         if let Some(gvr) = table.gvr(CRD_GROUP, "v1", "widgets") {
             if gvr.serving != Serving::All {
-                subsets.push(table.members(gvr.serving).map(str::to_owned).collect::<Vec<_>>());
+                subsets_seen += 1;
+                let members: Vec<String> = table.members(gvr.serving).map(str::to_owned).collect();
+                subsets.insert((table.generation().to_string(), members));
             } else {
                 extension_in_table.get_or_insert(created_at.elapsed());
             }
@@ -334,7 +338,7 @@ async fn crd_with_lagging_discovery() -> Result<Row> {
     println!(
         "CRD created; a's discovery showed it after {a_shows:?}, b's (lag {lag:?}) after {b_shows:?}; the \
          table first routed it (to the pool) after {extension_in_table:?}; {} tables seen, {} with a subset \
-         ({subsets:?}); {rerouted} widget requests rerouted to a set; {} requests, {} failed, {} 404; {by_b_during_lag} \
+         ({subsets:?}, seen {subsets_seen} times); {rerouted} widget requests rerouted to a set; {} requests, {} failed, {} 404; {by_b_during_lag} \
          widget lists served by b while its discovery lagged",
         tables.len(),
         subsets.len(),
