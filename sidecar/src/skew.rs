@@ -278,6 +278,17 @@ mod tests {
     }
 
     #[test]
+    fn sources_show_under_the_ids() {
+        let mut m = matrix(&table());
+        m.sources = vec!["config".into(), "config".into(), "EndpointSlice".into()];
+        let text = render_text(&m, false);
+        let line = text.lines().find(|l| l.contains("(from)")).unwrap();
+        assert!(line.ends_with("config   config   EndpointSlice"), "{line:?}");
+        assert_eq!(render_json(&m)["apiservers"][2]["source"], "EndpointSlice");
+        assert!(render_json(&matrix(&table()))["apiservers"][2].get("source").is_none());
+    }
+
+    #[test]
     fn json_matrix_and_no_skew() {
         let v = render_json(&matrix(&table()));
         assert_eq!(v["rerouted"], 3);

@@ -1204,4 +1204,57 @@ mod tests {
         assert_eq!(SyncError::NoDocuments.label(), "no_documents");
         assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
     }
+
+    fn member(id: &str, port: u16) -> peers::Member {
+        let endpoint = Endpoint { id: id.into(), address: "127.0.0.1".into(), port };
+        peers::Member { endpoint, source: Source::EndpointSlice }
+    }
+
+    /// d joins (out of the table until its discovery answers), then departs: DRAINING for one
+    /// look, gone at the next (`leaveAfter = 0s`); a listing naming nobody changes nothing.
+    #[test]
+    fn members_join_then_depart_then_leave() {
+        let certs = crate::testing::Certs::new("members");
+        let wasm = certs.dir.join("filter.wasm");
+        std::fs::write(&wasm, "x").unwrap();
+        let doc = serde_json::json!({
+            "apiservers": [{"id": "a", "address": "127.0.0.1", "port": 7001}],
+            "tls": {"peerCa": certs.tls_files().peer_ca, "clientCert": certs.tls_files().client_cert,
+                    "clientKey": certs.tls_files().client_key},
+            "envoy": {"dir": certs.dir.join("envoy"), "wasm": wasm},
+            "cluster": {"members": "endpointSlice", "leaveAfter": "0s", "extensions": true},
+        });
+        let config = SyncConfig::from_value(&doc, &certs.dir).unwrap();
+        let mut sidecar = Sidecar::new(config).unwrap();
+        sidecar.memory[0].good = Some((docs("v1.33.0"), Served::default(), Instant::now()));
+        let published = |members: Vec<peers::Member>| Published { members: Some(members), extensions: None };
+
+        let (joined, left, _) =
+            sidecar.apply_published(published(vec![member("a", 7001), member("d", 7004)]));
+        assert_eq!((joined, left), (vec!["d".to_string()], Vec::<String>::new()));
+        assert_eq!(
+            sidecar.reports().iter().map(|r| r.source).collect::<Vec<_>>(),
+            [Source::EndpointSlice; 2]
+        );
+        let ids = |t: &TableConfig| t.apiservers.iter().map(|a| a.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&sidecar.table().unwrap()), ["a"], "not before its discovery answered");
+        sidecar.memory[1].good = Some((docs("v1.36.0"), Served::default(), Instant::now()));
+        assert_eq!(ids(&sidecar.table().unwrap()), ["a", "d"]);
+
+        let (_, _, changed) = sidecar.apply_published(published(Vec::new()));
+        assert!(!changed, "a listing naming nobody is not believed");
+        let (_, left, changed) = sidecar.apply_published(published(vec![member("a", 7001)]));
+        assert!(changed && left.is_empty(), "DRAINING first");
+        assert!(sidecar.memory[1].departed_since.is_some());
+        let (_, left, _) = sidecar.apply_published(published(vec![member("a", 7001)]));
+        assert_eq!(left, ["d"]);
+        assert_eq!(sidecar.members().len(), 1);
+        assert_eq!((sidecar.fetchers.len(), sidecar.tethers.len(), sidecar.memory.len()), (1, 1, 1));
+
+        let extensions = Extensions::new([("example.com".to_owned(), "v1".to_owned())]);
+        let (_, _, changed) =
+            sidecar.apply_published(Published { members: None, extensions: Some(extensions.clone()) });
+        assert!(changed && sidecar.extensions == extensions);
+        let _ = std::fs::remove_dir_all(&certs.dir);
+    }
 }
