@@ -92,6 +92,9 @@ pub struct Options {
     /// extensions listed, `leaveAfter = "0s"`): stand-ins publish themselves, and the configured
     /// apiservers are only the bootstrap.
     pub from_cluster: bool,
+    /// With `from_cluster`: the identity Leases (`members = "leases"`) rather than the
+    /// EndpointSlice.
+    pub from_leases: bool,
 }
 
 impl Options {
@@ -118,6 +121,7 @@ impl Options {
             real: None,
             etcd_port: 0,
             from_cluster: false,
+            from_leases: false,
         }
     }
 }
@@ -824,8 +828,9 @@ fn sidecar_config(
         "listen": format!("127.0.0.1:{}", o.sidecar_port),
     });
     if o.from_cluster {
+        let members = if o.from_leases { "leases" } else { "endpointSlice" };
         doc["cluster"] =
-            json!({"members": "endpointSlice", "bootstrap": "pool", "leaveAfter": "0s", "extensions": true});
+            json!({"members": members, "bootstrap": "pool", "leaveAfter": "0s", "extensions": true});
     }
     Ok(doc)
 }

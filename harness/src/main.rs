@@ -195,6 +195,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
                 etcd_port,
                 from_cluster,
+                from_leases: false,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));

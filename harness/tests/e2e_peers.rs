@@ -56,6 +56,10 @@ async fn scenario(id: &str, title: &str, body: impl Future<Output = Result<Row>>
 }
 
 async fn start(name: &str) -> Result<Cluster> {
+    start_with(name, false).await
+}
+
+async fn start_with(name: &str, leases: bool) -> Result<Cluster> {
     paths::envoy_binary()?;
     paths::filter_wasm()?;
     let out =
@@ -63,6 +67,7 @@ async fn start(name: &str) -> Result<Cluster> {
     let _ = std::fs::remove_dir_all(&out);
     let mut options = Options::ephemeral(&out, ERAS);
     options.from_cluster = true;
+    options.from_leases = leases;
     cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))
 }
 
@@ -128,12 +133,18 @@ fn serving(table: &RoutingTable, group: &str, version: &str, resource: &str) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s12_join_and_leave() -> Result<()> {
-    scenario("12", "peers join and leave", join_and_leave()).await
+    scenario("12", "peers join and leave", join_and_leave(false)).await
 }
 
-async fn join_and_leave() -> Result<Row> {
+/// The same through the identity Leases (`members = "leases"`): d's id is its lease name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s14_join_and_leave_by_leases() -> Result<()> {
+    scenario("14", "peers join/leave (Leases)", join_and_leave(true)).await
+}
+
+async fn join_and_leave(leases: bool) -> Result<Row> {
     let mut row = Row::default();
-    let mut c = start("s12").await?;
+    let mut c = start_with(if leases { "s14" } else { "s12" }, leases).await?;
     ensure!(ids(&c.table_on_disk()?) == ["a", "b", "c"], "the first table: {:?}", ids(&c.table_on_disk()?));
     let load = load(&c, ten_targets(), 5)?;
     load.wait_for("10 successes each", Duration::from_secs(20), |targets, records| {
@@ -145,12 +156,14 @@ async fn join_and_leave() -> Result<Row> {
     let added = load.now();
     let added_at = Instant::now();
     c.add_apiserver("d", "1.36").await?;
+    // The sidecar's id for d: the endpoint's hostname, or the lease name.
+    let d = if leases { c.standin("d")?.lease_name() } else { "d".to_string() };
     let in_table = until("d in the table on disk", Duration::from_secs(30), || {
-        Ok(ids(&c.table_on_disk()?).contains(&"d".to_string()).then(|| added_at.elapsed()))
+        Ok(ids(&c.table_on_disk()?).contains(&d).then(|| added_at.elapsed()))
     })
     .await?;
     let claims = serving(&c.table_on_disk()?, "resource.k8s.io", "v1", "resourceclaims");
-    ensure!(claims == Some(vec!["c".into(), "d".into()]), "resourceclaims served by {claims:?}");
+    ensure!(claims == Some(vec!["c".into(), d.clone()]), "resourceclaims served by {claims:?}");
     load.wait_for("requests served by d", Duration::from_secs(30), |_, records| {
         records.iter().any(|r| r.started > added && r.served_by.as_deref() == Some("d"))
     })
@@ -166,8 +179,9 @@ async fn join_and_leave() -> Result<Row> {
         .sidecar
         .as_ref()
         .and_then(|s| s.reports.borrow().clone())
-        .and_then(|r| r.apiservers.iter().find(|a| a.id == "d").map(|a| a.source.to_string()));
-    ensure!(report_source.as_deref() == Some("EndpointSlice"), "d's source: {report_source:?}");
+        .and_then(|r| r.apiservers.iter().find(|a| a.id == d).map(|a| a.source.to_string()));
+    let expected = if leases { "Lease" } else { "EndpointSlice" };
+    ensure!(report_source.as_deref() == Some(expected), "d's source: {report_source:?}");
     // d serves every one of its GVRs for a while before it goes.
     let joined = load.now();
     load.wait_for("20 answers from d after it joined", Duration::from_secs(30), |_, records| {
@@ -180,7 +194,7 @@ async fn join_and_leave() -> Result<Row> {
     c.stop_apiserver("d").await?;
     let stopped = load.now();
     let out_of_table = until("d out of the table on disk", Duration::from_secs(30), || {
-        Ok((!ids(&c.table_on_disk()?).contains(&"d".to_string())).then(|| removed_at.elapsed()))
+        Ok((!ids(&c.table_on_disk()?).contains(&d)).then(|| removed_at.elapsed()))
     })
     .await?;
     let claims = serving(&c.table_on_disk()?, "resource.k8s.io", "v1", "resourceclaims");
