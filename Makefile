@@ -58,7 +58,7 @@ e2e: wasm
 	      cargo test -p skewgate-harness --test e2e_real -- --nocapture --test-threads=1 || status=$$?; \
 	  else \
 	    SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
-	      cargo test -p skewgate-harness --test e2e -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	      cargo test -p skewgate-harness --test e2e --test e2e_peers -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
 	    SKEWGATE_CLIENT_RUNS=full cargo test -p skewgate-harness --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \

@@ -7,6 +7,7 @@ pub mod accept;
 pub mod build;
 pub mod decision;
 pub mod discovery;
+pub mod extensions;
 pub mod identity;
 pub mod legacy_build;
 pub mod legacy_documents;

@@ -90,6 +90,14 @@ pub struct GroupVersionConfig {
     pub served_by: Vec<String>,
     /// Resource (plural) → the apiservers that serve it.
     pub resources: BTreeMap<String, Vec<String>>,
+    /// Backed by a CRD or an aggregated APIService ([`crate::extensions`]): every apiserver
+    /// serves it, whatever its discovery says, so `served_by` is every apiserver.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub extension: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -39,6 +39,7 @@ pub fn synthetic_table(base: &TableConfig, total: usize) -> TableConfig {
             version: "v1".into(),
             served_by: served_by.clone(),
             resources,
+            extension: false,
         });
     }
     let names = skewgate_core::build::ClusterNames::default();

@@ -88,6 +88,13 @@ pub struct Options {
     pub real: Option<real::Binaries>,
     /// etcd's client port (real binaries; 0: any free port).
     pub etcd_port: u16,
+    /// The sidecar takes its apiservers from the cluster (`[cluster] members = "endpointSlice"`,
+    /// extensions listed, `leaveAfter = "0s"`): stand-ins publish themselves, and the configured
+    /// apiservers are only the bootstrap.
+    pub from_cluster: bool,
+    /// With `from_cluster`: the identity Leases (`members = "leases"`) rather than the
+    /// EndpointSlice.
+    pub from_leases: bool,
 }
 
 impl Options {
@@ -113,6 +120,8 @@ impl Options {
             plain_lb: false,
             real: None,
             etcd_port: 0,
+            from_cluster: false,
+            from_leases: false,
         }
     }
 }
@@ -161,6 +170,8 @@ pub struct Cluster {
     /// `plaintext_attempts` of every stand-in ever started here, stopped ones included.
     plaintext: Vec<Arc<AtomicU64>>,
     http: reqwest::Client,
+    /// Stand-ins publish themselves (EndpointSlice, identity Lease) when they start.
+    publish: bool,
 }
 
 /// Who a client of [`Cluster::client`] is.
@@ -363,6 +374,26 @@ impl Cluster {
         self.start_with(id, profile, serving, Some(startup)).await
     }
 
+    /// Starts a stand-in that was not in the cluster's options, on a free port, like the others
+    /// (sharing the store, trusted certificate); it publishes itself if the cluster does. The
+    /// sidecar's configuration does not name it: only the cluster can tell the sidecar.
+    pub async fn add_apiserver(&mut self, id: &str, profile: &str) -> Result<SocketAddr> {
+        if self.templates.iter().any(|t| t.id == id) {
+            bail!("apiserver {id} is already part of the cluster");
+        }
+        let mut template = self.templates.first().context("no stand-in to model the new one on")?.clone();
+        template.id = id.to_string();
+        template.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        self.templates.push(template);
+        self.start_with(id, profile, self.pki.apiserver.clone(), None).await?;
+        let addr = self.standin(id)?.addr;
+        // A restart must come back on the same port.
+        if let Some(t) = self.templates.iter_mut().find(|t| t.id == id) {
+            t.listen = addr;
+        }
+        Ok(addr)
+    }
+
     /// Like [`Cluster::start_apiserver`], but serving a certificate from the rogue CA.
     pub async fn start_rogue_apiserver(&mut self, id: &str, profile: &str) -> Result<()> {
         let serving = self.pki.rogue_apiserver.clone();
@@ -392,6 +423,9 @@ impl Cluster {
                 standin::serve_booting(options, self.store.clone(), startup).await?
             }
         };
+        if self.publish {
+            standin.publish()?;
+        }
         self.plaintext.push(standin.plaintext_attempts.clone());
         let order: Vec<&str> = self.templates.iter().map(|t| t.id.as_str()).collect();
         let rank = |id: &str| order.iter().position(|o| *o == id).unwrap_or(usize::MAX);
@@ -626,6 +660,9 @@ pub async fn start(o: &Options) -> Result<Cluster> {
             bookmark_interval: Duration::from_secs(15),
         };
         let standin = standin::serve(options.clone(), store.clone()).await?;
+        if o.from_cluster {
+            standin.publish()?;
+        }
         // A restart must come back on the same port, whatever port 0 became.
         options.listen = standin.addr;
         options.serving = pki.apiserver.clone();
@@ -734,6 +771,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
         sidecar_config,
         plaintext,
         http: reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build()?,
+        publish: o.from_cluster && o.real.is_none(),
     })
 }
 
@@ -794,7 +832,7 @@ fn sidecar_config(
 ) -> Result<Value> {
     let h = health();
     let ms = |v: u64| format!("{v}ms");
-    Ok(json!({
+    let mut doc = json!({
         "apiservers": endpoints.iter().map(|e| json!({"id": e.id, "address": e.address, "port": e.port})).collect::<Vec<_>>(),
         "serverName": APISERVER_NAME,
         "tls": {
@@ -810,7 +848,13 @@ fn sidecar_config(
         "pollPeriod": ms(o.poll_period.as_millis() as u64),
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
         "listen": format!("127.0.0.1:{}", o.sidecar_port),
-    }))
+    });
+    if o.from_cluster {
+        let members = if o.from_leases { "leases" } else { "endpointSlice" };
+        doc["cluster"] =
+            json!({"members": members, "bootstrap": "pool", "leaveAfter": "0s", "extensions": true});
+    }
+    Ok(doc)
 }
 
 /// Until every host of every cluster passed its first health check (rogue ones never do).

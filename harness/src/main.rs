@@ -54,6 +54,10 @@ enum Command {
         /// Stand-ins only, no Envoy.
         #[arg(long)]
         no_envoy: bool,
+        /// The sidecar takes its apiservers from the cluster (the `kubernetes` EndpointSlice the
+        /// stand-ins publish themselves in) and lists CRDs and APIServices.
+        #[arg(long)]
+        from_cluster: bool,
         /// No `skewgate sync`: the table is built once from the stand-ins' profiles.
         #[arg(long)]
         no_sidecar: bool,
@@ -165,6 +169,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             etcd,
             etcd_port,
             no_envoy,
+            from_cluster,
             no_sidecar,
             sidecar_port,
             poll_ms,
@@ -189,6 +194,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 plain_lb: false,
                 real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
                 etcd_port,
+                from_cluster,
+                from_leases: false,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));

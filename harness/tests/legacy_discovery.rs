@@ -6,11 +6,12 @@
 use std::collections::BTreeSet;
 
 use anyhow::{Context, Result};
-use skewgate_core::build::{ClusterNames, ServerApis, build_table, build_table_with_legacy};
+use skewgate_core::build::{ClusterNames, ServerApis, build_table, build_table_with};
 use skewgate_core::discovery::{
     ApiGroup, ApiGroupDiscoveryList, ApiGroupList, ApiResourceList, ApiVersions, merge_group,
     merge_group_list, merge_resource_lists,
 };
+use skewgate_core::extensions::Extensions;
 use skewgate_core::legacy_build::{LegacySet, compose_legacy};
 use skewgate_core::table::{LegacyPath, RoutingTable};
 use skewgate_harness::standin::captured::{self, Capture};
@@ -200,9 +201,9 @@ fn the_table_carries_the_composed_documents() -> Result<()> {
     let plain_build = started.elapsed();
     let legacy: Vec<Option<&LegacySet>> = sets.iter().map(|(_, s)| Some(s)).collect();
     let started = std::time::Instant::now();
-    let with = build_table_with_legacy(&servers, &legacy, &names)?;
+    let with = build_table_with(&servers, &legacy, &names, &Extensions::default())?;
     let legacy_build = started.elapsed();
-    assert_eq!(with, build_table_with_legacy(&servers, &legacy, &names)?, "deterministic");
+    assert_eq!(with, build_table_with(&servers, &legacy, &names, &Extensions::default())?, "deterministic");
     assert_ne!(with.generation, without.generation);
     let (before, after) = (serde_json::to_string(&without)?.len(), serde_json::to_string(&with)?.len());
     let documents: usize = with.legacy_discovery.iter().map(|d| d.document.len()).sum();
@@ -219,6 +220,8 @@ fn the_table_carries_the_composed_documents() -> Result<()> {
     assert_eq!(group.inputs, ["a", "b", "c"]);
     // A server without its legacy set: nothing composed, the apiservers answer as before.
     let partial = [legacy[0], legacy[1], None];
-    assert!(build_table_with_legacy(&servers, &partial, &names)?.legacy_discovery.is_empty());
+    assert!(
+        build_table_with(&servers, &partial, &names, &Extensions::default())?.legacy_discovery.is_empty()
+    );
     Ok(())
 }

@@ -53,6 +53,16 @@ interval = "2s"
 timeout = "1s"                         # also bounds each of the sidecar's own probes
 connectTimeout = "1s"
 
+[cluster]                              # optional: the apiservers are those the cluster publishes
+members = "static"                     # "static": `apiservers` below; "endpointSlice": the
+                                       # default/kubernetes EndpointSlice; "leases": the identity
+                                       # Leases in kube-system (`apiservers` is then the bootstrap)
+bootstrap = "pool"                     # whom to ask: "pool" (the current members, then
+                                       # `apiservers`) or "apiservers" (only those)
+port = 6443                            # leases: the port to dial each lease's host on
+leaveAfter = "1m"                      # how long an apiserver no longer published stays (DRAINING)
+extensions = false                     # list CRDs and APIServices: their group/versions go to the pool
+
 [[apiservers]]
 id = "a"                               # a DNS label: it becomes part of cluster names
 address = "10.0.0.11"                  # IP address or host name to dial
@@ -84,6 +94,8 @@ pub struct SyncConfig {
     pub listen: SocketAddr,
     /// Keys that are accepted but do nothing any more, with what to do instead; logged at start.
     pub deprecations: Vec<FieldError>,
+    /// Where the apiservers come from, and whether extensions are listed ([`crate::peers`]).
+    pub cluster: crate::peers::ClusterConfig,
 }
 
 /// Why `gracePeriod` is ignored.
@@ -303,6 +315,7 @@ const TOP_KEYS: &[&str] = &[
     "limits",
     "health",
     "listen",
+    "cluster",
 ];
 
 impl Reader {
@@ -334,6 +347,7 @@ impl Reader {
         }
         let limits = self.limits(root.get("limits"));
         let health = self.health(root.get("health"));
+        let cluster = self.cluster(root.get("cluster"));
         let listen = self.string(root.get("listen"), "listen").unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen = match listen.parse::<SocketAddr>() {
             Ok(addr) => Some(addr),
@@ -354,6 +368,7 @@ impl Reader {
             health,
             listen: listen?,
             deprecations,
+            cluster,
         })
     }
 
@@ -582,6 +597,38 @@ impl Reader {
             confirm_timeout,
             settle_delay,
         })
+    }
+
+    fn cluster(&mut self, value: Option<&Value>) -> crate::peers::ClusterConfig {
+        use crate::peers::{Bootstrap, ClusterConfig, Members};
+        let mut c = ClusterConfig::default();
+        let known = ["members", "bootstrap", "port", "leaveAfter", "extensions"];
+        let Some(map) = self.object(value, "cluster", &known) else { return c };
+        match self.string(map.get("members"), "cluster.members").as_deref() {
+            None | Some("static") => {}
+            Some("endpointSlice") => c.members = Members::EndpointSlice,
+            Some("leases") => c.members = Members::Leases,
+            Some(other) => {
+                self.fail("cluster.members", format!("{other:?}: use static, endpointSlice or leases"))
+            }
+        }
+        match self.string(map.get("bootstrap"), "cluster.bootstrap").as_deref() {
+            None | Some("pool") => {}
+            Some("apiservers") => c.bootstrap = Bootstrap::Apiservers,
+            Some(other) => self.fail("cluster.bootstrap", format!("{other:?}: use pool or apiservers")),
+        }
+        if let Some(port) = self.integer(map.get("port"), "cluster.port", 1, 65535) {
+            c.port = port as u16;
+        }
+        c.leave_after = self.duration(map.get("leaveAfter"), "cluster.leaveAfter", c.leave_after, true);
+        match map.get("extensions") {
+            None => {}
+            Some(Value::Bool(b)) => c.extensions = *b,
+            Some(other) => {
+                self.fail("cluster.extensions", format!("expected a boolean, got {}", kind(other)))
+            }
+        }
+        c
     }
 
     fn limits(&mut self, value: Option<&Value>) -> Limits {

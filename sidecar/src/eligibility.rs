@@ -28,6 +28,8 @@ pub enum Exclusion {
     Unready,
     /// It no longer serves something the live table sends it, and another apiserver does.
     Changed,
+    /// The cluster no longer publishes it (EndpointSlice or identity Lease gone): it leaves.
+    Departed,
 }
 
 impl Exclusion {
@@ -38,6 +40,7 @@ impl Exclusion {
             Exclusion::Unreachable => "unreachable",
             Exclusion::Unready => "unready",
             Exclusion::Changed => "changed",
+            Exclusion::Departed => "departed",
         }
     }
 }
@@ -49,6 +52,7 @@ impl std::fmt::Display for Exclusion {
             Exclusion::Unreachable => "its discovery does not answer",
             Exclusion::Unready => "its /readyz fails",
             Exclusion::Changed => "it stopped serving APIs the live table sends it",
+            Exclusion::Departed => "the cluster no longer publishes it",
         })
     }
 }
@@ -97,7 +101,9 @@ impl Live {
     pub fn of(table: TableConfig) -> Self {
         let mut attributed: BTreeMap<String, Served> =
             table.apiservers.iter().map(|a| (a.id.clone(), Served::default())).collect();
-        for gv in &table.group_versions {
+        // An extension's discovery may lag on one apiserver while every one serves it: it is
+        // routed to the pool and held against nobody.
+        for gv in table.group_versions.iter().filter(|gv| !gv.extension) {
             for id in &gv.served_by {
                 if let Some(s) = attributed.get_mut(id) {
                     s.group_versions.insert((gv.group.clone(), gv.version.clone()));
@@ -272,6 +278,21 @@ mod tests {
         assert_eq!(
             verdicts(&live, &[now("a", &old), now("b", &crd), now("c", &served(&[PODS, NEW]))]),
             [Some(Exclusion::Changed), None, Some(Exclusion::Changed)]
+        );
+    }
+
+    /// b lags a CRD's discovery: the table sends the CRD to everyone, and nobody is excluded.
+    #[test]
+    fn a_lagging_extension_excludes_nobody() {
+        let mut table = live().table;
+        table.group_versions[3].extension = true;
+        let live = Live::of(table);
+        assert_eq!(live.attributed["a"], served(&[PODS, OLD]));
+        let (old, new) = (served(&[PODS, OLD, CRD]), served(&[PODS, NEW, CRD]));
+        let lagging = served(&[PODS, OLD]);
+        assert_eq!(
+            verdicts(&live, &[now("a", &old), now("b", &lagging), now("c", &new)]),
+            [None, None, None]
         );
     }
 

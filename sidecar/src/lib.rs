@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod metrics;
 pub mod offline;
 pub mod openapi;
+pub mod peers;
 pub mod push;
 pub mod routing;
 pub mod serve;

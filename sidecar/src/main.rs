@@ -195,6 +195,7 @@ fn report_json(r: &SyncReport) -> serde_json::Value {
                 Standing::Missing => "missing",
             },
             "legacy": a.legacy,
+            "source": a.source.to_string(),
             "error": a.error.as_ref().map(|e| e.to_string()),
         })).collect::<Vec<_>>(),
     })
@@ -244,6 +245,7 @@ async fn table_command(
         eprintln!("skewgate table: {e}");
         ExitCode::FAILURE
     };
+    let mut sources = Vec::new();
     let routing = if !discovery.is_empty() {
         let built = match offline::build(&discovery) {
             Ok(t) => t,
@@ -278,6 +280,8 @@ async fn table_command(
                     let error = r.error.as_ref().map(|e| e.to_string()).unwrap_or_default();
                     eprintln!("skewgate table: apiserver {} serves nothing here: {error}", r.id);
                 }
+                let source = |id: &str| reports.iter().find(|r| r.id == id).map(|r| r.source.to_string());
+                sources = t.apiservers.iter().map(|a| source(&a.id).unwrap_or_default()).collect();
                 t
             }
             Err(e) => return fail(format!("{e:#}")),
@@ -294,7 +298,8 @@ async fn table_command(
     } else {
         return fail("one of --discovery, --config, --table is required".into());
     };
-    let matrix = skew::matrix(&routing);
+    let mut matrix = skew::matrix(&routing);
+    matrix.sources = sources;
     match format {
         Format::Text => {
             let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();

@@ -5,8 +5,9 @@
 use std::path::Path;
 
 use serde_json::Value;
-use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with_legacy};
+use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
+use skewgate_core::extensions::Extensions;
 use skewgate_core::legacy_build::LegacySet;
 use skewgate_core::table::{RoutingTable, TableConfig, TableError};
 
@@ -19,12 +20,17 @@ pub struct Server<'a> {
     pub id: &'a str,
     pub version: &'a str,
     pub documents: Option<[&'a ApiGroupDiscoveryList; 2]>,
-    /// Its legacy discovery documents, for the composed ones (see `build_table_with_legacy`).
+    /// Its legacy discovery documents, for the composed ones (see `build_table_with`).
     pub legacy: Option<&'a LegacySet>,
 }
 
 /// The table for `servers`, in the given order.
 pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
+    build_with(servers, &Extensions::default())
+}
+
+/// [`build`], with CRD- and APIService-backed group/versions sent to the pool.
+pub fn build_with(servers: &[Server<'_>], extensions: &Extensions) -> Result<TableConfig, BuildError> {
     let apis: Vec<ServerApis<'_>> = servers
         .iter()
         .map(|s| ServerApis {
@@ -34,7 +40,7 @@ pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
         })
         .collect();
     let legacy: Vec<Option<&LegacySet>> = servers.iter().map(|s| s.legacy).collect();
-    build_table_with_legacy(&apis, &legacy, &ClusterNames::default())
+    build_table_with(&apis, &legacy, &ClusterNames::default(), extensions)
 }
 
 /// How big the skew is: what `/metrics` and the logs report.

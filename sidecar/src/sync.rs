@@ -41,12 +41,15 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
+use crate::envoy::Endpoint;
 use crate::envoy::{UpstreamTls, table_from_ecds, write_atomic};
 use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
+use crate::peers::{self, Asker, Published, Source};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
 use crate::routing::{self, Counts, RenderError, Resources, Server};
 use crate::serve::{self, Shared};
 use crate::tether::{self, Probe, Tether};
+use skewgate_core::extensions::Extensions;
 
 pub use crate::config::SyncConfig;
 
@@ -77,6 +80,8 @@ pub struct ApiserverReport {
     pub legacy: bool,
     /// Why Envoy may not send it new requests (`None`: it may, or nothing is known yet).
     pub excluded: Option<Exclusion>,
+    /// Where it came from ([`crate::peers`]).
+    pub source: Source,
 }
 
 #[derive(Debug, Clone)]
@@ -151,6 +156,11 @@ struct Memory {
     /// Since when it is marked `DRAINING`.
     excluded_since: Option<Instant>,
     excluded: Option<Exclusion>,
+    source: Source,
+    /// Found in the cluster while running: it enters the table once its discovery answered.
+    joined: bool,
+    /// Since when the cluster no longer publishes it.
+    departed_since: Option<Instant>,
 }
 
 impl Memory {
@@ -258,6 +268,12 @@ pub struct Sidecar {
     /// A full fetch has been recorded: before it, too little is known to judge anyone, and the
     /// overlay on disk stands.
     judged: bool,
+    /// Asks the cluster for its apiservers and extensions (`None`: static, no extensions).
+    asker: Option<Asker>,
+    extensions: Extensions,
+    /// For the clients of apiservers that join.
+    tls: ClientTls,
+    tether_tls: Arc<rustls::ClientConfig>,
 }
 
 impl Sidecar {
@@ -272,6 +288,7 @@ impl Sidecar {
             .map(|e| Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits))
             .collect::<Result<Vec<_>, _>>()?;
         let tether_tls = tether::tls_config(&config.tls)?;
+        let asker = config.cluster.asks().then(|| Asker::new(&config, tls.clone()));
         let tethers = config
             .apiservers
             .iter()
@@ -328,7 +345,123 @@ impl Sidecar {
             shared: Arc::new(Shared::default()),
             live,
             judged: false,
+            asker,
+            extensions: Extensions::default(),
+            tls,
+            tether_tls,
         })
+    }
+
+    /// The current members' endpoints.
+    pub fn members(&self) -> &[Endpoint] {
+        &self.config.apiservers
+    }
+
+    /// The fetchers a look at the cluster asks, in order (none when it asks nothing).
+    fn cluster_candidates(&mut self) -> Option<(peers::ClusterConfig, Vec<Endpoint>, Vec<Fetcher>)> {
+        let members = self.config.apiservers.clone();
+        let asker = self.asker.as_mut()?;
+        Some((asker.config(), asker.configured(), asker.candidates(&members)))
+    }
+
+    /// Takes in what a look at the cluster found: members join (not yet in the table) or are
+    /// marked departed, departed ones leave after `leaveAfter`, extensions are replaced.
+    /// Returns the ids that joined and left, and whether the table must be rebuilt.
+    fn apply_published(&mut self, published: Published) -> (Vec<String>, Vec<String>, bool) {
+        let now = Instant::now();
+        let mut changed = false;
+        if let Some(extensions) = published.extensions {
+            if extensions != self.extensions {
+                tracing::info!(
+                    extensions = ?extensions.iter().map(|(g, v)| format!("{g}/{v}")).collect::<Vec<_>>(),
+                    "CRD- and APIService-backed group/versions changed"
+                );
+                self.extensions = extensions;
+                changed = true;
+            }
+        }
+        let mut joined = Vec::new();
+        // A listing that names no apiserver is not believed: the one answering is one.
+        if let Some(members) = published.members.filter(|m| !m.is_empty()) {
+            for member in &members {
+                match self.config.apiservers.iter().position(|e| e.id == member.endpoint.id) {
+                    Some(i) if self.config.apiservers[i] == member.endpoint => {
+                        let memory = &mut self.memory[i];
+                        memory.source = member.source;
+                        if memory.departed_since.take().is_some() {
+                            tracing::info!(apiserver = %member.endpoint.id, "published again");
+                            changed = true;
+                        }
+                    }
+                    Some(_) => tracing::warn!(
+                        apiserver = %member.endpoint.id,
+                        "published with another address than the member of that id; ignored"
+                    ),
+                    None => match self.add_member(member) {
+                        Ok(()) => joined.push(member.endpoint.id.clone()),
+                        Err(error) => {
+                            tracing::warn!(apiserver = %member.endpoint.id, %error, "cannot add it")
+                        }
+                    },
+                }
+            }
+            for (endpoint, memory) in self.config.apiservers.iter().zip(&mut self.memory) {
+                let published = members.iter().any(|m| m.endpoint.id == endpoint.id);
+                if !published && memory.departed_since.is_none() {
+                    tracing::info!(apiserver = %endpoint.id, "no longer published by the cluster: DRAINING");
+                    memory.departed_since = Some(now);
+                    changed = true;
+                }
+            }
+        }
+        let leave_after = self.config.cluster.leave_after;
+        let mut left = Vec::new();
+        // Never in the look that found it gone: it is DRAINING for one poll at least.
+        let gone =
+            |m: &Memory| m.departed_since.is_some_and(|at| at < now && now.duration_since(at) >= leave_after);
+        while let Some(i) = self.memory.iter().position(gone) {
+            let endpoint = self.config.apiservers.remove(i);
+            self.memory.remove(i);
+            self.fetchers.remove(i);
+            self.tethers.remove(i);
+            tracing::info!(apiserver = %endpoint.id, "left");
+            left.push(endpoint.id);
+            changed = true;
+        }
+        if !joined.is_empty() {
+            tracing::info!(apiservers = ?joined, "joined; they enter the table once their discovery answers");
+        }
+        (joined, left, changed)
+    }
+
+    /// The apiservers the OpenAPI composer reads, in the configured order.
+    fn openapi_members(&self) -> Vec<(String, Fetcher)> {
+        self.config.apiservers.iter().map(|e| e.id.clone()).zip(self.fetchers.iter().cloned()).collect()
+    }
+
+    fn add_member(&mut self, member: &peers::Member) -> anyhow::Result<()> {
+        if self.config.apiservers.len() >= skewgate_core::table::MAX_APISERVERS {
+            anyhow::bail!("already {} apiservers", skewgate_core::table::MAX_APISERVERS);
+        }
+        let c = &self.config;
+        let fetcher = Fetcher::new(&member.endpoint, &c.server_name, &self.tls, &c.identity, c.limits)?;
+        let tether = Tether::new(&member.endpoint, &c.server_name, self.tether_tls.clone(), &c.identity)?;
+        self.config.apiservers.push(member.endpoint.clone());
+        self.fetchers.push(fetcher);
+        self.tethers.push(tether);
+        self.memory.push(Memory { source: member.source, joined: true, ..Memory::default() });
+        Ok(())
+    }
+
+    /// One look at the cluster, taken in at once (`sync --once`, `table --config`).
+    async fn ask_cluster(&mut self) {
+        let Some((config, configured, candidates)) = self.cluster_candidates() else { return };
+        match peers::look(config, &configured, &candidates).await {
+            Ok(published) => {
+                self.apply_published(published);
+            }
+            Err(error) => tracing::warn!(%error, "cannot ask the cluster; what is known stays"),
+        }
     }
 
     pub fn shared(&self) -> Arc<Shared> {
@@ -356,6 +489,7 @@ impl Sidecar {
 
     /// Fetches every apiserver concurrently and updates what is remembered of each.
     pub async fn collect(&mut self) -> Vec<ApiserverReport> {
+        self.ask_cluster().await;
         let started = Instant::now();
         let results = fetch_all(&self.fetchers).await;
         self.record_fetches(started, results);
@@ -385,8 +519,10 @@ impl Sidecar {
     }
 
     /// Returns whether the apiserver's documents changed.
-    fn record_look(&mut self, index: usize, started: Instant, look: Look) -> bool {
+    fn record_look(&mut self, id: &str, started: Instant, look: Look) -> bool {
         let now = Instant::now();
+        // A look of a member that has left since.
+        let Some(index) = self.config.apiservers.iter().position(|e| e.id == id) else { return false };
         let (Some(endpoint), Some(memory)) = (self.config.apiservers.get(index), self.memory.get_mut(index))
         else {
             return false;
@@ -466,6 +602,7 @@ impl Sidecar {
                     error: m.error.clone(),
                     legacy,
                     excluded: m.excluded,
+                    source: m.source,
                 }
             })
             .collect()
@@ -483,6 +620,8 @@ impl Sidecar {
             .apiservers
             .iter()
             .zip(&self.memory)
+            // One that joined enters the table with its discovery, not before.
+            .filter(|(_, m)| !(m.joined && m.good.is_none()))
             .map(|(e, m)| Server {
                 id: &e.id,
                 version: m.good.as_ref().map_or("", |(d, _, _)| d.version.as_str()),
@@ -490,7 +629,7 @@ impl Sidecar {
                 legacy: m.good.as_ref().and_then(|(d, _, _)| d.legacy_documents.as_ref()),
             })
             .collect();
-        Ok(routing::build(&servers)?)
+        Ok(routing::build_with(&servers, &self.extensions)?)
     }
 
     fn prepare(&self) -> Result<(TableConfig, Resources), SyncError> {
@@ -523,7 +662,12 @@ impl Sidecar {
                 ready: m.ready,
             })
             .collect();
-        let verdicts = eligibility::verdicts(live, &now);
+        let mut verdicts = eligibility::verdicts(live, &now);
+        for (verdict, memory) in verdicts.iter_mut().zip(&self.memory) {
+            if memory.departed_since.is_some() {
+                *verdict = Some(Exclusion::Departed);
+            }
+        }
         let draining: BTreeSet<String> = self
             .config
             .apiservers
@@ -679,12 +823,12 @@ async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
 /// `timeout`), reporting every look; a changed apiserver is fetched in full, and a closed
 /// connection is reported the moment it closes. Reconnects at the next period.
 async fn tether_task(
-    index: usize,
+    index: String,
     tether: Tether,
     fetcher: Fetcher,
     etags: watch::Receiver<Etags>,
     (period, timeout): (Duration, Duration),
-    out: mpsc::UnboundedSender<(usize, Instant, Look)>,
+    out: mpsc::UnboundedSender<(String, Instant, Look)>,
 ) {
     let timed_out = |path: &str| {
         FetchError::new(
@@ -701,13 +845,13 @@ async fn tether_task(
         let mut link = match tokio::time::timeout(timeout, tether.connect()).await {
             Ok(Ok(link)) => link,
             Ok(Err(error)) => {
-                if out.send((index, started, Look::Failed(error))).is_err() {
+                if out.send((index.clone(), started, Look::Failed(error))).is_err() {
                     return;
                 }
                 continue;
             }
             Err(_) => {
-                if out.send((index, started, Look::Failed(timed_out("(connect)")))).is_err() {
+                if out.send((index.clone(), started, Look::Failed(timed_out("(connect)")))).is_err() {
                     return;
                 }
                 continue;
@@ -725,7 +869,7 @@ async fn tether_task(
                 }
             };
             let failed = matches!(look, Look::Failed(_));
-            if out.send((index, started, look)).is_err() {
+            if out.send((index.clone(), started, look)).is_err() {
                 return;
             }
             if failed {
@@ -739,7 +883,7 @@ async fn tether_task(
                         ErrorKind::Closed,
                         "the apiserver closed the connection the sidecar keeps open to it",
                     );
-                    if out.send((index, Instant::now(), Look::Failed(closed))).is_err() {
+                    if out.send((index.clone(), Instant::now(), Look::Failed(closed))).is_err() {
                         return;
                     }
                     break;
@@ -847,12 +991,11 @@ async fn run_with(
     })));
     // The OpenAPI composer: its own loop and socket, so that a slow or huge document never holds
     // a table change back. Aborted with this future.
-    let ids = sidecar.config.apiservers.iter().map(|e| e.id.clone()).collect();
+    let (openapi_members, members) = watch::channel(sidecar.openapi_members());
     let socket = sidecar.config.envoy.dir.join(crate::openapi::SOCKET);
     let _openapi = AbortOnDrop(tokio::spawn(crate::openapi::serve::run(
         sidecar.shared(),
-        sidecar.fetchers.clone(),
-        ids,
+        members,
         socket,
         poll_period,
         std::future::pending(),
@@ -866,14 +1009,28 @@ async fn run_with(
     let mut pushes: JoinSet<PushDone> = JoinSet::new();
     let mut tethers = JoinSet::new();
     let (looks_out, mut looks) = mpsc::unbounded_channel();
-    let mut etags = Vec::new();
-    for (index, (tether, fetcher)) in sidecar.tethers.iter().zip(&sidecar.fetchers).enumerate() {
+    // Per member id: its tether task and the ETags it asks with.
+    let mut etags: BTreeMap<String, (tokio::task::AbortHandle, watch::Sender<Etags>)> = BTreeMap::new();
+    let spawn_tether = |sidecar: &Sidecar, id: &str, tethers: &mut JoinSet<()>| {
+        let index = sidecar.config.apiservers.iter().position(|e| e.id == id)?;
         let (tx, rx) = watch::channel(Etags::default());
-        etags.push(tx);
-        let (tether, fetcher, out) = (tether.clone(), fetcher.clone(), looks_out.clone());
-        tethers.spawn(tether_task(index, tether, fetcher, rx, (probe_period, probe_timeout), out));
+        let (tether, fetcher) = (sidecar.tethers[index].clone(), sidecar.fetchers[index].clone());
+        let task =
+            tether_task(id.to_owned(), tether, fetcher, rx, (probe_period, probe_timeout), looks_out.clone());
+        Some((tethers.spawn(task), tx))
+    };
+    for id in sidecar.config.apiservers.iter().map(|e| e.id.clone()).collect::<Vec<_>>() {
+        if let Some(handles) = spawn_tether(&sidecar, &id, &mut tethers) {
+            etags.insert(id, handles);
+        }
     }
-    drop(looks_out);
+    // At most one look at the cluster at a time; when it started.
+    let mut asks: JoinSet<(Instant, Result<Published, FetchError>)> = JoinSet::new();
+    // A discovery change seen since then waits for a listing of extensions that started after
+    // it (see `crate::peers`).
+    let mut extensions_wanted: Option<Instant> = None;
+    let mut ask_again = false;
+    let lists_extensions = sidecar.config.cluster.extensions;
     // The memory changed since the table being pushed (or live) was built.
     let mut push_wanted = false;
     // What triggered the wanted push, for its report's `took`.
@@ -882,6 +1039,7 @@ async fn run_with(
         tokio::select! {
             () = &mut shutdown => break,
             _ = poll.tick() => {
+                ask_again = true;
                 if fetches.is_empty() {
                     let fetchers = sidecar.fetchers.clone();
                     fetches.spawn(async move {
@@ -890,10 +1048,51 @@ async fn run_with(
                     });
                 }
             }
+            Some(joined) = asks.join_next(), if !asks.is_empty() => {
+                if let Ok((started, result)) = joined {
+                    if extensions_wanted.is_some_and(|since| since <= started) {
+                        extensions_wanted = None;
+                    }
+                    match result {
+                        Ok(published) => {
+                            let (joined, left, changed) = sidecar.apply_published(published);
+                            if !joined.is_empty() || !left.is_empty() {
+                                openapi_members.send_replace(sidecar.openapi_members());
+                            }
+                            for id in left {
+                                if let Some((task, _)) = etags.remove(&id) {
+                                    task.abort();
+                                }
+                            }
+                            for id in &joined {
+                                if let Some(handles) = spawn_tether(&sidecar, id, &mut tethers) {
+                                    etags.insert(id.clone(), handles);
+                                }
+                            }
+                            if !joined.is_empty() && fetches.is_empty() {
+                                // Their discovery now rather than at the next poll.
+                                poll.reset_immediately();
+                            }
+                            if changed {
+                                if !push_wanted {
+                                    wanted_since = started;
+                                }
+                                push_wanted = true;
+                            }
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot ask the cluster; what is known stays"),
+                    }
+                }
+            }
+            Some(_) = tethers.join_next(), if !tethers.is_empty() => {}
             Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
                 if let Ok((started, results)) = joined {
                     if sidecar.record_fetches(started, results) {
                         sidecar.save();
+                        if lists_extensions {
+                            extensions_wanted.get_or_insert(started);
+                            ask_again = true;
+                        }
                     }
                     // Every poll ends in a push, unchanged or not: its report says the sync ran.
                     if !push_wanted {
@@ -902,9 +1101,13 @@ async fn run_with(
                     push_wanted = true;
                 }
             }
-            Some((index, started, look)) = looks.recv() => {
-                if sidecar.record_look(index, started, look) {
+            Some((id, started, look)) = looks.recv() => {
+                if sidecar.record_look(&id, started, look) {
                     sidecar.save();
+                    if lists_extensions {
+                        extensions_wanted.get_or_insert(started);
+                        ask_again = true;
+                    }
                     if !push_wanted {
                         wanted_since = started;
                     }
@@ -919,7 +1122,17 @@ async fn run_with(
                 }
             }
         }
-        for (sender, memory) in etags.iter().zip(&sidecar.memory) {
+        if ask_again && asks.is_empty() {
+            ask_again = false;
+            if let Some((config, configured, candidates)) = sidecar.cluster_candidates() {
+                asks.spawn(async move {
+                    let started = Instant::now();
+                    (started, peers::look(config, &configured, &candidates).await)
+                });
+            }
+        }
+        for (endpoint, memory) in sidecar.config.apiservers.iter().zip(&sidecar.memory) {
+            let Some((_, sender)) = etags.get(&endpoint.id) else { continue };
             let current = memory.etags();
             sender.send_if_modified(|asked| {
                 let changed = *asked != current;
@@ -928,7 +1141,7 @@ async fn run_with(
             });
         }
         sidecar.apply_eligibility();
-        if push_wanted && pushes.is_empty() {
+        if push_wanted && pushes.is_empty() && extensions_wanted.is_none() {
             push_wanted = false;
             match sidecar.prepare() {
                 Ok((table, resources)) => {
@@ -1019,5 +1232,58 @@ mod tests {
     fn error_labels() {
         assert_eq!(SyncError::NoDocuments.label(), "no_documents");
         assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
+    }
+
+    fn member(id: &str, port: u16) -> peers::Member {
+        let endpoint = Endpoint { id: id.into(), address: "127.0.0.1".into(), port };
+        peers::Member { endpoint, source: Source::EndpointSlice }
+    }
+
+    /// d joins (out of the table until its discovery answers), then departs: DRAINING for one
+    /// look, gone at the next (`leaveAfter = 0s`); a listing naming nobody changes nothing.
+    #[test]
+    fn members_join_then_depart_then_leave() {
+        let certs = crate::testing::Certs::new("members");
+        let wasm = certs.dir.join("filter.wasm");
+        std::fs::write(&wasm, "x").unwrap();
+        let doc = serde_json::json!({
+            "apiservers": [{"id": "a", "address": "127.0.0.1", "port": 7001}],
+            "tls": {"peerCa": certs.tls_files().peer_ca, "clientCert": certs.tls_files().client_cert,
+                    "clientKey": certs.tls_files().client_key},
+            "envoy": {"dir": certs.dir.join("envoy"), "wasm": wasm},
+            "cluster": {"members": "endpointSlice", "leaveAfter": "0s", "extensions": true},
+        });
+        let config = SyncConfig::from_value(&doc, &certs.dir).unwrap();
+        let mut sidecar = Sidecar::new(config).unwrap();
+        sidecar.memory[0].good = Some((docs("v1.33.0"), Served::default(), Instant::now()));
+        let published = |members: Vec<peers::Member>| Published { members: Some(members), extensions: None };
+
+        let (joined, left, _) =
+            sidecar.apply_published(published(vec![member("a", 7001), member("d", 7004)]));
+        assert_eq!((joined, left), (vec!["d".to_string()], Vec::<String>::new()));
+        assert_eq!(
+            sidecar.reports().iter().map(|r| r.source).collect::<Vec<_>>(),
+            [Source::EndpointSlice; 2]
+        );
+        let ids = |t: &TableConfig| t.apiservers.iter().map(|a| a.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&sidecar.table().unwrap()), ["a"], "not before its discovery answered");
+        sidecar.memory[1].good = Some((docs("v1.36.0"), Served::default(), Instant::now()));
+        assert_eq!(ids(&sidecar.table().unwrap()), ["a", "d"]);
+
+        let (_, _, changed) = sidecar.apply_published(published(Vec::new()));
+        assert!(!changed, "a listing naming nobody is not believed");
+        let (_, left, changed) = sidecar.apply_published(published(vec![member("a", 7001)]));
+        assert!(changed && left.is_empty(), "DRAINING first");
+        assert!(sidecar.memory[1].departed_since.is_some());
+        let (_, left, _) = sidecar.apply_published(published(vec![member("a", 7001)]));
+        assert_eq!(left, ["d"]);
+        assert_eq!(sidecar.members().len(), 1);
+        assert_eq!((sidecar.fetchers.len(), sidecar.tethers.len(), sidecar.memory.len()), (1, 1, 1));
+
+        let extensions = Extensions::new([("example.com".to_owned(), "v1".to_owned())]);
+        let (_, _, changed) =
+            sidecar.apply_published(Published { members: None, extensions: Some(extensions.clone()) });
+        assert!(changed && sidecar.extensions == extensions);
+        let _ = std::fs::remove_dir_all(&certs.dir);
     }
 }

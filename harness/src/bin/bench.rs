@@ -292,6 +292,7 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
         version: "v1".into(),
         served_by: vec!["a".into(), "b".into()],
         resources: BTreeMap::from([("probes".into(), one(first)), ("probes2".into(), one(second))]),
+        extension: false,
     });
     let names = skewgate_core::build::ClusterNames::default();
     t.assign_sets(|m| names.set_cluster(m));

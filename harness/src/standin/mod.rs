@@ -11,6 +11,7 @@ mod auth;
 pub mod captured;
 mod catalog;
 mod clock;
+mod crds;
 mod discovery;
 mod objects;
 mod openapi;
@@ -19,6 +20,7 @@ mod params;
 mod patch;
 mod profile;
 mod proto;
+mod publish;
 mod remote_store;
 mod reply;
 mod resources;
@@ -169,8 +171,36 @@ impl Standin {
         self.instance.watches.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Stops accepting, ends every watch and waits (a few seconds at most) for connections to close.
+    /// Publishes this stand-in in the cluster, as kube-apiserver does: its address in the
+    /// `kubernetes` service's EndpointSlices and its identity Lease ([`publish`]). A graceful
+    /// [`Standin::shutdown`] takes both away again; [`Standin::kill`] leaves them.
+    pub fn publish(&self) -> Result<()> {
+        publish::publish(&self.instance.store, &self.id, self.addr)
+            .map_err(|s| anyhow::anyhow!("publishing stand-in {}: {}", self.id, s.message))?;
+        *self.instance.published.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        Ok(())
+    }
+
+    /// The name of this stand-in's identity Lease.
+    pub fn lease_name(&self) -> String {
+        publish::lease_name(&self.id)
+    }
+
+    /// How long after a CRD changes in the store this stand-in's discovery shows it (its
+    /// objects are served at once, as they are by every apiserver sharing etcd).
+    pub fn set_discovery_lag(&self, lag: Duration) {
+        *self.instance.crds.lag.lock().unwrap_or_else(PoisonError::into_inner) = lag;
+    }
+
+    /// Stops accepting, ends every watch and waits (a few seconds at most) for connections to
+    /// close. A published stand-in leaves the EndpointSlice and deletes its Lease first, as a
+    /// stopping kube-apiserver removes itself before it stops serving.
     pub async fn shutdown(mut self) {
+        if *self.instance.published.lock().unwrap_or_else(PoisonError::into_inner) {
+            if let Err(s) = publish::unpublish(&self.instance.store, &self.id, self.addr) {
+                eprintln!("stand-in {}: unpublishing: {}", self.id, s.message);
+            }
+        }
         self.stop.send_replace(true);
         if let Some(task) = self.task.take() {
             let _ = task.await;
@@ -233,6 +263,10 @@ struct Instance {
     requests: Arc<AtomicU64>,
     bookmark_interval: Duration,
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// Discovery with the CRDs this stand-in has seen.
+    crds: crds::View,
+    /// In the EndpointSlice and with a Lease ([`Standin::publish`]).
+    published: Mutex<bool>,
 }
 
 /// Starts a stand-in. A busy port is an error naming the address.
@@ -305,7 +339,10 @@ async fn start(options: Options, store: StoreHandle, startup: Startup, ready: bo
         requests: requests.clone(),
         bookmark_interval: options.bookmark_interval,
         stopping: stopping.clone(),
+        crds: crds::View::default(),
+        published: Mutex::new(false),
     });
+    tokio::spawn(crds::follow(instance.clone(), addr.to_string()));
     let counters =
         Counters { plaintext: Arc::new(AtomicU64::new(0)), handshake_failures: Arc::new(AtomicU64::new(0)) };
     let tls = Arc::new(tls);
@@ -574,7 +611,9 @@ impl Instance {
         if let Some(reply) = self.openapi.respond(path, query, headers) {
             return reply;
         }
-        self.discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
+        let with_crds = self.crds.current();
+        let discovery = with_crds.as_deref().unwrap_or(&self.discovery);
+        discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
     }
 }
 

@@ -4,6 +4,7 @@
 //! another hash a 301 to the current URL. Only Envoy reaches the socket (it sits in Envoy's
 //! directory, mode 0600); the filter asks here only after an apiserver authorized the request.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
@@ -240,10 +241,11 @@ impl Drop for FirstRound<'_> {
     }
 }
 
+/// Composes from the apiservers in `members` (id and fetcher, in the configured order), which
+/// the sync loop updates as apiservers join and leave.
 pub async fn run(
     shared: Arc<crate::serve::Shared>,
-    fetchers: Vec<Fetcher>,
-    ids: Vec<String>,
+    mut members: tokio::sync::watch::Receiver<Vec<(String, Fetcher)>>,
     socket: PathBuf,
     period: Duration,
     shutdown: impl Future<Output = ()>,
@@ -256,35 +258,40 @@ pub async fn run(
         Stop { task: tokio::spawn(serve(listener, current.clone(), std::future::pending())), socket };
     tokio::pin!(shutdown);
     let mut composer = Composer::default();
-    let mut last: Vec<Option<Fetched>> = vec![None; fetchers.len()];
+    let mut last: HashMap<String, Fetched> = HashMap::new();
     let mut poll = tokio::time::interval(period);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             _ = poll.tick() => {}
+            Ok(()) = members.changed() => {}
         }
         let started = Instant::now();
         let metrics = &shared.metrics.openapi;
+        let current_members = members.borrow_and_update().clone();
+        // A departed apiserver's documents leave the composition with it.
+        let held_before = last.len();
+        last.retain(|id, _| current_members.iter().any(|(member, _)| member == id));
+        let mut changed = last.len() != held_before;
         let mut tasks = JoinSet::new();
-        for (index, (fetcher, previous)) in fetchers.iter().zip(&last).enumerate() {
-            let (fetcher, previous) = (fetcher.clone(), previous.clone());
+        for (index, (id, fetcher)) in current_members.iter().enumerate() {
+            let (fetcher, previous) = (fetcher.clone(), last.get(id).cloned());
             tasks.spawn(async move { (index, fetch(&fetcher, previous.as_ref()).await) });
         }
         let mut results: Vec<Option<Result<Fetched, crate::fetch::FetchError>>> =
-            last.iter().map(|_| None).collect();
+            current_members.iter().map(|_| None).collect();
         while let Some(Ok((index, result))) = tasks.join_next().await {
             if let Some(slot) = results.get_mut(index) {
                 *slot = Some(result);
             }
         }
-        let mut changed = false;
-        for ((id, slot), result) in ids.iter().zip(last.iter_mut()).zip(results) {
+        for ((id, _), result) in current_members.iter().zip(results) {
             match result {
                 None => tracing::error!(apiserver = %id, "OpenAPI fetch task lost"),
                 Some(Ok(f)) => {
-                    changed |= slot.as_ref() != Some(&f);
-                    *slot = Some(f);
+                    changed |= last.get(id) != Some(&f);
+                    last.insert(id.clone(), f);
                 }
                 Some(Err(error)) => {
                     let labels = crate::metrics::FetchErrorLabels {
@@ -304,7 +311,7 @@ pub async fn run(
             continue;
         }
         let servers: Vec<(&str, &Fetched)> =
-            ids.iter().zip(&last).filter_map(|(id, f)| Some((id.as_str(), f.as_ref()?))).collect();
+            current_members.iter().filter_map(|(id, _)| Some((id.as_str(), last.get(id)?))).collect();
         if servers.is_empty() {
             continue;
         }
