@@ -1,4 +1,4 @@
-//! Group/versions backed by a CustomResourceDefinition or an aggregated APIService (spec §4.5).
+//! Group/versions backed by a CustomResourceDefinition or an aggregated APIService (docs/upstream-facts.md, "Extension exclusion").
 //!
 //! Every apiserver serves them alike: CRDs from the same etcd, aggregated APIs from the same
 //! extension server. Only their discovery differs, for a while: an apiserver that has not yet

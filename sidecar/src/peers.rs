@@ -1,5 +1,5 @@
 //! Apiservers from the cluster, and the group/versions that CRDs and aggregated APIServices
-//! back (spec §4.2, §4.5).
+//! back (docs/upstream-facts.md, "Peer identity and endpoints", "Extension exclusion").
 //!
 //! With `[cluster] members = "endpointSlice"` or `"leases"`, the apiservers are those the
 //! cluster publishes; `apiservers` in the configuration is only where to start (the bootstrap).

@@ -1,6 +1,6 @@
 //! How a stand-in makes itself known to the cluster, as kube-apiserver does: its address in the
 //! EndpointSlices of the `kubernetes` service in `default` (the lease endpoint reconciler) and
-//! its identity Lease in `kube-system` (spec §4.2). Gone again on a graceful stop; a killed
+//! its identity Lease in `kube-system` (docs/upstream-facts.md, "Peer identity and endpoints"). Gone again on a graceful stop; a killed
 //! stand-in stays published, as a killed kube-apiserver does until its leases expire.
 //!
 //! An EndpointSlice has one port list for all its endpoints. Real apiservers share one port on
