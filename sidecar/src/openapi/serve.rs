@@ -232,15 +232,6 @@ pub async fn serve(listener: UnixListener, current: Current, shutdown: impl Futu
 
 /// Fetches every apiserver each `period` and recomposes when something changed. An apiserver
 /// that fails keeps its last good documents until it answers again, as discovery does.
-/// Marks the composer ready (for the sidecar's `/readyz`) when a round ends, by whatever path.
-struct FirstRound<'a>(&'a crate::serve::Shared);
-
-impl Drop for FirstRound<'_> {
-    fn drop(&mut self) {
-        self.0.openapi_ready.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
 /// Composes from the apiservers in `members` (id and fetcher, in the configured order), which
 /// the sync loop updates as apiservers join and leave.
 pub async fn run(
@@ -303,9 +294,6 @@ pub async fn run(
                 }
             }
         }
-        // However this round ends (composed, nothing fetched, over budget), the edge has its
-        // answer for OpenAPI now: documents or a clear 503.
-        let _first_round = FirstRound(&shared);
         let have_none = current.read().unwrap_or_else(PoisonError::into_inner).is_none();
         if !changed && !have_none {
             continue;
