@@ -50,6 +50,10 @@ fn runs() -> Result<(usize, usize, usize)> {
 }
 
 /// A cluster of its own under `target/tmp/clients/<name>-<pid>`, kept when the test fails.
+/// One cluster at a time: six clusters with Envoy and real clients at once on 2 cores made
+/// Envoy refuse connections under `cargo test`'s parallel threads.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn start(name: &str, apiservers: &[(&str, &str)]) -> Result<Cluster> {
     paths::envoy_binary()?;
     paths::kubectl_binary()?;
@@ -158,11 +162,13 @@ async fn kubectl_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_era() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
     kubectl_loop("era", ERA).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_real() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
     kubectl_loop("real", REAL).await
 }
 
@@ -251,11 +257,13 @@ async fn python_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_era() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
     python_loop("era", ERA).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_real() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
     python_loop("real", REAL).await
 }
 
@@ -320,10 +328,12 @@ async fn helm_loop(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_era() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
     helm_loop("era", ERA).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_real() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
     helm_loop("real", REAL).await
 }
