@@ -77,9 +77,32 @@ pub async fn connect_tls(
     Ok(connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?)
 }
 
-/// A port free right now on 127.0.0.1.
+/// Ports handed out by `free_port` come from below the kernel's ephemeral range (32768–60999 on
+/// Linux): a port the kernel picked for `bind(0)` is released when we return it, and until Envoy
+/// binds it the kernel may give it to any outgoing connection (Envoy's own upstream connections
+/// included) — CI saw "Address already in use" that way. A per-process counter keeps two tests in
+/// one binary from getting the same port; the pid spreads test binaries apart.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A port free right now on 127.0.0.1, never handed out before by this process.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = PORTS.end - PORTS.start;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(97) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::SeqCst) % span;
+        let Ok(port) = u16::try_from(PORTS.start + offset) else { continue };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1 in {PORTS:?}")
 }
 
 /// Fills `{{NAME}}` placeholders; a placeholder left unfilled is an error.
