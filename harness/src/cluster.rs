@@ -88,6 +88,8 @@ pub struct Options {
     pub real: Option<real::Binaries>,
     /// etcd's client port (real binaries; 0: any free port).
     pub etcd_port: u16,
+    /// Real binaries: Kubernetes' own Mixed Version Proxy on every apiserver ([`crate::mvp`]).
+    pub mvp: bool,
 }
 
 impl Options {
@@ -113,6 +115,7 @@ impl Options {
             plain_lb: false,
             real: None,
             etcd_port: 0,
+            mvp: false,
         }
     }
 }
@@ -525,6 +528,9 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     if o.plain_lb && o.sidecar {
         bail!("a plain-LB Envoy runs without the sidecar");
     }
+    if o.mvp && o.real.is_none() {
+        bail!("the in-apiserver Mixed Version Proxy needs real kube-apiservers (--kube-apiserver, --etcd)");
+    }
     let real_specs = o.apiservers.iter().filter(|a| real::Spec::is_real(&a.profile)).count();
     match (&o.real, real_specs) {
         (None, 0) => {}
@@ -731,6 +737,9 @@ async fn start_real(
     let mut control =
         ControlPlane::new(binaries, &out.join("real"), pki, admin_token, o.anonymous_auth, o.etcd_port)
             .await?;
+    if o.mvp {
+        control.enable_mvp(crate::mvp::Mvp::new(pki, crate::mvp::Namespaces::probe()?)?);
+    }
     for (i, (spec, (port, _))) in o.apiservers.iter().zip(ports).enumerate() {
         control.spawn(&spec.id, &real::Spec::parse(&spec.profile)?, *port)?;
         if i == 0 {

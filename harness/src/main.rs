@@ -51,6 +51,12 @@ enum Command {
         /// etcd's client port (real binaries); 0: any free port.
         #[arg(long, default_value_t = 0)]
         etcd_port: u16,
+        /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
+        /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
+        /// the peer CA, peer address and proxy-client flags. Combine with --no-sidecar for the
+        /// in-apiserver MVP alone.
+        #[arg(long, requires = "etcd")]
+        mvp: bool,
         /// Stand-ins only, no Envoy.
         #[arg(long)]
         no_envoy: bool,
@@ -164,6 +170,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             kube_apiserver,
             etcd,
             etcd_port,
+            mvp,
             no_envoy,
             no_sidecar,
             sidecar_port,
@@ -189,6 +196,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 plain_lb: false,
                 real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
                 etcd_port,
+                mvp,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));
