@@ -95,6 +95,8 @@ pub struct Options {
     /// With `from_cluster`: the identity Leases (`members = "leases"`) rather than the
     /// EndpointSlice.
     pub from_leases: bool,
+    /// Real binaries: Kubernetes' own Mixed Version Proxy on every apiserver ([`crate::mvp`]).
+    pub mvp: bool,
 }
 
 impl Options {
@@ -122,6 +124,7 @@ impl Options {
             etcd_port: 0,
             from_cluster: false,
             from_leases: false,
+            mvp: false,
         }
     }
 }
@@ -579,6 +582,9 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     if o.plain_lb && o.sidecar {
         bail!("a plain-LB Envoy runs without the sidecar");
     }
+    if o.mvp && o.real.is_none() {
+        bail!("the in-apiserver Mixed Version Proxy needs real kube-apiservers (--kube-apiserver, --etcd)");
+    }
     let real_specs = o.apiservers.iter().filter(|a| real::Spec::is_real(&a.profile)).count();
     match (&o.real, real_specs) {
         (None, 0) => {}
@@ -790,6 +796,9 @@ async fn start_real(
     let mut control =
         ControlPlane::new(binaries, &out.join("real"), pki, admin_token, o.anonymous_auth, o.etcd_port)
             .await?;
+    if o.mvp {
+        control.enable_mvp(crate::mvp::Mvp::new(pki, crate::mvp::Namespaces::probe()?)?);
+    }
     for (i, (spec, (port, _))) in o.apiservers.iter().zip(ports).enumerate() {
         control.spawn(&spec.id, &real::Spec::parse(&spec.profile)?, *port)?;
         if i == 0 {

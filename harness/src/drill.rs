@@ -34,14 +34,40 @@ pub enum Mode {
     PlainLb,
     /// The skewgate filter and `skewgate sync` (`Options::poll`).
     Skewgate,
+    /// Real binaries only: the plain load balancer in front of kube-apiservers that run
+    /// Kubernetes' own Mixed Version Proxy ([`crate::mvp`]).
+    Mvp,
 }
 
 impl Mode {
     pub fn name(self) -> &'static str {
         match self {
             Mode::PlainLb => "plain LB",
+            Mode::Mvp => "in-apiserver MVP",
             Mode::Skewgate => "skewgate",
         }
+    }
+
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Mode::PlainLb => "plain-lb",
+            Mode::Mvp => "mvp",
+            Mode::Skewgate => "skewgate",
+        }
+    }
+
+    /// The runs of a drill, in the README's column order.
+    pub fn all(real: bool) -> &'static [Mode] {
+        match real {
+            true => &[Mode::PlainLb, Mode::Mvp, Mode::Skewgate],
+            false => &[Mode::PlainLb, Mode::Skewgate],
+        }
+    }
+
+    pub(crate) fn cluster_options(self, options: &mut cluster::Options) {
+        options.sidecar = self == Mode::Skewgate;
+        options.plain_lb = self != Mode::Skewgate;
+        options.mvp = self == Mode::Mvp;
     }
 }
 
@@ -104,6 +130,10 @@ pub struct Options {
     /// Real kube-apiserver and etcd binaries instead of stand-ins: the old era is
     /// [`REAL_OLD`], the new one [`REAL_NEW`]; their own start-up replaces `ready_delay`.
     pub real: Option<real::Binaries>,
+    /// Upgrade: once the first apiserver is upgraded (the sole server of the new era's APIs),
+    /// stop it gracefully for this long and bring it back, then SIGKILL it for this long and
+    /// bring it back, before the others are upgraded (`None`: no such step).
+    pub sole_away: Option<Duration>,
 }
 
 impl Options {
@@ -120,6 +150,7 @@ impl Options {
             restarts: 10,
             down: Duration::ZERO,
             real: None,
+            sole_away: None,
         }
     }
 
@@ -296,6 +327,11 @@ const REAL_LISTS: [Gvr; 10] = [
     gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
 ];
 
+/// The GVRs the drill lists on real binaries: (name, resource, apiVersion), for `kubectl explain`.
+pub(crate) fn real_list_names() -> Vec<(String, String, String)> {
+    REAL_LISTS.iter().map(|g| (g.name(), g.resource.to_string(), g.api_version())).collect()
+}
+
 const REAL_CREATES: [Gvr; 3] = [
     gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
     gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
@@ -467,8 +503,32 @@ pub struct Run {
     pub events: Vec<Event>,
     /// Errors per second by class: seconds → class → count.
     pub errors_per_second: BTreeMap<String, Vec<usize>>,
+    /// The sole-server steps (`Options::sole_away`), with what went wrong during each.
+    pub steps: Vec<Step>,
+    /// Real binaries: latency of rerouted and local requests, and `kubectl explain`
+    /// completeness, on a quiet skewed cluster of the same kind.
+    pub probe: Option<crate::probe::Probe>,
     #[serde(skip)]
     pub records: Vec<Request>,
+}
+
+/// One "sole server stopped, then back" step: from the stop (or drain) to the next step.
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub what: String,
+    pub apiserver: String,
+    /// `graceful` (SIGTERM, the shutdown delay, the exit) or `sigkill`.
+    pub how: &'static str,
+    pub from: f64,
+    pub until: f64,
+    /// Requests that started in the window, by class.
+    pub counts: BTreeMap<String, usize>,
+}
+
+impl Step {
+    pub fn count(&self, class: Class) -> usize {
+        self.counts.get(&class.key()).copied().unwrap_or(0)
+    }
 }
 
 impl Run {
@@ -790,22 +850,14 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// One run of `o.variant` under load through the given Envoy.
 pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
     let timing = o.timing();
-    let dir = o.work.join(format!(
-        "{}-{}",
-        o.variant.key(),
-        match mode {
-            Mode::PlainLb => "plain-lb",
-            Mode::Skewgate => "skewgate",
-        }
-    ));
+    let dir = o.work.join(format!("{}-{}", o.variant.key(), mode.key()));
     let _ = std::fs::remove_dir_all(&dir);
     let specs: Vec<(&str, String)> =
         o.variant.profiles().iter().map(|(id, era)| (*id, o.spec(era))).collect();
     let specs: Vec<(&str, &str)> = specs.iter().map(|(id, spec)| (*id, spec.as_str())).collect();
     let mut options = cluster::Options::ephemeral(&dir, &specs);
     options.real = o.real.clone();
-    options.sidecar = mode == Mode::Skewgate;
-    options.plain_lb = mode == Mode::PlainLb;
+    mode.cluster_options(&mut options);
     options.poll_period = o.poll;
     let mut c =
         cluster::start(&options).await.with_context(|| format!("starting the {} cluster", mode.name()))?;
@@ -825,6 +877,8 @@ struct Phase {
     up_since: BTreeMap<&'static str, (f64, &'static str)>,
     readmissions: Vec<f64>,
     exclusions: Vec<f64>,
+    /// Sole-server steps: (what, apiserver, how, from, until).
+    steps: Vec<(String, &'static str, &'static str, f64, f64)>,
 }
 
 impl Phase {
@@ -903,7 +957,7 @@ async fn rolling_upgrade(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &T
     for id in IDS {
         let generation = match p.mode {
             Mode::Skewgate => Some(c.table_on_disk()?.generation().to_string()),
-            Mode::PlainLb => None,
+            Mode::PlainLb | Mode::Mvp => None,
         };
         let drain = p.drain_and_stop(c, id, timing).await?;
         // With a ready delay, the sidecar usually has the new table live before Envoy's
@@ -912,7 +966,51 @@ async fn rolling_upgrade(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &T
         let healthy = p.boot(c, id, NEW, o, generation).await?;
         p.timeline.restarts.push((id.into(), OLD.into(), NEW.into(), drain, healthy));
         tokio::time::sleep(timing.pause).await;
+        if let (Some(away), true) = (o.sole_away, id == IDS[0]) {
+            sole_server_away(p, c, id, away, false, o, timing).await?;
+            sole_server_away(p, c, id, away, true, o, timing).await?;
+        }
     }
+    Ok(())
+}
+
+/// `id`, the sole server of its era's APIs, stopped (drained and SIGTERM, or SIGKILL) for
+/// `away`, then started again as it was: its APIs are "served, unavailable" meanwhile.
+async fn sole_server_away(
+    p: &mut Phase,
+    c: &mut Cluster,
+    id: &'static str,
+    away: Duration,
+    kill: bool,
+    o: &Options,
+    timing: &Timing,
+) -> Result<()> {
+    let (since, profile) = p.up_since[id];
+    let stop = match kill {
+        false => p.drain_and_stop(c, id, timing).await?,
+        true => {
+            let t = p.event(id, "kill", profile);
+            p.timeline.up.push((id.into(), profile.into(), since, t));
+            c.kill_apiserver(id).await?;
+            t
+        }
+    };
+    tokio::time::sleep(away).await;
+    let healthy = p.boot(c, id, profile, o, None).await?;
+    p.timeline.restarts.push((id.into(), profile.into(), profile.into(), stop, healthy));
+    p.timeline.away.push((id.into(), profile.into(), stop, healthy));
+    tokio::time::sleep(timing.pause).await;
+    p.steps.push((
+        format!(
+            "{id} (sole {profile} server) {} {:.0} s, then back",
+            if kill { "SIGKILLed" } else { "stopped (SIGTERM)" },
+            away.as_secs_f64()
+        ),
+        id,
+        if kill { "sigkill" } else { "graceful" },
+        stop,
+        p.now(),
+    ));
     Ok(())
 }
 
@@ -958,7 +1056,7 @@ async fn restarts(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) 
         let to = if from == OLD { NEW } else { OLD };
         let generation = match p.mode {
             Mode::Skewgate => Some(c.table_on_disk()?.generation().to_string()),
-            Mode::PlainLb => None,
+            Mode::PlainLb | Mode::Mvp => None,
         };
         let stop = p.event(id, "stop", from);
         p.timeline.up.push((id.into(), from.into(), since, stop));
@@ -1035,6 +1133,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         up_since: o.variant.profiles().into_iter().map(|(id, pr)| (id, (f64::NEG_INFINITY, pr))).collect(),
         readmissions: Vec::new(),
         exclusions: Vec::new(),
+        steps: Vec::new(),
     };
     tokio::time::sleep(timing.warmup).await;
     match o.variant {
@@ -1050,7 +1149,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         let _ = w.await;
     }
     let duration = p.now();
-    let Phase { events, mut timeline, up_since, readmissions, exclusions, .. } = p;
+    let Phase { events, mut timeline, up_since, readmissions, exclusions, steps, .. } = p;
     for (id, (since, profile)) in up_since {
         timeline.up.push((id.into(), profile.into(), since, f64::INFINITY));
     }
@@ -1076,6 +1175,16 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     let mut latencies: Vec<f64> =
         records.iter().filter(|r| r.verb != "watch").map(|r| r.latency_ms).collect();
     latencies.sort_by(f64::total_cmp);
+    let steps = steps
+        .into_iter()
+        .map(|(what, apiserver, how, from, until)| {
+            let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+            for r in records.iter().filter(|r| from <= r.t && r.t < until) {
+                *counts.entry(r.class.key()).or_default() += 1;
+            }
+            Step { what, apiserver: apiserver.into(), how, from, until, counts }
+        })
+        .collect();
     let first_drain = timeline.restarts.first().map_or(0.0, |r| r.3);
     let last_healthy = timeline.restarts.last().map_or(0.0, |r| r.4);
     Ok(Run {
@@ -1097,15 +1206,24 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         duration_seconds: duration,
         events,
         errors_per_second,
+        steps,
+        probe: None,
         records,
     })
 }
 
-/// Both runs, plain LB first.
+/// Every run, plain LB first (on real binaries: plain LB, in-apiserver MVP, skewgate, each with
+/// its probe).
 pub async fn drill(o: &Options) -> Result<Vec<Run>> {
     let mut runs = Vec::new();
-    for mode in [Mode::PlainLb, Mode::Skewgate] {
-        runs.push(run(mode, o).await?);
+    for mode in Mode::all(o.real.is_some()) {
+        let probe = match &o.real {
+            Some(_) => Some(crate::probe::probe(*mode, o).await?),
+            None => None,
+        };
+        let mut r = run(*mode, o).await?;
+        r.probe = probe;
+        runs.push(r);
     }
     let _ = std::fs::remove_dir(&o.work);
     Ok(runs)
@@ -1140,7 +1258,15 @@ pub fn settings(o: &Options) -> String {
         (None, false) => format!("ready {} s after they start", o.ready_delay.as_secs_f64()),
     };
     let what = match o.variant {
-        Variant::Upgrade => "three apiservers upgraded from 1.33 to 1.36 one at a time".to_string(),
+        Variant::Upgrade => match o.sole_away {
+            None => "three apiservers upgraded from 1.33 to 1.36 one at a time".to_string(),
+            Some(away) => format!(
+                "three apiservers upgraded from 1.33 to 1.36 one at a time; the first upgraded (a, \
+                 the sole 1.36 server) stopped (SIGTERM) for {0:.0} s and back, then SIGKILLed for \
+                 {0:.0} s and back, before b and c",
+                away.as_secs_f64()
+            ),
+        },
         Variant::LeaveAndReturn => format!(
             "a and b at 1.33, c (the only 1.36 apiserver) drained, stopped for {:.0} s and back",
             o.away().as_secs_f64()
@@ -1214,6 +1340,26 @@ pub fn markdown_table(runs: &[Run]) -> String {
     });
     row("drain (or stop) → Envoy sends it requests again (median / max)", &|r| median_max(&r.out_seconds));
     row("serving again → Envoy sends it requests (median / max)", &|r| median_max(&r.readmission_seconds));
+    let steps = runs.iter().map(|r| r.steps.len()).max().unwrap_or(0);
+    for i in 0..steps {
+        let what = runs.iter().find_map(|r| r.steps.get(i)).map(|s| s.what.clone()).unwrap_or_default();
+        row(
+            &format!("{what}: wrong 404 / 503 / connection+timeout / lost write"),
+            &|r| match r.steps.get(i) {
+                Some(s) => format!(
+                    "{} / {} / {} / {}",
+                    s.count(Class::WrongNotFound),
+                    s.count(Class::Unavailable),
+                    s.count(Class::Connection) + s.count(Class::Timeout),
+                    s.count(Class::LostWrite)
+                ),
+                None => "-".into(),
+            },
+        );
+    }
+    if runs.iter().any(|r| r.probe.is_some()) {
+        crate::probe::markdown_rows(&mut row);
+    }
     md
 }
 
@@ -1267,15 +1413,16 @@ pub fn timeline_svg(runs: &[Run]) -> String {
                 y(0.0) + 16.0
             );
         }
-        for e in run.events.iter().filter(|e| e.what == "stop") {
+        for e in run.events.iter().filter(|e| e.what == "stop" || e.what == "kill") {
             svg += &format!(
                 "<line x1=\"{0:.1}\" y1=\"{y0:.1}\" x2=\"{0:.1}\" y2=\"{1:.1}\" stroke=\"#888\" stroke-dasharray=\"4,3\"/>\n\
-                 <text x=\"{2:.1}\" y=\"{3:.1}\" fill=\"#555\">{4} restarts</text>\n",
+                 <text x=\"{2:.1}\" y=\"{3:.1}\" fill=\"#555\">{4} {5}</text>\n",
                 x(e.t),
                 y(0.0),
                 x(e.t) + 3.0,
                 y0 + 12.0,
-                e.apiserver
+                e.apiserver,
+                if e.what == "kill" { "SIGKILL" } else { "stops" }
             );
         }
         for class in Class::ERRORS {
@@ -1350,7 +1497,12 @@ fn args(o: &Options) -> String {
     };
     args.push(format!("--poll {}", o.poll.as_secs_f64()));
     match o.variant {
-        Variant::Upgrade => {}
+        Variant::Upgrade => {
+            let default = o.real.as_ref().map(|_| Duration::from_secs(20));
+            if o.sole_away != default {
+                args.push(format!("--sole-away {}", o.sole_away.unwrap_or_default().as_secs_f64()));
+            }
+        }
         Variant::LeaveAndReturn => args.push("--leave-and-return".into()),
         Variant::Restarts => args.push(format!("--restarts {} --down {}", o.restarts, o.down.as_secs_f64())),
     }

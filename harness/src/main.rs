@@ -51,6 +51,12 @@ enum Command {
         /// etcd's client port (real binaries); 0: any free port.
         #[arg(long, default_value_t = 0)]
         etcd_port: u16,
+        /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
+        /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
+        /// the peer CA, peer address and proxy-client flags. Combine with --no-sidecar for the
+        /// in-apiserver MVP alone.
+        #[arg(long, requires = "etcd")]
+        mvp: bool,
         /// Stand-ins only, no Envoy.
         #[arg(long)]
         no_envoy: bool,
@@ -168,6 +174,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             kube_apiserver,
             etcd,
             etcd_port,
+            mvp,
             no_envoy,
             from_cluster,
             no_sidecar,
@@ -196,6 +203,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 etcd_port,
                 from_cluster,
                 from_leases: false,
+                mvp,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));

@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 
 use crate::envoy::free_port;
+use crate::mvp::Mvp;
 use crate::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 
 /// The word of an apiserver spec that names the `--kube-apiserver` binary:
@@ -400,6 +401,69 @@ impl fmt::Display for Readiness {
     }
 }
 
+/// The flags every apiserver of a cluster gets (its own and its spec's come after them).
+fn common_flags(etcd_url: &str, pki: &Pki, tokens: &Path, anonymous_auth: bool) -> Vec<String> {
+    let p = |path: &Path| path.display().to_string();
+    vec![
+        format!("--etcd-servers={}", etcd_url),
+        format!("--etcd-prefix={ETCD_PREFIX}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
+        format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
+        format!("--client-ca-file={}", p(&pki.cluster_ca.cert_path)),
+        format!("--requestheader-client-ca-file={}", p(&pki.requestheader_ca.cert_path)),
+        format!("--requestheader-allowed-names={FRONT_PROXY_CN}"),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--service-account-issuer=https://{APISERVER_NAME}"),
+        format!("--service-account-key-file={}", p(&pki.service_account.cert)),
+        format!("--service-account-signing-key-file={}", p(&pki.service_account.key)),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        format!("--token-auth-file={}", p(tokens)),
+        format!("--anonymous-auth={anonymous_auth}"),
+        format!("--shutdown-delay-duration={}s", SHUTDOWN_DELAY.as_secs()),
+    ]
+}
+
+/// With the Mixed Version Proxy, peers present their proxy client certificate too.
+fn allow_peers(common: &mut [String]) {
+    let allowed = format!("--requestheader-allowed-names={}", Mvp::allowed_names());
+    for flag in common.iter_mut().filter(|f| f.starts_with("--requestheader-allowed-names=")) {
+        flag.clone_from(&allowed);
+    }
+}
+
+/// The command that starts apiserver `id` listening on `addr`, before its spec's flags.
+fn apiserver_command(
+    common: &[String],
+    mvp: Option<&Mvp>,
+    binary: &Path,
+    id: &str,
+    addr: SocketAddr,
+    uid_headers: bool,
+    dir: &Path,
+) -> Command {
+    let mut command = match mvp {
+        Some(mvp) => mvp.command(binary, id),
+        None => Command::new(binary),
+    };
+    command.args(common);
+    // Only the versions that have the flag (1.32+): an older one refuses to start with it.
+    if uid_headers {
+        command.arg("--requestheader-uid-headers=X-Remote-Uid");
+    }
+    if let Some(mvp) = mvp {
+        command.args(mvp.flags(addr));
+    }
+    command
+        .arg(format!("--secure-port={}", addr.port()))
+        .arg(format!("--cert-dir={}", dir.join(id).join("certs").display()));
+    command
+}
+
 /// etcd and the real apiservers of one cluster, and what is needed to start them again.
 pub struct ControlPlane {
     pub binaries: Binaries,
@@ -415,6 +479,8 @@ pub struct ControlPlane {
     dir: PathBuf,
     /// Trusts the peer CA, sends the admin token: for `/readyz` and the RBAC setup.
     admin: reqwest::Client,
+    /// Kubernetes' own Mixed Version Proxy on every apiserver started from now on.
+    mvp: Option<Mvp>,
 }
 
 impl ControlPlane {
@@ -432,29 +498,7 @@ impl ControlPlane {
         let tokens = dir.join("tokens.csv");
         std::fs::write(&tokens, format!("{admin_token},admin,admin,\"system:masters\"\n"))?;
         let etcd = Etcd::start(&binaries.etcd, dir, etcd_port).await?;
-        let p = |path: &Path| path.display().to_string();
-        let common = vec![
-            format!("--etcd-servers={}", etcd.url),
-            format!("--etcd-prefix={ETCD_PREFIX}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--tls-cert-file={}", p(&pki.apiserver.cert)),
-            format!("--tls-private-key-file={}", p(&pki.apiserver.key)),
-            format!("--client-ca-file={}", p(&pki.cluster_ca.cert_path)),
-            format!("--requestheader-client-ca-file={}", p(&pki.requestheader_ca.cert_path)),
-            format!("--requestheader-allowed-names={FRONT_PROXY_CN}"),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!("--service-account-issuer=https://{APISERVER_NAME}"),
-            format!("--service-account-key-file={}", p(&pki.service_account.cert)),
-            format!("--service-account-signing-key-file={}", p(&pki.service_account.key)),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--authorization-mode=Node,RBAC".into(),
-            format!("--token-auth-file={}", p(&tokens)),
-            format!("--anonymous-auth={anonymous_auth}"),
-            format!("--shutdown-delay-duration={}s", SHUTDOWN_DELAY.as_secs()),
-        ];
+        let common = common_flags(&etcd.url, pki, &tokens, anonymous_auth);
         let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.peer_ca.cert_path)?)?;
         let mut headers = reqwest::header::HeaderMap::new();
         headers.insert(reqwest::header::AUTHORIZATION, format!("Bearer {admin_token}").parse()?);
@@ -475,7 +519,15 @@ impl ControlPlane {
             probed: BTreeMap::new(),
             dir: dir.to_path_buf(),
             admin,
+            mvp: None,
         })
+    }
+
+    /// Every apiserver started from now on runs Kubernetes' own Mixed Version Proxy
+    /// ([`crate::mvp`]): its own hostname, the peer flags, peers' proxy client trusted.
+    pub fn enable_mvp(&mut self, mvp: Mvp) {
+        allow_peers(&mut self.common);
+        self.mvp = Some(mvp);
     }
 
     /// The address `id` listens on (configured at its first start; port 0: any free one).
@@ -536,16 +588,9 @@ impl ControlPlane {
         };
         let dir = self.dir.join(id);
         std::fs::create_dir_all(&dir)?;
-        let mut command = Command::new(&binary);
-        command.args(&self.common);
-        // Only the versions that have the flag (1.32+): an older one refuses to start with it.
-        if uid_headers {
-            command.arg("--requestheader-uid-headers=X-Remote-Uid");
-        }
-        command
-            .arg(format!("--secure-port={}", addr.port()))
-            .arg(format!("--cert-dir={}", dir.join("certs").display()))
-            .args(spec.args());
+        let mut command =
+            apiserver_command(&self.common, self.mvp.as_ref(), &binary, id, addr, uid_headers, &self.dir);
+        command.args(spec.args());
         let process = Process::spawn(command, &self.dir.join(format!("{id}.log")), &format!("{id}: {spec}"))?;
         let apiserver = Apiserver {
             id: id.to_string(),
@@ -647,6 +692,71 @@ impl ControlPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn args_of(command: &Command) -> Vec<String> {
+        command.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
+    }
+
+    /// The whole command line of an MVP apiserver: in its own UTS namespace, the common flags
+    /// with the peers' proxy client allowed, the MVP flags naming its own address, then the
+    /// spec's (which may override any of them); without the MVP, none of that.
+    #[test]
+    fn an_mvp_apiserver_gets_its_hostname_peer_flags_and_trusts_its_peers() {
+        let dir = crate::paths::workspace_root().join(format!("target/tmp/real-mvp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let pki = Pki::generate(&dir.join("pki")).unwrap();
+        let mvp = Mvp::new(&pki, crate::mvp::Namespaces::Uts).unwrap();
+        let addr: SocketAddr = "127.0.0.1:7002".parse().unwrap();
+        let binary = Path::new("/opt/k/kube-apiserver");
+        let spec = Spec::parse(&format!("{KUBE_APISERVER}@1.33:--v=2")).unwrap();
+
+        let plain = common_flags("http://127.0.0.1:2379", &pki, &dir.join("tokens.csv"), true);
+        let mut command = apiserver_command(&plain, None, binary, "b", addr, true, &dir);
+        command.args(spec.args());
+        assert_eq!(command.get_program(), binary);
+        let args = args_of(&command);
+        assert!(args.contains(&"--requestheader-allowed-names=skewgate-front-proxy".to_string()));
+        assert!(
+            !args.iter().any(|a| a.starts_with("--peer-") || a.starts_with("--feature-gates")),
+            "{args:?}"
+        );
+
+        let mut common = plain.clone();
+        allow_peers(&mut common);
+        let mut command = apiserver_command(&common, Some(&mvp), binary, "b", addr, true, &dir);
+        command.args(spec.args());
+        assert_eq!(command.get_program(), "unshare");
+        let args = args_of(&command);
+        let at = |flag: &str| {
+            args.iter().position(|a| a == flag).unwrap_or_else(|| panic!("no {flag} in {args:?}"))
+        };
+        // unshare, the hostname, the binary, then kube-apiserver's flags.
+        assert!(at("--uts") < at("kas-b") && at("kas-b") + 1 == at("/opt/k/kube-apiserver"));
+        let exe = at("/opt/k/kube-apiserver");
+        assert_eq!(
+            args.iter().filter(|a| a.starts_with("--requestheader-allowed-names=")).collect::<Vec<_>>(),
+            ["--requestheader-allowed-names=skewgate-front-proxy,kube-apiserver-proxy-client"]
+        );
+        for flag in mvp.flags(addr) {
+            assert!(at(&flag) > exe, "{flag}");
+        }
+        assert!(at("--peer-advertise-port=7002") < at("--secure-port=7002"));
+        assert!(
+            at("--feature-gates=UnknownVersionInteroperabilityProxy=true") < at("--emulated-version=1.33")
+        );
+        assert_eq!(args.last().map(String::as_str), Some("--v=2"));
+        // Every other flag is the same as without the MVP.
+        let rest: Vec<&String> = args[exe + 1..]
+            .iter()
+            .filter(|a| !a.starts_with("--requestheader-allowed-names="))
+            .filter(|a| !mvp.flags(addr).contains(a))
+            .collect();
+        let plain_args = args_of(&apiserver_command(&plain, None, binary, "b", addr, true, &dir));
+        let plain_rest: Vec<&String> =
+            plain_args.iter().filter(|a| !a.starts_with("--requestheader-allowed-names=")).collect();
+        assert_eq!(rest[..rest.len() - 2], plain_rest[..]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn specs_parse_and_print_back() {

@@ -5,11 +5,15 @@
 //! --quick) drill/results/<variant>.json and .md and the README's drill section, which keeps
 //! both variants' tables. On real binaries (`--kube-apiserver PATH --etcd PATH`, or
 //! `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`) the same files are named `real-…` and the
-//! README is left alone.
+//! README is left alone. On real binaries the upgrade has a third run, the plain LB in front of
+//! apiservers running Kubernetes' own Mixed Version Proxy, each run is preceded by a probe
+//! (rerouted vs local latency, `kubectl explain`), and the first upgraded apiserver, the sole
+//! server of the new APIs, is stopped for 20 s and back, then SIGKILLed for 20 s and back
+//! (`--sole-away SECONDS`, 0: no such step; stand-ins: off unless given).
 //!
 //! Usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS]
 //!              [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]
-//!              [--kube-apiserver PATH --etcd PATH]
+//!              [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH]
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -21,7 +25,7 @@ use skewgate_harness::real::Binaries;
 
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
                      [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \
-                     [--kube-apiserver PATH --etcd PATH]";
+                     [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -36,7 +40,7 @@ fn main() -> Result<()> {
     let mut quick = false;
     let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
     let mut variant = Variant::Upgrade;
-    let (mut restarts, mut down) = (None, None);
+    let (mut restarts, mut down, mut sole_away) = (None, None, None);
     let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -53,6 +57,7 @@ fn main() -> Result<()> {
             }
             "--away" => away = Some(seconds("--away", args.next(), false)?),
             "--down" => down = Some(seconds("--down", args.next(), true)?),
+            "--sole-away" => sole_away = Some(seconds("--sole-away", args.next(), true)?),
             "--kube-apiserver" => kube_apiserver = Some(args.next().context("--kube-apiserver PATH")?.into()),
             "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
             "-h" | "--help" => {
@@ -99,6 +104,14 @@ fn main() -> Result<()> {
         (Some(k), Some(e)) => Some(Binaries::new(Some(&k), &e)?),
         (None, None) => Binaries::from_env()?,
         _ => bail!("--kube-apiserver and --etcd go together; {USAGE}"),
+    };
+    if sole_away.is_some() && variant != Variant::Upgrade {
+        bail!("--sole-away goes with the upgrade (the first upgraded apiserver is the sole new one)");
+    }
+    o.sole_away = match (sole_away, &o.real, variant) {
+        (Some(d), _, _) => Some(d).filter(|d| !d.is_zero()),
+        (None, Some(_), Variant::Upgrade) => Some(Duration::from_secs(20)),
+        (None, _, _) => None,
     };
     if o.real.is_some() && ready_delay.is_some() {
         bail!("--ready-delay is for stand-ins: real kube-apiservers take their own start-up");
