@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -15,15 +15,14 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::RootCertStore;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use serde_json::{Map, Value, json};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
-use crate::pki::Pair;
+use skewgate_pki::{Pair, load_certs, load_key};
 
-pub const SERVED_BY: &str = "x-skewgate-served-by";
+pub use skewgate_standin::SERVED_BY;
 
 /// A running double; stops when dropped.
 pub struct Echo {
@@ -60,16 +59,6 @@ pub fn tls_config(serving: &Pair, client_ca: &std::path::Path) -> Result<Arc<rus
         .with_single_cert(load_certs(&serving.cert)?, load_key(&serving.key)?)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-pub fn load_certs(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>> {
-    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    rustls_pemfile::certs(&mut pem.as_slice()).collect::<Result<_, _>>().context("parsing certificates")
-}
-
-pub fn load_key(path: &std::path::Path) -> Result<PrivateKeyDer<'static>> {
-    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    rustls_pemfile::private_key(&mut pem.as_slice())?.context("no private key")
 }
 
 pub async fn start(id: &str, tls: Arc<rustls::ServerConfig>) -> Result<Echo> {

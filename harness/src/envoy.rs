@@ -60,7 +60,7 @@ pub async fn connect_tls(
     port: u16,
 ) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
-    for cert in crate::echo::load_certs(ca)? {
+    for cert in skewgate_pki::load_certs(ca)? {
         roots.add(cert)?;
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
@@ -68,8 +68,10 @@ pub async fn connect_tls(
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots);
     let config = match client {
-        Some(pair) => builder
-            .with_client_auth_cert(crate::echo::load_certs(&pair.cert)?, crate::echo::load_key(&pair.key)?)?,
+        Some(pair) => builder.with_client_auth_cert(
+            skewgate_pki::load_certs(&pair.cert)?,
+            skewgate_pki::load_key(&pair.key)?,
+        )?,
         None => builder.with_no_client_auth(),
     };
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));

@@ -11,7 +11,8 @@ pub mod kubectl;
 pub mod load;
 pub mod mvp;
 pub mod paths;
-pub mod pki;
 pub mod probe;
 pub mod real;
-pub mod standin;
+
+pub use skewgate_pki as pki;
+pub use skewgate_standin as standin;

@@ -240,8 +240,8 @@ pub(super) fn updated_object(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::standin::catalog::Catalog;
-    use crate::standin::profile::Profile;
+    use crate::catalog::Catalog;
+    use crate::profile::Profile;
 
     #[test]
     fn names_are_validated_as_upstream() {

@@ -2,6 +2,7 @@
 //! either trusted CA (or none), and afterwards tells which CA vouched for the peer, so that the
 //! request can be authenticated as front-proxy or as an x509 user.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -11,9 +12,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use sha2::Digest;
 
-use super::auth::Auth;
-use crate::echo::{load_certs, load_key};
-use crate::pki::Pair;
+use skewgate_pki::{Pair, load_certs, load_key};
 
 /// The peer's certificate, as far as it was verified.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -39,7 +38,7 @@ pub struct Tls {
     client: Arc<dyn ClientCertVerifier>,
 }
 
-fn roots(paths: &[&std::path::Path]) -> Result<Arc<RootCertStore>> {
+fn roots(paths: &[&Path]) -> Result<Arc<RootCertStore>> {
     let mut roots = RootCertStore::empty();
     for path in paths {
         for cert in load_certs(path)? {
@@ -50,7 +49,8 @@ fn roots(paths: &[&std::path::Path]) -> Result<Arc<RootCertStore>> {
 }
 
 impl Tls {
-    pub fn new(serving: &Pair, auth: &Auth) -> Result<Tls> {
+    /// `requestheader_ca` vouches for the front proxy, `client_ca` for x509 users.
+    pub fn new(serving: &Pair, requestheader_ca: &Path, client_ca: &Path) -> Result<Tls> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier = |roots: Arc<RootCertStore>| {
             WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
@@ -58,9 +58,9 @@ impl Tls {
                 .build()
                 .context("client certificate verifier")
         };
-        let both = verifier(roots(&[&auth.requestheader_ca, &auth.client_ca])?)?;
-        let requestheader = verifier(roots(&[&auth.requestheader_ca])?)?;
-        let client = verifier(roots(&[&auth.client_ca])?)?;
+        let both = verifier(roots(&[requestheader_ca, client_ca])?)?;
+        let requestheader = verifier(roots(&[requestheader_ca])?)?;
+        let client = verifier(roots(&[client_ca])?)?;
         let mut config = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(both)

@@ -8,6 +8,7 @@
 //! Every response carries `x-skewgate-served-by: <id>` so tests can see where a request went.
 
 mod auth;
+mod call;
 pub mod captured;
 mod catalog;
 mod clock;
@@ -64,10 +65,12 @@ pub use store::{Key, Store};
 pub use store_handle::StoreHandle;
 pub use store_service::{StoreService, serve_store};
 
-use crate::echo::SERVED_BY;
-use crate::pki::Pair;
+/// The response header that names the apiserver (stand-in or echo double) that answered.
+pub const SERVED_BY: &str = "x-skewgate-served-by";
+
 use catalog::Catalog;
 use reply::Reply;
+use skewgate_pki::Pair;
 use status::{Errors, Status};
 use tls::{PeerCert, Tls};
 
@@ -293,8 +296,8 @@ pub async fn serve_booting(
 }
 
 async fn start(options: Options, store: StoreHandle, startup: Startup, ready: bool) -> Result<Standin> {
-    let tls =
-        Tls::new(&options.serving, &options.auth).with_context(|| format!("stand-in {}: TLS", options.id))?;
+    let tls = Tls::new(&options.serving, &options.auth.requestheader_ca, &options.auth.client_ca)
+        .with_context(|| format!("stand-in {}: TLS", options.id))?;
     let in_use = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::AddrInUse => anyhow::anyhow!("{} is already in use", options.listen),
         _ => anyhow::Error::new(e).context(format!("listening on {}", options.listen)),
@@ -556,7 +559,7 @@ impl Instance {
             self.count_watch(&info);
         }
         if info.is_resource_request {
-            let call = resources::Call {
+            let call = call::Call {
                 info: &info,
                 params: &params::Params::parse(query),
                 headers: &parts.headers,

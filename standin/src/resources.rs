@@ -5,35 +5,21 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
-use hyper::HeaderMap;
 use hyper::header::{ACCEPT, CONTENT_TYPE};
 use serde_json::{Map, Value, json};
-use skewgate_core::request_info::RequestInfo;
 
-use super::auth::Identity;
+use super::call::{Addressed, Call, body_object, decode_body};
 use super::catalog::Resource;
 use super::objects::{check_type, new_object, shown, text_at, updated_object};
-use super::params::Params;
 use super::patch::{self, PatchType};
-use super::proto;
 use super::reply::{self, Reply};
 use super::reviews::create_only;
 use super::selector::{FieldSelector, LabelSelector};
-use super::status::{Details, Errors, Status, Target};
+use super::status::{Details, Errors, Status};
 use super::store::{Key, Write, metadata_mut};
 use super::table::{self, Include};
 use super::watch::{self, Start};
 use super::{Instance, clock};
-
-/// One resource request, as the dispatcher read it.
-pub struct Call<'a> {
-    pub info: &'a RequestInfo<'a>,
-    pub params: &'a Params,
-    pub headers: &'a HeaderMap,
-    pub body: Bytes,
-    pub identity: &'a Identity,
-}
 
 /// Namespaces upstream refuses to delete.
 const UNDELETABLE_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
@@ -42,29 +28,6 @@ pub(super) fn handle(instance: &Instance, call: Call<'_>) -> Reply {
     match dispatch(instance, &call) {
         Ok(reply) => reply,
         Err(status) => reply::error(&status),
-    }
-}
-
-/// Everything a handler needs about the request target.
-pub(super) struct Addressed<'a> {
-    pub r: &'a Resource,
-    pub namespace: &'a str,
-    /// From the path only (a `metadata.name` field selector on a list does not set it).
-    pub name: &'a str,
-}
-
-impl Addressed<'_> {
-    fn target(&self) -> Target<'_> {
-        Target { group: &self.r.group, resource: &self.r.name }
-    }
-
-    fn key(&self) -> Key {
-        Key::new(&self.r.group, &self.r.name, self.namespace, self.name)
-    }
-
-    /// The namespace that must exist for a write.
-    fn required_namespace(&self) -> Option<&str> {
-        (self.r.namespaced && !self.namespace.is_empty()).then_some(self.namespace)
     }
 }
 
@@ -346,30 +309,6 @@ fn dry_run(call: &Call<'_>) -> bool {
 }
 
 /// The request body as a JSON object of this resource's group.
-pub(super) fn body_object(call: &Call<'_>, r: &Resource) -> Result<Value, Status> {
-    let object = decode_body(call)?;
-    if !object.is_object() {
-        return Err(Status::bad_request("the object provided is unrecognized: not a JSON object"));
-    }
-    check_type(&object, r)?;
-    Ok(object)
-}
-
-/// A JSON or (for the kinds kubectl's typed clients send) protobuf body.
-fn decode_body(call: &Call<'_>) -> Result<Value, Status> {
-    let content_type =
-        call.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
-    if proto::is_protobuf(content_type) {
-        return proto::decode(&call.body);
-    }
-    let media = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
-    if !matches!(media.as_str(), "application/json" | "" | "*/*") {
-        return Err(Status::unsupported_media_type(content_type, &["application/json", proto::MEDIA_TYPE]));
-    }
-    serde_json::from_slice(&call.body)
-        .map_err(|e| Status::bad_request(format!("the object provided is unrecognized: {e}")))
-}
-
 fn create(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply, Status> {
     let r = t.r;
     let body = body_object(call, r)?;

@@ -121,8 +121,8 @@ pub fn table(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::standin::catalog::Catalog;
-    use crate::standin::profile::Profile;
+    use crate::catalog::Catalog;
+    use crate::profile::Profile;
 
     #[test]
     fn kubectl_get_asks_for_a_table() {

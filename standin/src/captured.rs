@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use anyhow::{Result, anyhow, bail};
 use bytes::Bytes;
 
-const ARCHIVE: &[u8] = include_bytes!("../../../testdata/real-apiserver/documents.tar.xz");
+const ARCHIVE: &[u8] = include_bytes!("../../testdata/real-apiserver/documents.tar.xz");
 
 /// One of the two captured servers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

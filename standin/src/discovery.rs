@@ -20,7 +20,7 @@ use super::profile::Profile;
 use super::reply::{self, Reply};
 use super::status::{Errors, Status};
 
-const CORE_V1: &str = include_str!("../../../testdata/discovery/legacy_core-v1/api__v1.json");
+const CORE_V1: &str = include_str!("../../testdata/discovery/legacy_core-v1/api__v1.json");
 const MEDIA_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 const MEDIA_V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
 

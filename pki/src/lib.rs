@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The name Envoy expects in every apiserver serving certificate (SNI and SAN), as upstream's
 /// peer proxy does.
@@ -36,6 +37,18 @@ impl Pair {
         pem.extend(std::fs::read(&self.key)?);
         Ok(pem)
     }
+}
+
+/// Every certificate of a PEM file, for rustls.
+pub fn load_certs(path: &std::path::Path) -> Result<Vec<CertificateDer<'static>>> {
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    rustls_pemfile::certs(&mut pem.as_slice()).collect::<Result<_, _>>().context("parsing certificates")
+}
+
+/// The (first) private key of a PEM file, for rustls.
+pub fn load_key(path: &std::path::Path) -> Result<PrivateKeyDer<'static>> {
+    let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    rustls_pemfile::private_key(&mut pem.as_slice())?.context("no private key")
 }
 
 fn write(dir: &Path, name: &str, contents: &str) -> Result<PathBuf> {

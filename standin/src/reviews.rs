@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 
 use super::Instance;
 use super::auth::Identity;
+use super::call::{Addressed, Call, body_object};
 use super::reply::{self, Reply};
-use super::resources::{Addressed, Call, body_object};
 use super::status::Status;
 use super::store::metadata_mut;
 

@@ -9,12 +9,11 @@ use skewgate_core::discovery::{ApiGroupDiscoveryList, ApiResourceList, core_grou
 use super::captured::{self, Capture};
 
 const V1_30: &str =
-    include_str!("../../../testdata/discovery/k8s-1.30-era_resource-v1alpha2/aggregated_v2.json");
-const V1_33: &str =
-    include_str!("../../../testdata/discovery/k8s-1.33-era_resource-v1beta2/aggregated_v2.json");
-const V1_36: &str = include_str!("../../../testdata/discovery/k8s-1.36-era_resource-v1/aggregated_v2.json");
+    include_str!("../../testdata/discovery/k8s-1.30-era_resource-v1alpha2/aggregated_v2.json");
+const V1_33: &str = include_str!("../../testdata/discovery/k8s-1.33-era_resource-v1beta2/aggregated_v2.json");
+const V1_36: &str = include_str!("../../testdata/discovery/k8s-1.36-era_resource-v1/aggregated_v2.json");
 /// The fixtures' `/apis` never holds the core group; every era serves this `/api/v1`.
-const CORE_V1: &str = include_str!("../../../testdata/discovery/legacy_core-v1/api__v1.json");
+const CORE_V1: &str = include_str!("../../testdata/discovery/legacy_core-v1/api__v1.json");
 
 /// (era, gitVersion, Go version of that release, `/apis` fixture).
 const ERAS: [(&str, &str, &str, &str); 3] = [
