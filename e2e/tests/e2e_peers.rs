@@ -1,59 +1,28 @@
 //! End-to-end, apiservers from the cluster (`[cluster] members = "endpointSlice"`): the local
 //! skewed cluster (Envoy with the built filter, the sidecar, stand-ins a and b of the 1.33 era
 //! and c of the 1.36 era sharing one store), each stand-in publishing itself in the
-//! `kubernetes` EndpointSlices and an identity Lease, as kube-apiserver does. Like `e2e.rs`:
+//! `kubernetes` EndpointSlices and an identity Lease, as kube-apiserver does. Like `e2e/`:
 //! one cluster per scenario, one `E2E-ROW` summary line each (written to
 //! `SKEWGATE_E2E_SUMMARY` when set). Needs `make wasm` and `make setup`: fails, never skips.
 //!
 //! Times are measured and printed, never asserted.
 
 use std::collections::BTreeSet;
-use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use skewgate_core::table::{RoutingTable, Serving};
 use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
-use skewgate_testkit::load::{Load, Record, Report, Settings, Target};
+use skewgate_testkit::load::{Load, Record, Settings, Target};
 use skewgate_testkit::paths;
+use skewgate_testkit::scenario::{Row, fresh_dir, listing, scenario, until};
 
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const TIMEOUT: Duration = Duration::from_secs(10);
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const CRD_GROUP: &str = "stable.example.com";
-
-#[derive(Debug, Default)]
-struct Row {
-    requests: usize,
-    failures: usize,
-    figures: Vec<String>,
-}
-
-impl Row {
-    fn figure(&mut self, text: impl Into<String>) {
-        self.figures.push(text.into());
-    }
-}
-
-async fn scenario(id: &str, title: &str, body: impl Future<Output = Result<Row>>) -> Result<()> {
-    let started = Instant::now();
-    let result = body.await;
-    let wall = started.elapsed();
-    let (verdict, requests, failures, figures) = match &result {
-        Ok(row) => ("pass", row.requests.to_string(), row.failures.to_string(), row.figures.join("; ")),
-        Err(e) => ("FAIL", "-".into(), "-".into(), format!("{e:#}").lines().next().unwrap_or("").to_string()),
-    };
-    let line =
-        format!("{id}\t{title}\t{verdict}\t{requests}\t{failures}\t{:.1}s\t{figures}", wall.as_secs_f64());
-    println!("E2E-ROW\t{line}");
-    if let Some(dir) = std::env::var_os("SKEWGATE_E2E_SUMMARY").map(PathBuf::from) {
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join(format!("{id}.tsv")), format!("{line}\n"))?;
-    }
-    result.map(|_| ())
-}
 
 async fn start(name: &str) -> Result<Cluster> {
     start_with(name, false).await
@@ -62,9 +31,7 @@ async fn start(name: &str) -> Result<Cluster> {
 async fn start_with(name: &str, leases: bool) -> Result<Cluster> {
     paths::envoy_binary()?;
     paths::filter_wasm()?;
-    let out =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e").join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let out = fresh_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "e2e", name);
     let mut options = Options::ephemeral(&out, ERAS);
     options.from_cluster = true;
     options.from_leases = leases;
@@ -78,20 +45,6 @@ async fn finish(c: Cluster) -> Result<()> {
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(out);
     Ok(())
-}
-
-/// Polls `check` every 20 ms until it yields, or fails after `timeout`.
-async fn until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check()? {
-            return Ok(value);
-        }
-        if started.elapsed() > timeout {
-            bail!("{what}: not within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn ten_targets() -> Vec<Target> {
@@ -113,10 +66,6 @@ fn load(c: &Cluster, targets: Vec<Target>, workers: usize) -> Result<Load> {
     let client = c.client(Credentials::Alice, TIMEOUT)?;
     let settings = Settings { workers, pause: Duration::from_millis(20), timeout: TIMEOUT };
     Ok(Load::start(&client, &c.envoy_url()?, targets, settings))
-}
-
-fn listing(report: &Report, records: &[&Record]) -> String {
-    records.iter().take(10).map(|r| format!("\n  {}", r.describe(&report.targets))).collect()
 }
 
 fn ids(table: &RoutingTable) -> Vec<String> {

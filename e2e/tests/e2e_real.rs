@@ -2,7 +2,7 @@
 //! kube-apiservers sharing one etcd — a and b emulating 1.33 with beta APIs on
 //! (`drill::REAL_OLD`), c at the binary's own version — behind a real Envoy 1.40 with the built
 //! filter and the sidecar, driven by the pinned kubectl and a Rust load loop. The scenarios of
-//! `e2e.rs` that real apiservers can answer (the others read the stand-ins' own records or need
+//! `e2e/` that real apiservers can answer (the others read the stand-ins' own records or need
 //! a stand-in's rogue certificate).
 //!
 //! Real apiservers do not say who served a request: Envoy's access log (on through the runtime
@@ -12,18 +12,21 @@
 //! `SKEWGATE_KUBE_APISERVER` and `SKEWGATE_ETCD` every scenario fails, never skips.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::io::BufReader;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use skewgate_core::table::RoutingTable;
 use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
 use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::load::{Load, Record, Report, Settings, Target};
+use skewgate_testkit::load::{Load, Record, Settings, Target};
 use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
+use skewgate_testkit::scenario::{
+    KillOnDrop, Row, cert_sha256, fresh_dir, header, ids, kubectl, listing, scenario, serving,
+    successes_after, until, vm_untroubled,
+};
 use skewgate_testkit::{paths, real};
 
 /// A rolling upgrade one third done: a and b at 1.33 (betas on), c upgraded.
@@ -39,38 +42,7 @@ const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 // ---------------------------------------------------------------------------------------------
-// Scaffolding (the row format of e2e.rs, so that scripts/e2e-summary.sh prints both)
-
-#[derive(Debug, Default)]
-struct Row {
-    requests: usize,
-    failures: usize,
-    figures: Vec<String>,
-}
-
-impl Row {
-    fn figure(&mut self, text: impl Into<String>) {
-        self.figures.push(text.into());
-    }
-}
-
-async fn scenario(id: &str, title: &str, body: impl Future<Output = Result<Row>>) -> Result<()> {
-    let started = Instant::now();
-    let result = body.await;
-    let wall = started.elapsed();
-    let (verdict, requests, failures, figures) = match &result {
-        Ok(row) => ("pass", row.requests.to_string(), row.failures.to_string(), row.figures.join("; ")),
-        Err(e) => ("FAIL", "-".into(), "-".into(), format!("{e:#}").lines().next().unwrap_or("").to_string()),
-    };
-    let line =
-        format!("{id}\t{title}\t{verdict}\t{requests}\t{failures}\t{:.1}s\t{figures}", wall.as_secs_f64());
-    println!("E2E-ROW\t{line}");
-    if let Some(dir) = std::env::var_os("SKEWGATE_E2E_SUMMARY").map(PathBuf::from) {
-        std::fs::create_dir_all(&dir)?;
-        std::fs::write(dir.join(format!("{id}.tsv")), format!("{line}\n"))?;
-    }
-    result.map(|_| ())
-}
+// Scaffolding (the rest is in skewgate_testkit::scenario, shared with e2e/ and e2e_peers.rs)
 
 /// A cluster of real apiservers under `target/tmp/e2e-real/<name>-<pid>`, Envoy's access log on.
 async fn start(name: &str, tweak: impl FnOnce(&mut Options)) -> Result<Cluster> {
@@ -84,10 +56,7 @@ async fn start(name: &str, tweak: impl FnOnce(&mut Options)) -> Result<Cluster> 
     paths::envoy_binary()?;
     paths::kubectl_binary()?;
     paths::filter_wasm()?;
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("e2e-real")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
+    let out = fresh_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "e2e-real", name);
     let mut options = Options::ephemeral(&out, &ERAS);
     options.real = Some(binaries);
     tweak(&mut options);
@@ -103,56 +72,13 @@ async fn start(name: &str, tweak: impl FnOnce(&mut Options)) -> Result<Cluster> 
 /// The filter's VM never failed; then the cluster stops and its files go (a failed scenario
 /// keeps them, the apiservers' logs included).
 async fn finish(c: Cluster, row: &mut Row) -> Result<()> {
-    let stats = c.envoy()?.stats().await?;
-    let trouble: Vec<_> = stats
-        .iter()
-        .filter(|(k, v)| {
-            k.starts_with("wasm.")
-                && ["fail", "reload", "crash", "restart"].iter().any(|w| k.contains(w))
-                && **v > 0
-        })
-        .collect();
-    ensure!(trouble.is_empty(), "wasm VM trouble: {trouble:?}");
+    vm_untroubled(c.envoy()?).await?;
     let version = c.real.as_ref().and_then(|r| r.versions().into_values().next()).unwrap_or_default();
     row.figure(version);
     let out = c.out.clone();
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(out);
     Ok(())
-}
-
-fn kubectl(c: &Cluster) -> Result<Kubectl> {
-    Kubectl::new(&c.kubeconfig, &c.out.join("kube-cache"))
-}
-
-fn serving(table: &RoutingTable, gvr: &str) -> Vec<String> {
-    let (resource, rest) = gvr.split_once('.').unwrap_or((gvr, ""));
-    let (version, group) = rest.split_once('.').unwrap_or((rest, ""));
-    match table.gvr(group, version, resource) {
-        Some(g) => table.members(g.serving).map(str::to_owned).collect(),
-        None => Vec::new(),
-    }
-}
-
-fn ids(list: &[&str]) -> Vec<String> {
-    list.iter().map(|s| s.to_string()).collect()
-}
-
-fn header(h: &reqwest::header::HeaderMap, name: &str) -> Option<String> {
-    h.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
-}
-
-async fn until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Result<Option<T>>) -> Result<T> {
-    let started = Instant::now();
-    loop {
-        if let Some(value) = check()? {
-            return Ok(value);
-        }
-        if started.elapsed() > timeout {
-            bail!("{what}: not within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// One line of Envoy's access log (format in envoy-config/bootstrap.yaml).
@@ -235,27 +161,6 @@ fn load(c: &Cluster, workers: usize, pause: Duration) -> Result<Load> {
     Ok(Load::start(&client, &c.envoy_url()?, ten_targets(), Settings { workers, pause, timeout: TIMEOUT }))
 }
 
-async fn successes_after(
-    load: &Load,
-    names: &[String],
-    after: Duration,
-    n: usize,
-    timeout: Duration,
-) -> Result<()> {
-    load.wait_for(
-        &format!("{n} successes each for {names:?} after {after:?}"),
-        timeout,
-        |targets, records| {
-            names.iter().all(|name| {
-                let index = targets.iter().position(|t| t.name() == *name);
-                records.iter().filter(|r| Some(r.target) == index && r.ok() && r.started > after).count() >= n
-            })
-        },
-    )
-    .await?;
-    Ok(())
-}
-
 /// Envoy's health checks (1 s apart, two failed connections) take this long at most to see a
 /// killed apiserver down.
 const KILL_WINDOW: Duration = Duration::from_secs(2);
@@ -268,10 +173,6 @@ fn raced_the_kill(r: &Record, killed: Duration) -> bool {
         && r.ended() >= killed
         && r.started <= killed + KILL_WINDOW
         && r.message.as_deref().is_some_and(|m| m.contains("upstream_reset_before_response_started"))
-}
-
-fn listing(report: &Report, records: &[&Record]) -> String {
-    records.iter().take(10).map(|r| format!("\n  {}", r.describe(&report.targets))).collect()
 }
 
 /// (group, version, resource) of the top-level resources of an aggregated discovery document.
@@ -288,16 +189,6 @@ fn gvrs_of(doc: &Value) -> BTreeSet<(String, String, String)> {
         }
     }
     out
-}
-
-/// A child process that does not outlive a failed test.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -834,15 +725,6 @@ async fn upgrade_in_place() -> Result<Row> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r07_identity() -> Result<()> {
     scenario("R7", "identity and edge (real)", identity()).await
-}
-
-/// Lower-case hex SHA-256 of the DER of the first certificate in a PEM file.
-fn cert_sha256(pem: &Path) -> Result<String> {
-    use sha2::Digest;
-    let der = rustls_pemfile::certs(&mut BufReader::new(std::fs::File::open(pem)?))
-        .next()
-        .context("no certificate in the file")??;
-    Ok(sha2::Sha256::digest(der.as_ref()).iter().map(|b| format!("{b:02x}")).collect())
 }
 
 async fn identity() -> Result<Row> {

@@ -11,6 +11,7 @@ pub mod load;
 pub mod mvp;
 pub mod paths;
 pub mod real;
+pub mod scenario;
 
 pub use skewgate_pki as pki;
 pub use skewgate_standin as standin;
