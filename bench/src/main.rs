@@ -490,16 +490,12 @@ const END: &str = "<!-- bench:end -->";
 
 fn write_markdown(result: &Value) -> Result<()> {
     let path = paths::workspace_root().join("BENCHMARKS.md");
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|_| format!("# Benchmarks\n\n{BEGIN}\n{END}\n"));
-    let (Some(start), Some(end)) = (text.find(BEGIN), text.find(END)) else {
-        bail!("BENCHMARKS.md lacks the {BEGIN} … {END} markers");
-    };
-    let section = format!(
-        "{BEGIN}\n{}\n![Envoy CPU per request vs table size](bench/results/cpu-per-request.svg)\n{END}",
+    let empty = format!("# Benchmarks\n\n{BEGIN}\n{END}\n");
+    let body = format!(
+        "{}\n![Envoy CPU per request vs table size](bench/results/cpu-per-request.svg)\n",
         markdown_tables(result)
     );
-    std::fs::write(&path, format!("{}{section}{}", &text[..start], &text[end + END.len()..]))?;
-    Ok(())
+    skewgate_testkit::markdown::update_section(&path, Some(&empty), BEGIN, END, &body)
 }
 
 /// CPU µs/request against table size (log scale), one line per configuration and concurrency.

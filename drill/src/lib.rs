@@ -7,7 +7,10 @@
 //! apiserver of a skewed cluster away for longer than the sidecar's old grace period and brings
 //! it back.
 
+mod mode;
 pub mod probe;
+
+pub use mode::Mode;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +24,7 @@ use serde_json::{Value, json};
 
 use skewgate_testkit::cluster::{self, Cluster, Credentials};
 use skewgate_testkit::echo::SERVED_BY;
+use skewgate_testkit::load::ErrorKind;
 use skewgate_testkit::real;
 
 const OLD: &str = "1.33";
@@ -28,50 +32,6 @@ const NEW: &str = "1.36";
 const IDS: [&str; 3] = ["a", "b", "c"];
 const DISCOVERY_ACCEPT: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;q=0.9";
-
-/// Which Envoy the load goes through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Mode {
-    /// `envoy-config/plain-lb.yaml`: no filter, no sidecar, a static pool of the three.
-    PlainLb,
-    /// The skewgate filter and `skewgate sync` (`Options::poll`).
-    Skewgate,
-    /// Real binaries only: the plain load balancer in front of kube-apiservers that run
-    /// Kubernetes' own Mixed Version Proxy ([`skewgate_testkit::mvp`]).
-    Mvp,
-}
-
-impl Mode {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::PlainLb => "plain LB",
-            Mode::Mvp => "in-apiserver MVP",
-            Mode::Skewgate => "skewgate",
-        }
-    }
-
-    pub(crate) fn key(self) -> &'static str {
-        match self {
-            Mode::PlainLb => "plain-lb",
-            Mode::Mvp => "mvp",
-            Mode::Skewgate => "skewgate",
-        }
-    }
-
-    /// The runs of a drill, in the README's column order.
-    pub fn all(real: bool) -> &'static [Mode] {
-        match real {
-            true => &[Mode::PlainLb, Mode::Mvp, Mode::Skewgate],
-            false => &[Mode::PlainLb, Mode::Skewgate],
-        }
-    }
-
-    pub(crate) fn cluster_options(self, options: &mut cluster::Options) {
-        options.sidecar = self == Mode::Skewgate;
-        options.plain_lb = self != Mode::Skewgate;
-        options.mvp = self == Mode::Mvp;
-    }
-}
 
 /// What happens to the apiservers under load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -449,9 +409,16 @@ impl Request {
 
     /// A request that failed before an answer: a timeout, or the connection.
     fn failed(&mut self, e: &reqwest::Error) {
-        self.timed_out = e.is_timeout();
+        self.no_answer(
+            if e.is_timeout() { ErrorKind::Timeout } else { ErrorKind::Other },
+            skewgate_testkit::load::error_chain(e),
+        );
+    }
+
+    fn no_answer(&mut self, kind: ErrorKind, detail: String) {
+        self.timed_out = kind == ErrorKind::Timeout;
         self.connection = !self.timed_out;
-        self.error = Some(skewgate_testkit::load::error_chain(e));
+        self.error = Some(detail);
     }
 }
 
@@ -622,33 +589,16 @@ async fn send(
 ) -> Request {
     let t = s.epoch.elapsed();
     let mut r = Request::start(t, gvr, verb, era, object);
-    let result = request.send().await;
-    let outcome = match result {
-        Ok(response) => {
-            r.status = Some(response.status().as_u16());
-            r.served_by = response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
-            response.bytes().await.map(|body| {
-                if !response_ok(r.status) {
-                    if let Ok(status) = serde_json::from_slice::<Value>(&body) {
-                        if status["kind"] == "Status" {
-                            r.reason = status["reason"].as_str().map(str::to_owned);
-                            r.message = status["message"].as_str().map(str::to_owned);
-                        }
-                    }
-                }
-            })
-        }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = outcome {
-        r.failed(&e);
+    let answer = skewgate_testkit::load::exchange(request, &[200, 201]).await;
+    r.status = answer.status;
+    r.served_by = answer.served_by;
+    r.reason = answer.reason;
+    r.message = answer.message;
+    if let Some(kind) = answer.error {
+        r.no_answer(kind, answer.detail.unwrap_or_default());
     }
     r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
     r
-}
-
-fn response_ok(status: Option<u16>) -> bool {
-    matches!(status, Some(200 | 201))
 }
 
 async fn operation(s: Arc<Shared>, op: Op) {
@@ -1218,7 +1168,9 @@ pub async fn drill(o: &Options) -> Result<Vec<Run>> {
     let mut runs = Vec::new();
     for mode in Mode::all(o.real.is_some()) {
         let probe = match &o.real {
-            Some(_) => Some(crate::probe::probe(*mode, o).await?),
+            Some(_) => {
+                Some(crate::probe::probe(*mode, &o.work, o.real.clone(), o.poll, &real_list_names()).await?)
+            }
             None => None,
         };
         let mut r = run(*mode, o).await?;
@@ -1358,7 +1310,7 @@ pub fn markdown_table(runs: &[Run]) -> String {
         );
     }
     if runs.iter().any(|r| r.probe.is_some()) {
-        crate::probe::markdown_rows(&mut row);
+        crate::probe::markdown_rows(&mut |label, cell| row(label, &|r: &Run| cell(r.probe.as_ref())));
     }
     md
 }
@@ -1515,17 +1467,11 @@ fn args(o: &Options) -> String {
 /// Replaces the section between the markers of `readme` with every variant's part found in
 /// `results` (`<variant>.md`), so that each run keeps the other's table.
 pub fn update_readme(readme: &Path, results: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(readme)?;
-    let (Some(start), Some(end)) = (text.find(README_BEGIN), text.find(README_END)) else {
-        anyhow::bail!("{} lacks the {README_BEGIN} … {README_END} markers", readme.display());
-    };
     let mut parts = Vec::new();
     for variant in [Variant::Upgrade, Variant::LeaveAndReturn, Variant::Restarts] {
         if let Ok(part) = std::fs::read_to_string(results.join(format!("{}.md", variant.key()))) {
             parts.push(part);
         }
     }
-    let section = format!("{README_BEGIN}\n{}{README_END}", parts.join("\n"));
-    std::fs::write(readme, format!("{}{section}{}", &text[..start], &text[end + README_END.len()..]))?;
-    Ok(())
+    skewgate_testkit::markdown::update_section(readme, None, README_BEGIN, README_END, &parts.join("\n"))
 }

@@ -13,7 +13,9 @@ use serde::Serialize;
 use skewgate_testkit::cluster::{self, Cluster, Credentials};
 use skewgate_testkit::kubectl::Kubectl;
 
-use crate::{Mode, Options, REAL_NEW, REAL_OLD, Run};
+use skewgate_testkit::real::{Binaries, REAL_NEW, REAL_OLD};
+
+use crate::mode::Mode;
 
 /// Sequential requests per series (after [`WARMUP`]): enough for a stable p50 and p99.
 const REQUESTS: usize = 200;
@@ -123,13 +125,14 @@ async fn until_rerouted(c: &Cluster) -> Result<f64> {
 async fn explain(
     c: &Cluster,
     cache: &std::path::Path,
+    gvrs: &[(String, String, String)],
 ) -> Result<(usize, usize, BTreeMap<String, (usize, String)>)> {
     let kubectl = Kubectl::new(&c.kubeconfig, cache)?.with_context("skewgate-admin");
     let (mut ok, mut total, mut failed) = (0, 0, BTreeMap::new());
-    for (n, (name, resource, api_version)) in crate::real_list_names().into_iter().enumerate() {
+    for (n, (name, resource, api_version)) in gvrs.iter().enumerate() {
         for t in 0..EXPLAIN_TRIES {
             let run = kubectl.with_cache(&cache.join(format!("{n}-{t}")));
-            let out = run.run(&["explain", &resource, &format!("--api-version={api_version}")]).await?;
+            let out = run.run(&["explain", resource, &format!("--api-version={api_version}")]).await?;
             total += 1;
             if out.ok {
                 ok += 1;
@@ -145,24 +148,37 @@ async fn explain(
     Ok((ok, total, failed))
 }
 
-/// The probe of `mode`: a (old era) and c (new era) behind the run's Envoy, nothing else running.
-pub async fn probe(mode: Mode, o: &Options) -> Result<Probe> {
-    let dir = o.work.join(format!("probe-{}", mode.key()));
+/// The probe of `mode`: a (old era) and c (new era) of `real` behind the run's Envoy, nothing
+/// else running, in a folder under `work`; `kubectl explain` of `gvrs` (name, resource,
+/// apiVersion).
+pub async fn probe(
+    mode: Mode,
+    work: &std::path::Path,
+    real: Option<Binaries>,
+    poll: Duration,
+    gvrs: &[(String, String, String)],
+) -> Result<Probe> {
+    let dir = work.join(format!("probe-{}", mode.key()));
     let _ = std::fs::remove_dir_all(&dir);
     let mut options = cluster::Options::ephemeral(&dir, &[("a", REAL_OLD), ("c", REAL_NEW)]);
-    options.real = o.real.clone();
+    options.real = real;
     mode.cluster_options(&mut options);
-    options.poll_period = o.poll;
+    options.poll_period = poll;
     let c = cluster::start(&options)
         .await
         .with_context(|| format!("starting the {} probe cluster", mode.name()))?;
-    let result = measure(&c, mode, &dir).await;
+    let result = measure(&c, mode, &dir, gvrs).await;
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
-async fn measure(c: &Cluster, mode: Mode, dir: &std::path::Path) -> Result<Probe> {
+async fn measure(
+    c: &Cluster,
+    mode: Mode,
+    dir: &std::path::Path,
+    gvrs: &[(String, String, String)],
+) -> Result<Probe> {
     let reroute_ready_seconds = match mode {
         Mode::Mvp => Some(until_rerouted(c).await?),
         Mode::PlainLb | Mode::Skewgate => None,
@@ -180,7 +196,7 @@ async fn measure(c: &Cluster, mode: Mode, dir: &std::path::Path) -> Result<Probe
     ] {
         all.push(series(what, client, &url).await);
     }
-    let (explain_ok, explain_total, explain_failed) = explain(c, &dir.join("kubectl")).await?;
+    let (explain_ok, explain_total, explain_failed) = explain(c, &dir.join("kubectl"), gvrs).await?;
     Ok(Probe {
         cluster: format!("a={REAL_OLD}, c={REAL_NEW}, behind the {} Envoy", mode.name()),
         reroute_ready_seconds,
@@ -202,17 +218,17 @@ fn cell(s: Option<&Series>) -> String {
     }
 }
 
-/// A cell of the drill's table, from one run.
-pub type Cell<'a> = &'a dyn Fn(&Run) -> String;
+/// A cell of the drill's table, from one run's probe.
+pub type Cell<'a> = &'a dyn Fn(Option<&Probe>) -> String;
 
 /// The probe's rows of the drill's table.
 pub fn markdown_rows(row: &mut dyn FnMut(&str, Cell<'_>)) {
-    let get = |r: &Run, what: &str| cell(r.probe.as_ref().and_then(|p| p.series(what)));
+    let get = |p: Option<&Probe>, what: &str| cell(p.and_then(|p| p.series(what)));
     row("quiet cluster (a 1.33, c 1.36): c's API through the LB, p50 / p99", &|r| get(r, "rerouted"));
     row("… an API both serve through the LB (local), p50 / p99", &|r| get(r, "local"));
     row("… c's API straight to a (MVP: a proxies it to c), p50 / p99", &|r| get(r, "straight to a"));
     row("… c's API straight to c (local), p50 / p99", &|r| get(r, "straight to c"));
-    row("`kubectl explain` through the LB, the drill's 10 GVRs × 3 (ok / tries)", &|r| match &r.probe {
+    row("`kubectl explain` through the LB, the drill's 10 GVRs × 3 (ok / tries)", &|p| match p {
         Some(p) => format!("{} / {}", p.explain_ok, p.explain_total),
         None => "-".into(),
     });

@@ -5,8 +5,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,7 +14,9 @@ use skewgate_core::table::TableConfig;
 use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
 use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
 use skewgate_testkit::paths;
+use skewgate_testkit::scenario::listing;
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const NOPEER: &str =
@@ -422,99 +422,25 @@ fn grep(text: &str, needle: &str) -> String {
     text.lines().filter(|l| l.contains(needle)).collect::<Vec<_>>().join("\n")
 }
 
-/// Requests in a loop until stopped; counts answers by served-by, and failures.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failed: Arc<std::sync::Mutex<Vec<String>>>,
-    by_claims: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(f: &Fixture, workers: usize) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let by_claims = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-        let tasks = (0..workers)
-            .map(|i| {
-                let (stop, ok, failed, by_claims) =
-                    (stop.clone(), ok.clone(), failed.clone(), by_claims.clone());
-                let client = f.anonymous.clone();
-                let base = f.base.clone();
-                tokio::spawn(async move {
-                    let path = if i % 2 == 0 { CLAIMS_V1 } else { PODS };
-                    while !stop.load(Ordering::SeqCst) {
-                        match client.get(format!("{base}{path}")).send().await {
-                            Ok(r) if r.status() == 200 => {
-                                ok.fetch_add(1, Ordering::SeqCst);
-                                if path == CLAIMS_V1 {
-                                    let by = r
-                                        .headers()
-                                        .get(SERVED_BY)
-                                        .and_then(|v| v.to_str().ok())
-                                        .unwrap_or("")
-                                        .to_string();
-                                    *by_claims.lock().unwrap().entry(by).or_default() += 1;
-                                }
-                            }
-                            Ok(r) => failed.lock().unwrap().push(format!("{path}: {}", r.status())),
-                            Err(e) => failed.lock().unwrap().push(format!("{path}: {e}")),
-                        }
-                    }
-                })
-            })
-            .collect();
-        Self { stop, ok, failed, by_claims, tasks }
-    }
-
-    async fn until_answered(&self, n: u64) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.ok.load(Ordering::SeqCst) < n {
-            if Instant::now() > deadline {
-                bail!(
-                    "load got {} answers, failures: {:?}",
-                    self.ok.load(Ordering::SeqCst),
-                    self.failed.lock().unwrap()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(())
-    }
-
-    async fn until_claims_served_by(&self, id: &str, n: u64) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let seen = self.by_claims.lock().unwrap().get(id).copied().unwrap_or(0);
-            if seen >= n {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("{id} served {seen} resourceclaims: {:?}", self.by_claims.lock().unwrap());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn finish(self) -> (u64, Vec<String>, BTreeMap<String, u64>) {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.tasks {
-            let _ = t.await;
-        }
-        let failed = self.failed.lock().unwrap().clone();
-        let by = self.by_claims.lock().unwrap().clone();
-        (self.ok.load(Ordering::SeqCst), failed, by)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_reloads_through_ecds_without_failures() -> Result<()> {
     let f = Fixture::start("reload").await?;
     let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
-    let load = Load::start(&f, 4);
-    load.until_answered(20).await?;
+    // resourceclaims (target 0) and pods.
+    let targets = vec![
+        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+        Target::list("", "v1", "pods", Some("default")),
+    ];
+    let load = Load::start(
+        &f.anonymous,
+        &f.base,
+        targets,
+        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+    load.wait_for("20 answers", Duration::from_secs(10), |_, records| {
+        records.iter().filter(|r| r.ok()).count() >= 20
+    })
+    .await?;
 
     // Refused tables: Envoy keeps the previous one serving.
     let mut bad = serde_json::to_value(table(&["c"]))?;
@@ -566,10 +492,17 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
         )
         .await?;
     println!("new table live {:?} after the rename", swapped.elapsed());
-    load.until_claims_served_by("b", 20).await?;
-    let (ok, failed, by) = load.finish().await;
+    load.wait_for("20 resourceclaims served by b", Duration::from_secs(10), |_, records| {
+        records.iter().filter(|r| r.target == 0 && r.ok() && r.served_by.as_deref() == Some("b")).count()
+            >= 20
+    })
+    .await?;
+    let report = load.finish().await;
+    let ok = report.records.iter().filter(|r| r.ok()).count();
+    let failed = report.failures();
+    let by = report.tally().remove(&report.targets[0].name()).unwrap_or_default().served_by;
     println!("load during reloads: {ok} ok, {} failed, resourceclaims served by {by:?}", failed.len());
-    assert!(failed.is_empty(), "failed requests during reloads: {failed:?}");
+    assert!(failed.is_empty(), "failed requests during reloads: {}", listing(&report, &failed));
     assert!(ok > 100, "too little load to mean anything: {ok}");
     assert!(by.get("b").copied().unwrap_or(0) > 0, "b never served resourceclaims after the reload: {by:?}");
     assert_eq!(by.keys().filter(|k| !["b", "c"].contains(&k.as_str())).count(), 0, "{by:?}");

@@ -6,8 +6,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -22,8 +22,9 @@ use skewgate::sync::{self, Standing, SyncConfig};
 use skewgate_core::table::RoutingTable;
 use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
-use skewgate_testkit::echo::{self, SERVED_BY};
+use skewgate_testkit::echo;
 use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::load::{Load, Record, Settings as LoadSettings, Target};
 use skewgate_testkit::paths;
 
 const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
@@ -561,90 +562,6 @@ async fn envoy_never_reads_a_partial_file() -> Result<()> {
     Ok(())
 }
 
-/// Requests through Envoy in a loop until stopped: answers by who served them, and failures.
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    failed: Arc<Mutex<Vec<String>>>,
-    /// Time since `epoch` and server of every resourceclaims answer.
-    claims: Arc<Mutex<Vec<(Duration, String)>>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(client: &reqwest::Client, base: &str, workers: usize, epoch: Instant) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let ok = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(Mutex::new(Vec::new()));
-        let claims = Arc::new(Mutex::new(Vec::new()));
-        let tasks = (0..workers)
-            .map(|i| {
-                let (stop, ok, failed, claims) = (stop.clone(), ok.clone(), failed.clone(), claims.clone());
-                let (client, base) = (client.clone(), base.to_owned());
-                tokio::spawn(async move {
-                    let path = if i % 2 == 0 { CLAIMS_V1 } else { PODS };
-                    while !stop.load(Ordering::SeqCst) {
-                        match client.get(format!("{base}{path}")).send().await {
-                            Ok(r) if r.status() == 200 => {
-                                ok.fetch_add(1, Ordering::SeqCst);
-                                let by = r
-                                    .headers()
-                                    .get(SERVED_BY)
-                                    .and_then(|v| v.to_str().ok())
-                                    .unwrap_or("")
-                                    .to_owned();
-                                if path == CLAIMS_V1 {
-                                    if let Ok(mut c) = claims.lock() {
-                                        c.push((epoch.elapsed(), by));
-                                    }
-                                }
-                            }
-                            Ok(r) => {
-                                let status = r.status();
-                                let body = r.text().await.unwrap_or_default();
-                                if let Ok(mut f) = failed.lock() {
-                                    f.push(format!("{path}: {status} {body}"));
-                                }
-                            }
-                            Err(e) => {
-                                if let Ok(mut f) = failed.lock() {
-                                    f.push(format!("{path}: {e}"));
-                                }
-                            }
-                        }
-                    }
-                })
-            })
-            .collect();
-        Self { stop, ok, failed, claims, tasks }
-    }
-
-    /// Waits (10 s at most) until the resourceclaims answers so far satisfy `done`.
-    async fn until(&self, what: &str, done: impl Fn(&[(Duration, String)]) -> bool) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let claims = self.claims.lock().map(|c| c.clone()).unwrap_or_default();
-            if done(&claims) {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("load: {what} never happened ({} answers)", claims.len());
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn finish(self) -> (u64, Vec<String>, Vec<(Duration, String)>) {
-        self.stop.store(true, Ordering::SeqCst);
-        for t in self.tasks {
-            let _ = t.await;
-        }
-        let failed = self.failed.lock().map(|f| f.clone()).unwrap_or_default();
-        let claims = self.claims.lock().map(|c| c.clone()).unwrap_or_default();
-        (self.ok.load(Ordering::SeqCst), failed, claims)
-    }
-}
-
 fn step_name(step: &skewgate::push::Step) -> String {
     use skewgate::push::Step;
     match step {
@@ -723,9 +640,26 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
         }
     }
 
-    let epoch = Instant::now();
-    let load = Load::start(&alice, &base, 4, epoch);
-    load.until("20 resourceclaims answers", |c| c.len() >= 20).await?;
+    // resourceclaims (target 0) and pods; when each resourceclaims answer was asked for, and who
+    // served it.
+    let targets = vec![
+        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+        Target::list("", "v1", "pods", Some("default")),
+    ];
+    let load = Load::start(
+        &alice,
+        &base,
+        targets,
+        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+    let claim_answers = |records: &[Record]| -> Vec<(Duration, String)> {
+        let ok = records.iter().filter(|r| r.target == 0 && r.ok());
+        ok.map(|r| (r.started, r.served_by.clone().unwrap_or_default())).collect()
+    };
+    load.wait_for("20 resourceclaims answers", Duration::from_secs(10), |_, records| {
+        claim_answers(records).len() >= 20
+    })
+    .await?;
 
     // b shuts down the way an apiserver does: /readyz fails first, Envoy stops sending to it.
     let port_b = cluster.port("b");
@@ -741,14 +675,14 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
     // The scenario: b stays away a moment, as a restarting process does.
     tokio::time::sleep(Duration::from_millis(300)).await;
     cluster.start_standin("b", "1.36", format!("127.0.0.1:{port_b}").parse()?).await?;
-    let changed_at = epoch.elapsed();
+    let changed_at = load.now();
 
     let admin = HttpAdmin::new(&admin_url, Duration::from_secs(2))?;
     let deadline = Instant::now() + Duration::from_secs(15);
     let live_at = loop {
         let live = admin.live_table().await?.map(|t| t.generation);
         if live.as_deref().is_some_and(|g| g != first.generation) {
-            break epoch.elapsed();
+            break load.now();
         }
         if Instant::now() > deadline {
             bail!("the new table never went live (Envoy runs {live:?})\n{}", envoy.log());
@@ -764,11 +698,14 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
     .await??
     .clone()
     .context("no report")?;
-    load.until("20 resourceclaims answers from b", |c| {
-        c.iter().filter(|(at, by)| *at > changed_at && by == "b").count() >= 20
+    load.wait_for("20 resourceclaims answers from b", Duration::from_secs(10), |_, records| {
+        claim_answers(records).iter().filter(|(at, by)| *at > changed_at && by == "b").count() >= 20
     })
     .await?;
-    let (ok, failed, claims_seen) = load.finish().await;
+    let report = load.finish().await;
+    let ok = report.records.iter().filter(|r| r.ok()).count();
+    let failed: Vec<String> = report.failures().iter().map(|r| r.describe(&report.targets)).collect();
+    let claims_seen = claim_answers(&report.records);
 
     let took = live_at - changed_at;
     println!(

@@ -823,7 +823,10 @@ mod tests {
         assert_eq!(certs.fetcher(closed, limits()).fetch().await.unwrap_err().kind, ErrorKind::Connect);
         // A certificate for another name, one from an untrusted CA, and no TLS at all: never
         // accepted, never downgraded.
-        let rogue = certs.rogue_ca.leaf(&certs.dir, "rogue-apiserver", &["kubernetes.default.svc"], true);
+        let rogue = certs
+            .rogue_ca
+            .server(&certs.dir, "rogue-apiserver", "rogue-apiserver", &["kubernetes.default.svc"])
+            .unwrap();
         for (leaf, tls) in [(&certs.wrong_name, true), (&rogue, true), (&certs.serving, false)] {
             let (addr, seen, _task) = serve(leaf, tls, handler.clone()).await;
             let error = certs.fetcher(addr, limits()).fetch().await.unwrap_err();

@@ -273,7 +273,10 @@ mod tests {
 
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         assert_eq!(tether(&certs, closed).connect().await.err().map(|e| e.kind), Some(ErrorKind::Connect));
-        let rogue = certs.rogue_ca.leaf(&certs.dir, "rogue-apiserver", &["kubernetes.default.svc"], true);
+        let rogue = certs
+            .rogue_ca
+            .server(&certs.dir, "rogue-apiserver", "rogue-apiserver", &["kubernetes.default.svc"])
+            .unwrap();
         let (addr, _, _task) = serve(&rogue, true, Arc::new(|_: &str| json("{}"))).await;
         assert_eq!(tether(&certs, addr).connect().await.err().map(|e| e.kind), Some(ErrorKind::Tls));
     }

@@ -8,6 +8,7 @@ pub mod echo;
 pub mod envoy;
 pub mod kubectl;
 pub mod load;
+pub mod markdown;
 pub mod mvp;
 pub mod paths;
 pub mod real;

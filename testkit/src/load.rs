@@ -219,49 +219,68 @@ async fn one(
 ) -> Record {
     let started = epoch.elapsed();
     let clock = Instant::now();
-    let mut record = Record {
-        target: index,
-        started,
-        latency: Duration::ZERO,
-        status: None,
-        served_by: None,
-        reason: None,
-        message: None,
-        error: None,
-        detail: None,
-    };
     // kubectl's Accept for a plain `get -o json`.
     let request =
         client.get(format!("{base}{}", target.path)).header("accept", "application/json").timeout(timeout);
+    let answer = exchange(request, &[200]).await;
+    Record {
+        target: index,
+        started,
+        latency: clock.elapsed(),
+        status: answer.status,
+        served_by: answer.served_by,
+        reason: answer.reason,
+        message: answer.message,
+        error: answer.error,
+        detail: answer.detail,
+    }
+}
+
+/// What one request got: the answer's status, who served it and, unless the status is one of
+/// the expected ones, its `Status` body's reason and message; or why there was no answer.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    pub status: Option<u16>,
+    pub served_by: Option<String>,
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub error: Option<ErrorKind>,
+    /// The client's error text, when there was no answer.
+    pub detail: Option<String>,
+}
+
+/// Sends `request` and reads the whole answer (the drill's and the load loops' one way of
+/// recording a request).
+pub async fn exchange(request: reqwest::RequestBuilder, expected: &[u16]) -> Answer {
+    let mut answer = Answer::default();
     match request.send().await {
         Ok(response) => {
-            record.status = Some(response.status().as_u16());
-            record.served_by =
+            answer.status = Some(response.status().as_u16());
+            answer.served_by =
                 response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
             match response.bytes().await {
-                Ok(body) if record.status != Some(200) => {
+                Ok(body) if !answer.status.is_some_and(|s| expected.contains(&s)) => {
                     if let Ok(status) = serde_json::from_slice::<Value>(&body) {
                         if status["kind"] == "Status" {
-                            record.reason = status["reason"].as_str().map(str::to_owned);
-                            record.message = status["message"].as_str().map(str::to_owned);
+                            answer.reason = status["reason"].as_str().map(str::to_owned);
+                            answer.message = status["message"].as_str().map(str::to_owned);
                         }
                     }
                 }
                 Ok(_) => {}
                 Err(e) => {
                     // The head came, the body broke off: as bad as no answer.
-                    record.error = Some(classify(&e));
-                    record.detail = Some(error_chain(&e));
+                    answer.error = Some(classify(&e));
+                    answer.detail = Some(error_chain(&e));
                 }
             }
         }
         Err(e) => {
-            record.error = Some(classify(&e));
-            record.detail = Some(error_chain(&e));
+            answer.error = Some(classify(&e));
+            answer.detail = Some(error_chain(&e));
         }
     }
-    record.latency = clock.elapsed();
-    record
+    answer
 }
 
 fn classify(e: &reqwest::Error) -> ErrorKind {

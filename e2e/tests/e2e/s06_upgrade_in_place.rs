@@ -28,7 +28,7 @@ async fn upgrade_in_place() -> Result<Row> {
 
     // A: graceful, the way kube-apiserver restarts: unready and drained first
     // (--shutdown-delay-duration), stopped, back as the 1.36 era, ready once its post-start hooks
-    // are done. The sidecar has the new table live before then; harness/tests/drill.rs upgrades
+    // are done. The sidecar has the new table live before then; drill/tests/drill.rs upgrades
     // apiservers that are ready the instant they start, with a 5 s poll.
     let drain_started = load.now();
     let drained = c.drain_apiserver("b", Duration::from_secs(10)).await?;
