@@ -532,7 +532,8 @@ impl Cluster {
     }
 }
 
-/// Until the sidecar's `/readyz` passes (Envoy has had a complete table).
+/// Until the sidecar's `/readyz` passes: a table in Envoy and the first OpenAPI round done, so
+/// that a client's first `kubectl explain` does not meet a 503.
 async fn wait_sidecar_ready(running: &sync::Running, timeout: Duration) -> Result<()> {
     let url = format!("http://{}/readyz", running.listen);
     let deadline = Instant::now() + timeout;

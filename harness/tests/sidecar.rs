@@ -263,7 +263,18 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
     let mut reports = running.reports.clone();
     tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
     assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]));
-    assert_eq!(reqwest::get(format!("http://{}/readyz", running.listen)).await?.status(), 200);
+    // Ready once the OpenAPI composer has had its first round too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("http://{}/readyz", running.listen)).await?.status() != 200 {
+        assert!(Instant::now() < deadline, "not ready 10 s after the first sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Ready means the edge has OpenAPI to answer with, not a 503 (the composer once failed to
+    // bind its socket before Envoy's directory existed, and readiness never came).
+    let text = metrics(&running).await?;
+    assert_eq!(metric(&text, "skewgate_openapi_compositions_total"), Some(1.0), "{text}");
+    assert!(metric(&text, "skewgate_openapi_documents").is_some_and(|n| n > 10.0), "{text}");
+    assert!(envoy_dir.join(skewgate::openapi::SOCKET).exists());
     assert!(draining(&envoy_dir)?.is_empty());
 
     let stopped = Instant::now();

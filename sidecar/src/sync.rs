@@ -992,10 +992,16 @@ async fn run_with(
     // The OpenAPI composer: its own loop and socket, so that a slow or huge document never holds
     // a table change back. Aborted with this future.
     let (openapi_members, members) = watch::channel(sidecar.openapi_members());
+    // Bound here, before the first push has created Envoy's directory: a composer that cannot
+    // bind would leave every OpenAPI request at the edge a 503 while the sidecar reported ready.
     let socket = sidecar.config.envoy.dir.join(crate::openapi::SOCKET);
+    let openapi_listener = std::fs::create_dir_all(&sidecar.config.envoy.dir)
+        .and_then(|()| crate::openapi::serve::bind(&socket))
+        .with_context(|| format!("cannot serve OpenAPI on {}", socket.display()))?;
     let _openapi = AbortOnDrop(tokio::spawn(crate::openapi::serve::run(
         sidecar.shared(),
         members,
+        openapi_listener,
         socket,
         poll_period,
         std::future::pending(),
