@@ -1002,7 +1002,8 @@ async fn crash_restart() -> Result<Row> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 9. OpenAPI through Envoy: kubectl explain and validation (docs/known-issues.md #1)
+// 9. OpenAPI through Envoy: kubectl explain and validation against the composed documents
+//    (docs/openapi.md)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r09_openapi() -> Result<()> {
@@ -1035,7 +1036,7 @@ async fn openapi() -> Result<Row> {
     row.figure(format!("12 fresh-cache runs each, failures {counts:?}"));
     ensure!(
         failed.is_empty(),
-        "kubectl failed through Envoy (docs/known-issues.md #1): {counts:?}, e.g. {:?}",
+        "kubectl failed through Envoy against the composed OpenAPI: {counts:?}, e.g. {:?}",
         failed.values().flatten().next()
     );
     finish(c, &mut row).await?;
