@@ -1050,7 +1050,7 @@ async fn openapi() -> Result<Row> {
 fn table_json(c: &Cluster) -> Result<Value> {
     let ecds: Value = serde_json::from_slice(&std::fs::read(c.envoy_dir().join("ecds/ecds.json"))?)?;
     let table = skewgate::envoy::table_from_ecds(&ecds).context("ecds.json holds no table")?;
-    Ok(serde_json::from_str(&table)?)
+    Ok(serde_json::from_str(table)?)
 }
 
 /// The same table, or which parts of it changed (a changed generation alone says nothing).
