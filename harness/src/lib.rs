@@ -7,6 +7,7 @@ pub mod drill;
 pub mod echo;
 pub mod envoy;
 pub mod kubectl;
+pub mod limits;
 pub mod load;
 pub mod paths;
 pub mod pki;

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod counts;
 pub mod duration;
 pub mod envoy;
 pub mod envoy_path;

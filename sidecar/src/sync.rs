@@ -19,7 +19,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
 use crate::envoy::UpstreamTls;
-use crate::fetch::{ClientTls, Documents, FetchError, Fetcher};
+use crate::fetch::{ClientTls, Documents, ErrorKind, FetchError, Fetcher};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
 use crate::routing::{self, Counts, RenderError, Server};
 use crate::serve::{self, Shared};
@@ -31,7 +31,8 @@ pub use crate::config::SyncConfig;
 pub enum Standing {
     /// Answered this time.
     Current,
-    /// Failed; its last good documents, this old, still count (grace period).
+    /// Failed; its last good documents, this old, still count (grace period; for as long as it
+    /// is over a `[limits]` bound, since it still answers).
     Stale { age: Duration },
     /// Failed past its grace period this time: its GVRs just left the table.
     Dropped,
@@ -82,6 +83,11 @@ impl SyncError {
     pub fn label(&self) -> &'static str {
         match self {
             SyncError::NoDocuments => "no_documents",
+            SyncError::Build(BuildError::Table(e)) | SyncError::Render(RenderError::Invalid(e))
+                if e.over_limit =>
+            {
+                "table_limit"
+            }
             SyncError::Build(_) => "build",
             SyncError::Render(RenderError::Invalid(_)) => "invalid_table",
             SyncError::Render(_) => "render",
@@ -115,7 +121,15 @@ impl Memory {
                 Standing::Current
             }
             Err(error) => {
+                // Over a limit, the apiserver still answers: its last good documents stay until it
+                // is back under the limit, whatever the grace period (meant for silence) says.
+                let answering = error.kind == ErrorKind::Limit;
                 match (self.failing, self.good.is_some()) {
+                    (false, true) if answering => tracing::warn!(
+                        apiserver = id,
+                        %error,
+                        "discovery over a limit; its last good documents stay in the table"
+                    ),
                     (false, true) => tracing::warn!(
                         apiserver = id,
                         %error,
@@ -128,7 +142,7 @@ impl Memory {
                 }
                 self.failing = true;
                 match &self.good {
-                    Some((_, at)) if now.duration_since(*at) <= grace => {
+                    Some((_, at)) if answering || now.duration_since(*at) <= grace => {
                         Standing::Stale { age: now.duration_since(*at) }
                     }
                     Some((_, at)) => {
@@ -442,7 +456,6 @@ impl<T> Drop for AbortOnDrop<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fetch::ErrorKind;
     use skewgate_core::discovery::ApiGroupDiscoveryList;
 
     fn docs() -> Documents {
@@ -476,6 +489,24 @@ mod tests {
         assert!(!m.failing);
         let zero = Duration::ZERO;
         assert_eq!(m.record("a", failure(), at(15), zero), Standing::Dropped);
+    }
+
+    /// An apiserver over a limit keeps its last good documents past the grace period; once it
+    /// stops answering, the grace period counts from those documents again.
+    #[test]
+    fn over_a_limit_the_last_good_documents_stay() {
+        let grace = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let over = || Err(FetchError { path: "/apis".into(), kind: ErrorKind::Limit, detail: "x".into() });
+        let mut m = Memory::default();
+        assert_eq!(m.record("a", over(), at(0), grace), Standing::Missing);
+        assert_eq!(m.record("a", Ok(docs()), at(1), grace), Standing::Current);
+        assert_eq!(m.record("a", over(), at(5), grace), Standing::Stale { age: Duration::from_secs(4) });
+        assert_eq!(m.record("a", over(), at(100), grace), Standing::Stale { age: Duration::from_secs(99) });
+        assert!(m.good.is_some());
+        assert_eq!(m.record("a", failure(), at(101), grace), Standing::Dropped);
+        assert_eq!(m.record("a", Ok(docs()), at(102), grace), Standing::Current);
     }
 
     #[test]
