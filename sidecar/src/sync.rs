@@ -457,6 +457,7 @@ impl<T> Drop for AbortOnDrop<T> {
 mod tests {
     use super::*;
     use skewgate_core::discovery::ApiGroupDiscoveryList;
+    use skewgate_core::table::TableError;
 
     fn docs() -> Documents {
         Documents {
@@ -512,6 +513,10 @@ mod tests {
     #[test]
     fn error_labels() {
         assert_eq!(SyncError::NoDocuments.label(), "no_documents");
+        let table = |over_limit| TableError { field: "groupVersions".into(), reason: "x".into(), over_limit };
+        assert_eq!(SyncError::Render(RenderError::Invalid(table(true))).label(), "table_limit");
+        assert_eq!(SyncError::Build(BuildError::Table(table(true))).label(), "table_limit");
+        assert_eq!(SyncError::Render(RenderError::Invalid(table(false))).label(), "invalid_table");
         assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Dropped.serves());
     }
 }
