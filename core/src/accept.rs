@@ -1,5 +1,5 @@
 //! Content negotiation for `GET /apis`: does the client want aggregated discovery v2 in JSON,
-//! with or without peers? Mirrors kube-apiserver's discovery negotiation (spec §8) for the media
+//! with or without peers? Mirrors kube-apiserver's discovery negotiation (docs/upstream-facts.md, "Peer-aggregated discovery") for the media
 //! types skewgate can answer itself; everything else goes to an apiserver.
 
 /// What the filter does with a `GET /apis`, by its Accept header.
@@ -9,7 +9,14 @@ pub enum DiscoveryAccept {
     MergedV2,
     /// The same with `profile=nopeer`: one apiserver's own document.
     NoPeerV2,
-    /// Legacy `APIGroupList`, v2beta1, protobuf only, or nothing acceptable: an apiserver decides.
+    /// The legacy (unaggregated) document as JSON: plain `application/json`, `application/*`,
+    /// `*/*`, or no Accept at all. Composed at the edge where the apiservers' documents differ.
+    LegacyJson,
+    /// The legacy document in protobuf or YAML only. skewgate composes JSON only: where it
+    /// composes, such a request gets 406 Not Acceptable (after an apiserver authorized it), the
+    /// answer an apiserver gives for a type it cannot produce.
+    LegacyOther,
+    /// v2beta1, or nothing acceptable: an apiserver decides.
     Local,
 }
 
@@ -21,14 +28,30 @@ const DISCOVERY_KIND: &str = "APIGroupDiscoveryList";
 /// from the merged JSON, so such a range is passed over for the client's next choice, as any
 /// server does with a type it lacks.
 pub fn negotiate_discovery(accept: Option<&str>) -> DiscoveryAccept {
-    let Some(accept) = accept else { return DiscoveryAccept::Local };
+    negotiate(accept, false)
+}
+
+/// [`negotiate_discovery`] for the paths that only have the legacy form (`/api/<v>`,
+/// `/apis/<g>`, `/apis/<g>/<v>`): aggregated media ranges are passed over, as the apiserver
+/// has nothing to answer them with there.
+pub fn negotiate_legacy(accept: Option<&str>) -> DiscoveryAccept {
+    negotiate(accept, true)
+}
+
+fn negotiate(accept: Option<&str>, legacy_only: bool) -> DiscoveryAccept {
+    // Go's negotiation takes a missing or empty Accept as anything: the default, JSON.
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else { return DiscoveryAccept::LegacyJson };
     // A header longer than this is not from a Kubernetes client; let an apiserver answer it.
     const MAX_RANGES: usize = 32;
     let mut ranges: [(u16, usize, Option<DiscoveryAccept>); MAX_RANGES] = [(0, 0, None); MAX_RANGES];
     let mut n = 0;
     for (i, range) in split_unquoted(accept, b',').enumerate() {
         let Some(slot) = ranges.get_mut(n) else { return DiscoveryAccept::Local };
-        let (q, choice) = classify(range);
+        let (q, mut choice) = classify(range);
+        if legacy_only {
+            choice =
+                choice.filter(|c| matches!(c, DiscoveryAccept::LegacyJson | DiscoveryAccept::LegacyOther));
+        }
         if q > 0 {
             *slot = (q, i, choice);
             n += 1;
@@ -68,12 +91,14 @@ fn classify(range: &str) -> (u16, Option<DiscoveryAccept>) {
             false
         }
         (t, s) if t.eq_ignore_ascii_case("application") && s.eq_ignore_ascii_case("yaml") => {
-            return (q, Some(DiscoveryAccept::Local));
+            let plain = g.is_none() && v.is_none() && kind.is_none();
+            return (q, plain.then_some(DiscoveryAccept::LegacyOther));
         }
         _ => return (q, None),
     };
     if g.is_none() && v.is_none() && kind.is_none() {
-        return (q, Some(DiscoveryAccept::Local));
+        let legacy = if json { DiscoveryAccept::LegacyJson } else { DiscoveryAccept::LegacyOther };
+        return (q, Some(legacy));
     }
     if g != Some(DISCOVERY_GROUP) || kind != Some(DISCOVERY_KIND) {
         return (q, None);
@@ -145,37 +170,63 @@ mod tests {
                 "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
                 MergedV2,
             ),
-            // the apiservers' own peer fetch (spec §4.4)
+            // the apiservers' own peer fetch (docs/upstream-facts.md, "Peer discovery fetch")
             (
                 "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
                 NoPeerV2,
             ),
             ("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=foo", MergedV2),
-            ("application/json", Local),
-            ("*/*", Local),
-            ("application/yaml", Local),
+            ("application/json", LegacyJson),
+            ("*/*", LegacyJson),
+            ("application/json, */*", LegacyJson),
+            ("application/yaml", LegacyOther),
+            ("application/vnd.kubernetes.protobuf", LegacyOther),
+            ("application/vnd.kubernetes.protobuf,application/json", LegacyOther),
+            ("application/vnd.kubernetes.protobuf;q=0.5,application/json", LegacyJson),
             ("application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList", Local),
             (
                 "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
                 Local,
             ),
-            ("application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList,application/json", Local),
+            (
+                "application/json;g=apidiscovery.k8s.io;v=v3;as=APIGroupDiscoveryList,application/json",
+                LegacyJson,
+            ),
             ("application/json;g=apps;v=v1;as=Deployment", Local),
             ("text/html", Local),
-            ("", Local),
+            ("", LegacyJson),
+            (" ", LegacyJson),
         ];
         for (accept, want) in cases {
             assert_eq!(negotiate_discovery(Some(accept)), want, "{accept}");
         }
-        assert_eq!(negotiate_discovery(None), Local);
+        assert_eq!(negotiate_discovery(None), LegacyJson);
+    }
+
+    #[test]
+    fn legacy_only_paths_pass_over_aggregated_ranges() {
+        let cases = [
+            (
+                "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json",
+                LegacyJson,
+            ),
+            ("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList", Local),
+            ("application/vnd.kubernetes.protobuf,application/json", LegacyOther),
+            ("application/json, */*", LegacyJson),
+            ("text/plain", Local),
+        ];
+        for (accept, want) in cases {
+            assert_eq!(negotiate_legacy(Some(accept)), want, "{accept}");
+        }
+        assert_eq!(negotiate_legacy(None), LegacyJson);
     }
 
     #[test]
     fn quality_and_spacing() {
         let v2 = "application/json; g=apidiscovery.k8s.io; v=v2; as=APIGroupDiscoveryList";
         assert_eq!(negotiate_discovery(Some(&format!("application/json;q=0.5, {v2}"))), MergedV2);
-        assert_eq!(negotiate_discovery(Some(&format!("{v2};q=0.4, application/json;q=0.5"))), Local);
-        assert_eq!(negotiate_discovery(Some(&format!("{v2};q=0, application/json"))), Local);
+        assert_eq!(negotiate_discovery(Some(&format!("{v2};q=0.4, application/json;q=0.5"))), LegacyJson);
+        assert_eq!(negotiate_discovery(Some(&format!("{v2};q=0, application/json"))), LegacyJson);
         assert_eq!(negotiate_discovery(Some(&format!("{v2};Q=1.0"))), MergedV2);
         assert_eq!(negotiate_discovery(Some(&format!("{v2};q=abc"))), Local);
         assert_eq!(negotiate_discovery(Some(&format!("{v2};profile=\"nopeer\""))), NoPeerV2);

@@ -10,9 +10,11 @@ use std::fmt;
 use sha2::{Digest, Sha512};
 
 use crate::discovery::{ApiGroupDiscovery, ApiGroupDiscoveryList, etag, merge_peer_discovery};
+use crate::extensions::Extensions;
+use crate::legacy_build::{LegacySet, compose_legacy};
 use crate::table::{
-    ApiserverConfig, DiscoveryConfig, GroupVersionConfig, MAX_APISERVERS, PolicyConfig, RoutingTable,
-    SCHEMA_VERSION, TableConfig, TableError,
+    ApiserverConfig, DiscoveryConfig, GroupVersionConfig, LegacyDocumentConfig, MAX_APISERVERS, PolicyConfig,
+    RoutingTable, SCHEMA_VERSION, TableConfig, TableError,
 };
 
 /// What one apiserver serves: its aggregated `/api` and `/apis` documents (legacy discovery
@@ -36,6 +38,13 @@ pub struct ClusterNames {
     pub set_prefix: String,
     /// Followed by the pool's or a set's name: its twin for requests without credentials.
     pub anonymous_prefix: String,
+}
+
+impl ClusterNames {
+    /// The cluster of the apiservers `members` (any order): one name per set, whatever builds it.
+    pub fn set_cluster(&self, members: &[String]) -> String {
+        set_cluster_name(&self.set_prefix, members)
+    }
 }
 
 impl Default for ClusterNames {
@@ -112,6 +121,23 @@ const SHORT_HASH: usize = 16;
 /// characters to escape) are left out, since no request could name them, rather than letting
 /// one odd entry stop every table update.
 pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<TableConfig, BuildError> {
+    build_table_with(servers, &[], names, &Extensions::default())
+}
+
+/// The routing table, with what the sidecar knows beyond discovery:
+/// - `legacy[i]`, `servers[i]`'s legacy discovery set, for the composed legacy documents
+///   ([`compose_legacy`]); nothing is composed unless every server that serves something has its
+///   set: a merge without one of them could lack what only it serves, and the apiservers then
+///   answer legacy discovery themselves, as without skewgate;
+/// - CRD- and APIService-backed group/versions ([`Extensions`]): routed to the pool (every
+///   apiserver serves them, whichever lists them now) and kept from one server only in the merged
+///   `/apis`.
+pub fn build_table_with(
+    servers: &[ServerApis<'_>],
+    legacy: &[Option<&LegacySet>],
+    names: &ClusterNames,
+    extensions: &Extensions,
+) -> Result<TableConfig, BuildError> {
     check_ids(servers)?;
     let mut table = TableConfig {
         schema: SCHEMA_VERSION,
@@ -126,16 +152,40 @@ pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<T
             .collect(),
         pool_cluster: names.pool.clone(),
         sets: Vec::new(),
-        group_versions: group_versions(servers),
-        discovery: Some(merged_discovery(servers)?),
+        group_versions: group_versions(servers, extensions),
+        discovery: Some(merged_discovery(servers, extensions)?),
+        legacy_discovery: Vec::new(),
         policy: PolicyConfig::default(),
         anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
+        openapi_cluster: None,
     };
-    table.assign_sets(|members| set_cluster_name(&names.set_prefix, members));
+    table.legacy_discovery = legacy_discovery(servers, legacy, &table.group_versions)?;
+    table.assign_sets(|members| names.set_cluster(members));
     table.generation = generation(&table)?;
     // Cheap next to a sync, and it turns a table Envoy would refuse into an error here.
     RoutingTable::compile(table.clone()).map_err(BuildError::Table)?;
     Ok(table)
+}
+
+fn legacy_discovery(
+    servers: &[ServerApis<'_>],
+    legacy: &[Option<&LegacySet>],
+    group_versions: &[GroupVersionConfig],
+) -> Result<Vec<LegacyDocumentConfig>, BuildError> {
+    let mut inputs: Vec<(&str, &LegacySet)> = Vec::new();
+    for (index, server) in servers.iter().enumerate() {
+        if server.documents.iter().all(|d| d.items.is_empty()) {
+            continue;
+        }
+        match legacy.get(index).copied().flatten() {
+            Some(set) => inputs.push((server.id, set)),
+            None => return Ok(Vec::new()),
+        }
+    }
+    let known = |group: &str, version: Option<&str>| {
+        group_versions.iter().any(|gv| gv.group == group && version.is_none_or(|v| gv.version == v))
+    };
+    compose_legacy(&inputs, known).map_err(|e| BuildError::Serialize(e.to_string()))
 }
 
 fn check_ids(servers: &[ServerApis<'_>]) -> Result<(), BuildError> {
@@ -175,7 +225,7 @@ struct Listing<'a> {
     resources: BTreeMap<&'a str, u64>,
 }
 
-fn group_versions(servers: &[ServerApis<'_>]) -> Vec<GroupVersionConfig> {
+fn group_versions(servers: &[ServerApis<'_>], extensions: &Extensions) -> Vec<GroupVersionConfig> {
     let mut listings: BTreeMap<(&str, &str), Listing<'_>> = BTreeMap::new();
     for (index, server) in servers.iter().enumerate() {
         let bit = 1u64 << index;
@@ -200,13 +250,23 @@ fn group_versions(servers: &[ServerApis<'_>]) -> Vec<GroupVersionConfig> {
             .map(|(_, s)| s.id.to_owned())
             .collect()
     };
+    let everyone = u64::MAX >> (64 - servers.len().clamp(1, 64));
     listings
         .into_iter()
-        .map(|((group, version), listing)| GroupVersionConfig {
-            group: group.to_owned(),
-            version: version.to_owned(),
-            served_by: ids_of(listing.served_by),
-            resources: listing.resources.into_iter().map(|(r, mask)| (r.to_owned(), ids_of(mask))).collect(),
+        .map(|((group, version), listing)| {
+            let extension = extensions.contains(group, version);
+            let mask = |m: u64| if extension { everyone } else { m };
+            GroupVersionConfig {
+                group: group.to_owned(),
+                version: version.to_owned(),
+                served_by: ids_of(mask(listing.served_by)),
+                resources: listing
+                    .resources
+                    .into_iter()
+                    .map(|(r, m)| (r.to_owned(), ids_of(mask(m))))
+                    .collect(),
+                extension,
+            }
         })
         .collect()
 }
@@ -220,10 +280,18 @@ fn is_path_segment(value: &str) -> bool {
 
 /// The peer-aggregated `/apis`: each server contributes the non-core groups of all its
 /// documents as one list, which is what upstream's peer cache holds for it.
-fn merged_discovery(servers: &[ServerApis<'_>]) -> Result<DiscoveryConfig, BuildError> {
-    let lists: Vec<ApiGroupDiscoveryList> =
-        servers.iter().map(|s| ApiGroupDiscoveryList::v2(non_core_groups(&s.documents))).collect();
-    let peers: Vec<(&str, &ApiGroupDiscoveryList)> = servers.iter().map(|s| s.id).zip(&lists).collect();
+fn merged_discovery(
+    servers: &[ServerApis<'_>],
+    extensions: &Extensions,
+) -> Result<DiscoveryConfig, BuildError> {
+    let mut by_id: Vec<(&str, ApiGroupDiscoveryList)> =
+        servers.iter().map(|s| (s.id, ApiGroupDiscoveryList::v2(non_core_groups(&s.documents)))).collect();
+    // The merge visits servers in id order; so does the choice of who keeps an extension.
+    by_id.sort_by(|a, b| a.0.cmp(b.0));
+    let (ids, mut lists): (Vec<&str>, Vec<ApiGroupDiscoveryList>) = by_id.into_iter().unzip();
+    extensions.keep_first_listing(&mut lists);
+    let servers: Vec<&str> = ids;
+    let peers: Vec<(&str, &ApiGroupDiscoveryList)> = servers.into_iter().zip(&lists).collect();
     let merged = merge_peer_discovery(&peers);
     let document = serde_json::to_string(&merged).map_err(|e| BuildError::Serialize(e.to_string()))?;
     Ok(DiscoveryConfig { etag: etag(&merged), document })
@@ -587,5 +655,65 @@ mod tests {
     #[test]
     fn set_names_sort_their_ids() {
         assert_eq!(set_cluster_name("s-", &["b".into(), "a".into()]), "s-a_b");
+    }
+
+    /// c lags a CRD's discovery (it lists only v1 of two): both versions still go to the pool,
+    /// and the merged `/apis` takes each from the first server (in id order) that lists it.
+    #[test]
+    fn extensions_go_to_the_pool_and_merge_from_one_server() {
+        let crd = |versions: &[(&str, &str)]| {
+            let versions: Vec<serde_json::Value> = versions
+                .iter()
+                .map(|(v, freshness)| {
+                    serde_json::json!({"version": v, "freshness": freshness, "resources": [{
+                        "resource": "widgets", "responseKind": {"group": "", "version": "", "kind": "Widget"},
+                        "scope": "Namespaced", "singularResource": "widget", "verbs": ["get", "list"]}]})
+                })
+                .collect();
+            ApiGroupDiscoveryList::from_json(
+                serde_json::json!({"kind": "APIGroupDiscoveryList", "apiVersion": "apidiscovery.k8s.io/v2",
+                    "metadata": {}, "items": [{"metadata": {"name": "example.com"}, "versions": versions}]})
+                .to_string()
+                .as_bytes(),
+            )
+            .unwrap()
+        };
+        let d = docs();
+        let (both, stale, none) =
+            (crd(&[("v2", "Current"), ("v1", "Current")]), crd(&[("v1", "Stale")]), crd(&[]));
+        let servers = vec![
+            ServerApis { id: "c", version: "v1.36.0", documents: vec![&d.core, &d.new, &stale] },
+            ServerApis { id: "b", version: "v1.36.0", documents: vec![&d.core, &d.new, &both] },
+            ServerApis { id: "a", version: "v1.36.0", documents: vec![&d.core, &d.new, &none] },
+        ];
+        let extensions = Extensions::new([
+            ("example.com".to_owned(), "v1".to_owned()),
+            ("example.com".to_owned(), "v2".to_owned()),
+        ]);
+        let plain = build(&servers);
+        assert_eq!(resource_servers(&plain, "example.com", "v2", "widgets"), ["b"]);
+        let config = build_table_with(&servers, &[], &ClusterNames::default(), &extensions).unwrap();
+        for version in ["v1", "v2"] {
+            let gv =
+                config.group_versions.iter().find(|gv| gv.group == "example.com" && gv.version == version);
+            let gv = gv.unwrap();
+            assert!(gv.extension);
+            assert_eq!(gv.served_by, ["c", "b", "a"]);
+            assert_eq!(gv.resources["widgets"], ["c", "b", "a"]);
+        }
+        assert!(config.group_versions.iter().filter(|gv| gv.group != "example.com").all(|gv| !gv.extension));
+        let table = RoutingTable::compile(config.clone()).unwrap();
+        assert_eq!(table.gvr("example.com", "v1", "widgets").unwrap().serving, Serving::All);
+        let merged: serde_json::Value = serde_json::from_str(&config.discovery.unwrap().document).unwrap();
+        let group =
+            merged["items"].as_array().unwrap().iter().find(|g| g["metadata"]["name"] == "example.com");
+        let versions: Vec<(&str, &str)> = group.unwrap()["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| (v["version"].as_str().unwrap(), v["freshness"].as_str().unwrap()))
+            .collect();
+        // b (before c) keeps both versions: c's Stale v1 is not merged in.
+        assert_eq!(versions, [("v2", "Current"), ("v1", "Current")]);
     }
 }

@@ -7,7 +7,7 @@ pub const REMOTE_USER: &str = "x-remote-user";
 pub const REMOTE_GROUP: &str = "x-remote-group";
 pub const PEER_PROXIED: &str = "x-kubernetes-peer-proxied";
 
-/// Headers an apiserver's requestheader authenticator reads (kube-apiserver's defaults, spec §7).
+/// Headers an apiserver's requestheader authenticator reads (kube-apiserver's defaults, docs/upstream-facts.md, "Front-proxy authentication").
 /// A client must never get to set them: Envoy's front-proxy certificate vouches for every request.
 pub fn is_identity_header(name: &str) -> bool {
     let lower_prefix =

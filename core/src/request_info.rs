@@ -1,5 +1,5 @@
 //! The Kubernetes request-path grammar: a port of kube-apiserver's `NewRequestInfo`
-//! (`k8s.io/apiserver/pkg/endpoints/request/requestinfo.go`), spec §6.
+//! (`k8s.io/apiserver/pkg/endpoints/request/requestinfo.go`), docs/upstream-facts.md, "Request-path grammar".
 //!
 //! The routing decision must read a request exactly as the apiserver behind us would, so the
 //! port keeps Go's quirks, including the ones in the helpers it calls (`url.ParseQuery`,

@@ -3,38 +3,73 @@
 
 use serde::Serialize;
 
-/// `metav1.Status`, fields in Go's order so the JSON reads like an apiserver's.
+/// `metav1.Status`, fields in Go's order and omitted when empty as Go omits them, so the JSON
+/// reads like an apiserver's. The one Status type of the project: the stand-in apiservers build
+/// theirs with it too.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Status<'a> {
+pub struct Status {
     pub kind: &'static str,
     pub api_version: &'static str,
     pub metadata: Empty,
     pub status: &'static str,
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub message: String,
+    #[serde(skip_serializing_if = "str::is_empty")]
     pub reason: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub details: Option<StatusDetails<'a>>,
+    pub details: Option<Box<StatusDetails>>,
     pub code: u16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Empty {}
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct StatusDetails<'a> {
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub group: &'a str,
-    /// Kubernetes puts the resource (plural) here for resource errors.
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub kind: &'a str,
+/// `metav1.StatusDetails`; Kubernetes puts the resource (plural) in `kind` for resource errors.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct StatusDetails {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub uid: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub causes: Vec<StatusCause>,
 }
 
-impl Status<'_> {
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StatusCause {
+    pub reason: &'static str,
+    pub message: String,
+    pub field: String,
+}
+
+impl Status {
+    pub fn failure(code: u16, reason: &'static str, message: impl Into<String>) -> Status {
+        Status {
+            kind: "Status",
+            api_version: "v1",
+            metadata: Empty {},
+            status: "Failure",
+            message: message.into(),
+            reason,
+            details: None,
+            code,
+        }
+    }
+
+    pub fn with_details(mut self, details: StatusDetails) -> Status {
+        self.details = Some(Box::new(details));
+        self
+    }
+
     pub fn to_json(&self) -> String {
         // Serialising these plain fields cannot fail; keep a valid body regardless.
         serde_json::to_string(self).unwrap_or_else(|_| {
-            String::from(r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"ServiceUnavailable","code":503}"#)
+            String::from(r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"InternalError","code":500}"#)
         })
     }
 }
@@ -53,7 +88,7 @@ pub struct Unavailable<'a> {
 
 /// 503 ServiceUnavailable naming what could not be reached, so `kubectl` prints something an
 /// operator can act on instead of Envoy's plain-text reply.
-pub fn service_unavailable(u: &Unavailable<'_>) -> Status<'static> {
+pub fn service_unavailable(u: &Unavailable<'_>) -> Status {
     let servers = u.members.join(",");
     let what = match u.gvr {
         Some((group, version, resource)) => {
@@ -67,33 +102,36 @@ pub fn service_unavailable(u: &Unavailable<'_>) -> Status<'static> {
         None => format!("no apiserver of [{servers}] answered"),
     };
     let detail: String = u.envoy_detail.chars().take(200).collect();
-    Status {
-        kind: "Status",
-        api_version: "v1",
-        metadata: Empty {},
-        status: "Failure",
-        message: format!(
+    Status::failure(
+        503,
+        "ServiceUnavailable",
+        format!(
             "the server is currently unable to handle the request: skewgate: {what} (cluster {}; {detail})",
             u.cluster
         ),
-        reason: "ServiceUnavailable",
-        details: None,
-        code: 503,
-    }
+    )
+}
+
+/// 503 for an OpenAPI document the edge composes when the composer (the sidecar) cannot answer:
+/// never an incomplete document from a single apiserver instead.
+pub fn composer_unavailable(cluster: &str, detail: &str) -> Status {
+    let detail: String = detail.chars().take(200).collect();
+    Status::failure(
+        503,
+        "ServiceUnavailable",
+        format!(
+            "the server is currently unable to handle the request: skewgate: the composed OpenAPI document is unavailable (cluster {cluster}; {detail})"
+        ),
+    )
 }
 
 /// 401 Unauthorized, as kube-apiserver words it, with why skewgate refused the credential.
-pub fn unauthorized(why: &str) -> Status<'static> {
-    Status {
-        kind: "Status",
-        api_version: "v1",
-        metadata: Empty {},
-        status: "Failure",
-        message: format!("Unauthorized: skewgate cannot forward the client certificate's identity: {why}"),
-        reason: "Unauthorized",
-        details: None,
-        code: 401,
-    }
+pub fn unauthorized(why: &str) -> Status {
+    Status::failure(
+        401,
+        "Unauthorized",
+        format!("Unauthorized: skewgate cannot forward the client certificate's identity: {why}"),
+    )
 }
 
 #[cfg(test)]

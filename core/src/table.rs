@@ -10,6 +10,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::legacy_documents::{LegacyDocument, LegacyDocumentConfig, LegacyDocuments, LegacyPath};
+
 /// The only schema this build understands.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -22,7 +24,7 @@ pub const MAX_APISERVERS: usize = 64;
 // built in; a few thousand CRDs add about as many GVRs and ~0.5 KB of table each (mostly the
 // merged discovery document). The bounds leave ten times that room.
 
-/// Serialised size of a table, merged discovery document included: the filter refuses a bigger
+/// Serialised size of a table, merged and legacy discovery documents included: the filter refuses a bigger
 /// configuration by its length alone, before reading it.
 pub const MAX_TABLE_BYTES: usize = 16 * 1024 * 1024;
 /// Group/versions (`groupVersions` entries).
@@ -53,6 +55,9 @@ pub struct TableConfig {
     /// The peer-aggregated `/apis` document, served by the filter itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub discovery: Option<DiscoveryConfig>,
+    /// Legacy discovery documents composed from apiservers that answer them differently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub legacy_discovery: Vec<LegacyDocumentConfig>,
     #[serde(default)]
     pub policy: PolicyConfig,
     /// When set, the pool and every set cluster have a twin named with this prefix that reaches
@@ -61,6 +66,10 @@ pub struct TableConfig {
     /// for a direct request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anonymous_cluster_prefix: Option<String>,
+    /// The cluster that answers OpenAPI documents composed from every apiserver's (the
+    /// sidecar's Unix socket). Without it, OpenAPI requests go to an apiserver as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openapi_cluster: Option<String>,
 }
 
 impl TableConfig {
@@ -98,6 +107,14 @@ pub struct GroupVersionConfig {
     pub served_by: Vec<String>,
     /// Resource (plural) → the apiservers that serve it.
     pub resources: BTreeMap<String, Vec<String>>,
+    /// Backed by a CRD or an aggregated APIService ([`crate::extensions`]): every apiserver
+    /// serves it, whatever its discovery says, so `served_by` is every apiserver.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub extension: bool,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,8 +211,13 @@ fn check_counts(config: &TableConfig) -> Result<(), TableError> {
     if config.sets.len() > MAX_SETS {
         return Err(over_limit("sets", "set clusters", config.sets.len(), MAX_SETS, "MAX_SETS"));
     }
-    let document = config.discovery.as_ref().map_or(0, |d| d.document.len());
-    check_table_bytes(document).map_err(|e| TableError { field: "discovery.document".into(), ..e })
+    // A table compiled without its JSON (the sidecar's own checks) is bounded by the documents
+    // it carries, which are most of its size.
+    let merged = config.discovery.as_ref().map_or(0, |d| d.document.len());
+    check_table_bytes(merged).map_err(|e| TableError { field: "discovery.document".into(), ..e })?;
+    let legacy: usize = config.legacy_discovery.iter().map(|d| d.document.len() + d.path.len()).sum();
+    check_table_bytes(merged + legacy)
+        .map_err(|e| TableError { field: "legacyDiscovery[*].document".into(), ..e })
 }
 
 /// Which apiservers serve something, as the cluster that reaches exactly them.
@@ -258,7 +280,9 @@ pub struct RoutingTable {
     gvrs: Vec<Gvr>,
     groups: HashMap<String, GroupEntry>,
     merged: Option<MergedDiscovery>,
+    legacy: LegacyDocuments,
     policy: PolicyConfig,
+    openapi_cluster: Option<String>,
 }
 
 /// The peer-aggregated `/apis` answer, ready to send.
@@ -298,6 +322,9 @@ impl RoutingTable {
         let anonymous_pool_cluster = config.anonymous_cluster(&config.pool_cluster);
         if let Some(name) = &anonymous_pool_cluster {
             claim_cluster(&mut clusters, name, "anonymousClusterPrefix (pool twin)".to_string())?;
+        }
+        if let Some(name) = &config.openapi_cluster {
+            claim_cluster(&mut clusters, name, "openapiCluster".to_string())?;
         }
         let all_mask = full_mask(apiservers.len());
         let ids: HashMap<&str, usize> =
@@ -403,6 +430,11 @@ impl RoutingTable {
             None => None,
         };
 
+        let legacy = LegacyDocuments::compile(config.legacy_discovery, |g, v| {
+            groups.get(g).is_some_and(|entry| v.is_none_or(|v| entry.versions.contains_key(v)))
+        })
+        .map_err(|(field, reason)| err(field, reason))?;
+
         Ok(Self {
             generation: config.generation,
             apiservers,
@@ -412,7 +444,9 @@ impl RoutingTable {
             gvrs,
             groups,
             merged,
+            legacy,
             policy: config.policy,
+            openapi_cluster: config.openapi_cluster,
         })
     }
 
@@ -439,6 +473,16 @@ impl RoutingTable {
 
     pub fn merged_discovery(&self) -> Option<&MergedDiscovery> {
         self.merged.as_ref()
+    }
+
+    /// The composed legacy discovery documents.
+    pub fn legacy_discovery(&self) -> &LegacyDocuments {
+        &self.legacy
+    }
+
+    /// Where composed OpenAPI documents come from, if the edge composes them.
+    pub fn openapi_cluster(&self) -> Option<&str> {
+        self.openapi_cluster.as_deref()
     }
 
     pub fn policy(&self) -> PolicyConfig {
@@ -828,6 +872,7 @@ pub(crate) mod tests {
                 version: "v1".into(),
                 served_by: a.clone(),
                 resources: (0..per_gv).map(|r| (format!("r{r}"), a.clone())).collect(),
+                extension: false,
             })
             .collect();
         config
@@ -885,6 +930,18 @@ pub(crate) mod tests {
             Some(DiscoveryConfig { etag: "AB".into(), document: " ".repeat(MAX_TABLE_BYTES + 1) });
         let e = RoutingTable::compile(doc).unwrap_err();
         assert_eq!((e.field.as_str(), e.over_limit), ("discovery.document", true), "{e}");
+
+        // Legacy documents count with the merged one: each half fits, together they do not.
+        let mut doc = wide(1, 1);
+        let half = MAX_TABLE_BYTES / 2;
+        doc.discovery = Some(DiscoveryConfig { etag: "AB".into(), document: " ".repeat(half) });
+        doc.legacy_discovery = vec![crate::legacy_documents::LegacyDocumentConfig {
+            path: "/apis".into(),
+            inputs: vec!["a".into()],
+            document: " ".repeat(half),
+        }];
+        let e = RoutingTable::compile(doc).unwrap_err();
+        assert_eq!((e.field.as_str(), e.over_limit), ("legacyDiscovery[*].document", true), "{e}");
 
         let malformed = compile(&json!({"schema": 1})).unwrap_err();
         assert!(!malformed.over_limit);

@@ -37,3 +37,30 @@ pub fn send_response(status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]
         log::error!("skewgate: sending local response {status}: {e:?}");
     }
 }
+
+pub fn remove_request_header(name: &str) {
+    set_request_header(name, None);
+}
+
+pub fn call_response_headers() -> Vec<(String, Bytes)> {
+    hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).unwrap_or_default()
+}
+
+pub fn call_response_body(size: usize) -> Option<Bytes> {
+    hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten()
+}
+
+/// Drops the response body received so far (what the filter replaces anyway).
+pub fn drop_response_body(size: usize) {
+    if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, &[]) {
+        log::warn!("skewgate: dropping a response body: {e:?}");
+    }
+}
+
+pub fn dispatch_call(
+    cluster: &str,
+    headers: Vec<(&str, &str)>,
+    timeout: std::time::Duration,
+) -> Result<u32, proxy_wasm::types::Status> {
+    hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout)
+}

@@ -13,6 +13,7 @@ use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
 
 use crate::host;
+use crate::openapi::Pending;
 use crate::root::Active;
 
 /// Read by the route's `cluster_header`.
@@ -28,13 +29,28 @@ pub struct Http {
     /// Where the request went, for the 503 body if Envoy cannot get it there.
     serving: Option<Serving>,
     gvr_id: Option<usize>,
+    /// `:path` of a request for a GVR the table does not list, to name it if Envoy fails it
+    /// (Envoy's `request.path` attribute is empty once a retried request has failed).
+    unlisted_target: Option<String>,
     /// The response is ours (merged discovery or a rewritten 503): leave it alone.
     replied: bool,
+    /// The composed answer (its status and document) that replaces an authorized upstream one.
+    compose: Option<(u16, decision::Composed)>,
+    /// An OpenAPI document composed at the edge, once an apiserver has let the request through.
+    openapi: Option<Pending>,
 }
 
 impl Http {
     pub fn new(active: Option<Rc<Active>>) -> Self {
-        Self { active, serving: None, gvr_id: None, replied: false }
+        Self {
+            active,
+            serving: None,
+            gvr_id: None,
+            unlisted_target: None,
+            replied: false,
+            compose: None,
+            openapi: None,
+        }
     }
 
     fn reply(&mut self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
@@ -44,7 +60,14 @@ impl Http {
     }
 }
 
-impl Context for Http {}
+impl Context for Http {
+    fn on_http_call_response(&mut self, _token: u32, _headers: usize, body_size: usize, _trailers: usize) {
+        let Some(pending) = self.openapi.take() else { return };
+        let (status, headers, body) = pending.answer(body_size);
+        let headers = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        self.reply(status, headers, (!body.is_empty()).then_some(&body[..]));
+    }
+}
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
@@ -74,9 +97,9 @@ impl HttpContext for Http {
         // Envoy sets x-forwarded-client-cert on mTLS connections and removes a client's own
         // (SANITIZE_SET in the shipped bootstrap), so its absence saves a host call on every
         // request of a token client. Its content is never trusted: the subject comes from the
-        // verified connection; a forged header only costs that call.
-        // A subject that cannot be read is passed on empty: the decision refuses it rather than
-        // treating the client as one without a certificate.
+        // verified connection; a forged header only costs that call. A subject that cannot be
+        // read is passed on empty: the decision refuses it rather than treating the client as
+        // one without a certificate.
         let subject = match table.policy().client_cert_identity && client_cert {
             true => Some(host::property(&["connection", "subject_peer_certificate"]).unwrap_or_default()),
             false => None,
@@ -97,13 +120,10 @@ impl HttpContext for Http {
         }
         self.serving = decision.serving;
         self.gvr_id = decision.gvr.map(|g| g.id);
+        if decision.reason == decision::Reason::ServedByNone {
+            self.unlisted_target = Some(head.target.to_owned());
+        }
         match decision.action {
-            decision::Action::Respond(reply) => {
-                active.metrics.merged_discovery(reply.status);
-                let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
-                let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
-                self.reply(u32::from(reply.status), headers, body)
-            }
             decision::Action::Refuse(why) => {
                 active.metrics.refused();
                 let body = status::unauthorized(why.as_str()).to_json();
@@ -111,10 +131,20 @@ impl HttpContext for Http {
             }
             decision::Action::Route(route) => {
                 host::set_request_header(CLUSTER_HEADER, Some(route.cluster));
-                // Every host call costs a few µs; most requests take the default route, and a
-                // client that names the long-running route itself only drops its own timeout.
+                if let Some(reply) = route.compose {
+                    // The apiserver must answer 200 (authorized) or 401/403, not 304 for an
+                    // ETag of its own document.
+                    host::set_request_header("if-none-match", None);
+                    self.compose = Some((reply.status, reply.source));
+                }
+                // Every host call costs a few µs: only long-running requests get the route header
+                // (a client's own x-skewgate-* headers were stripped above).
                 if route.long_running {
                     host::set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
+                }
+                if let Some(cluster) = decision.openapi {
+                    self.openapi =
+                        Some(Pending::start(cluster, head.target, head.accept, head.if_none_match));
                 }
                 if route.rerouted {
                     host::set_request_header(PEER_PROXIED, Some("true"));
@@ -130,18 +160,23 @@ impl HttpContext for Http {
                     if table.policy().x509_credential_id {
                         // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER,
                         // which is what kube-apiserver's x509 authenticator records.
-                        if let Some(digest) =
-                            host::property(&["connection", "sha256_peer_certificate_digest"])
-                                .filter(|d| !d.is_empty() && d.iter().all(u8::is_ascii_hexdigit))
-                        {
-                            let value = format!("X509SHA256={}", String::from_utf8_lossy(&digest));
-                            host::set_request_header(CREDENTIAL_ID_HEADER, Some(&value));
+                        let digest = host::property(&["connection", "sha256_peer_certificate_digest"]);
+                        let id = digest
+                            .as_deref()
+                            .and_then(|d| std::str::from_utf8(d).ok())
+                            .and_then(identity::x509_credential_id);
+                        if let Some(id) = id {
+                            host::set_request_header(CREDENTIAL_ID_HEADER, Some(&id));
                         }
                     }
                 }
                 Action::Continue
             }
         }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        self.on_openapi_body(body_size).unwrap_or(Action::Continue)
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
@@ -151,6 +186,19 @@ impl HttpContext for Http {
         let status = host::response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
             .unwrap_or(0);
+        if let Some(pending) = self.openapi.as_mut().filter(|_| skewgate_core::openapi::authorized(status)) {
+            return match pending.dispatch() {
+                Ok(()) => Action::Pause,
+                Err(body) => {
+                    self.openapi = None;
+                    self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+                }
+            };
+        }
+        if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
+        {
+            return self.compose_reply(compose, source);
+        }
         if status < 500 {
             return Action::Continue;
         }
@@ -175,9 +223,8 @@ impl HttpContext for Http {
             ),
             // Not in the table: name the GVR the path asks for, if it is a resource request.
             None => {
-                let target = host::property(&["request", "path"]).unwrap_or_default();
-                let target = String::from_utf8_lossy(&target);
-                let (raw, query) = split_target(&target);
+                let target = self.unlisted_target.as_deref().unwrap_or("");
+                let (raw, query) = split_target(target);
                 let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
                 let info = RequestInfo::parse("GET", &path, query);
                 let gvr =
@@ -186,6 +233,35 @@ impl HttpContext for Http {
             }
         };
         self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+    }
+}
+
+impl Http {
+    /// The apiserver's body while the composed answer is on its way: dropped chunk by chunk, so
+    /// that a multi-megabyte document never fills Envoy's buffer.
+    fn on_openapi_body(&mut self, body_size: usize) -> Option<Action> {
+        if self.replied || !self.openapi.as_ref().is_some_and(|p| p.dispatched) {
+            return None;
+        }
+        host::drop_response_body(body_size);
+        Some(Action::Pause)
+    }
+
+    /// The composed document (or 304, or 406) in place of an answer an apiserver authorized.
+    /// Read from the table the request was decided on, so a table swap in between cannot mix two
+    /// documents.
+    fn compose_reply(&mut self, status: u16, source: decision::Composed) -> Action {
+        let Some(active) = self.active.clone() else { return Action::Continue };
+        let Some(reply) = decision::composed_reply(&active.table, source, status) else {
+            return Action::Continue;
+        };
+        if source == decision::Composed::MergedDiscovery {
+            active.metrics.merged_discovery(status);
+        }
+        let status = reply.status;
+        let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
+        let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
+        self.reply(u32::from(status), headers, body)
     }
 }
 

@@ -7,6 +7,7 @@
 mod host;
 mod http;
 mod metrics;
+mod openapi;
 mod root;
 
 use proxy_wasm::traits::RootContext;

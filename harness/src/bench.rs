@@ -39,9 +39,11 @@ pub fn synthetic_table(base: &TableConfig, total: usize) -> TableConfig {
             version: "v1".into(),
             served_by: served_by.clone(),
             resources,
+            extension: false,
         });
     }
-    table.assign_sets(|m| format!("skewgate-set-{}", m.join("_")));
+    let names = skewgate_core::build::ClusterNames::default();
+    table.assign_sets(|m| names.set_cluster(m));
     table.generation = format!("bench-{total}");
     table
 }

@@ -1,6 +1,7 @@
-//! The local skewed control plane: stand-in apiservers sharing one store, Envoy with the skewgate
-//! filter in front of them, every certificate, and a kubeconfig. What `make demo` runs and what
-//! the end-to-end tests drive.
+//! The local skewed control plane: stand-in apiservers sharing one store, or real kube-apiservers
+//! (binaries given by path, `crate::real`) sharing one etcd; Envoy with the skewgate filter in
+//! front of them, every certificate, and a kubeconfig. What `make demo` runs and what the
+//! end-to-end tests and the drill drive.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, TcpListener};
@@ -20,15 +21,18 @@ use skewgate_core::table::{RoutingTable, TableConfig};
 use crate::envoy::{Config, Envoy, Settings, free_port};
 use crate::paths;
 use crate::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
+use crate::real::{self, ControlPlane};
 use crate::standin::{self, Auth, Profile, Standin, Store, Token};
 
 /// The bearer token of the `admin` user in `system:masters`, written into the kubeconfig.
 pub const ADMIN_TOKEN_FILE: &str = "admin.token";
 
-/// One stand-in apiserver to run: `ID=PROFILE[:disable=G/V,...]`.
+/// One apiserver to run: a stand-in, `ID=PROFILE[:disable=G/V,...]`, or a real kube-apiserver,
+/// `ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]...` ([`real::Spec`]).
 #[derive(Debug, Clone)]
 pub struct ApiserverSpec {
     pub id: String,
+    /// The stand-in profile or the real kube-apiserver spec.
     pub profile: String,
 }
 
@@ -37,12 +41,18 @@ impl std::str::FromStr for ApiserverSpec {
 
     fn from_str(s: &str) -> Result<Self> {
         let Some((id, profile)) = s.split_once('=') else {
-            bail!("--apiserver {s:?}: expected ID=PROFILE[:disable=GROUP/VERSION,...], e.g. b=1.36");
+            bail!(
+                "--apiserver {s:?}: expected ID=PROFILE[:disable=GROUP/VERSION,...], e.g. b=1.36, or \
+                 ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]..., e.g. b=kube-apiserver@1.33"
+            );
         };
         if !skewgate_core::build::is_valid_apiserver_id(id) {
             bail!(
                 "--apiserver {s:?}: the id must be a DNS label (1-63 of [a-z0-9-], alphanumeric at both ends)"
             );
+        }
+        if real::Spec::is_real(profile) {
+            real::Spec::parse(profile).with_context(|| format!("--apiserver {s:?}"))?;
         }
         Ok(Self { id: id.to_string(), profile: profile.to_string() })
     }
@@ -64,8 +74,6 @@ pub struct Options {
     /// The sidecar's /healthz, /readyz, /metrics.
     pub sidecar_port: u16,
     pub poll_period: Duration,
-    /// How long a failing apiserver's last good discovery still counts; `None`: five poll periods.
-    pub grace_period: Option<Duration>,
     /// Stand-ins (by id) whose serving certificate comes from the rogue CA, which neither Envoy
     /// nor the sidecar trusts: they must never be used.
     pub rogue: BTreeSet<String>,
@@ -74,6 +82,21 @@ pub struct Options {
     /// Envoy as a plain load balancer (`envoy-config/plain-lb.yaml`: no skewgate filter, every
     /// request to the pool) over a static CDS built once from the stand-ins. Needs `sidecar: false`.
     pub plain_lb: bool,
+    /// Real kube-apiserver and etcd binaries: every apiserver spec is then a real one
+    /// (`kube-apiserver[@X.Y]...`), all sharing one etcd. Stand-ins and real apiservers do not
+    /// mix: they would not share objects.
+    pub real: Option<real::Binaries>,
+    /// etcd's client port (real binaries; 0: any free port).
+    pub etcd_port: u16,
+    /// The sidecar takes its apiservers from the cluster (`[cluster] members = "endpointSlice"`,
+    /// extensions listed, `leaveAfter = "0s"`): stand-ins publish themselves, and the configured
+    /// apiservers are only the bootstrap.
+    pub from_cluster: bool,
+    /// With `from_cluster`: the identity Leases (`members = "leases"`) rather than the
+    /// EndpointSlice.
+    pub from_leases: bool,
+    /// Real binaries: Kubernetes' own Mixed Version Proxy on every apiserver ([`crate::mvp`]).
+    pub mvp: bool,
 }
 
 impl Options {
@@ -94,22 +117,31 @@ impl Options {
             sidecar: true,
             sidecar_port: 0,
             poll_period: Duration::from_secs(1),
-            grace_period: None,
             rogue: BTreeSet::new(),
             anonymous_auth: true,
             plain_lb: false,
+            real: None,
+            etcd_port: 0,
+            from_cluster: false,
+            from_leases: false,
+            mvp: false,
         }
     }
 }
 
 /// What `cluster` prints once everything is ready.
 pub fn ready_line(c: &Cluster) -> Value {
-    let apiservers: BTreeMap<&str, String> =
-        c.standins.iter().map(|s| (s.id.as_str(), format!("https://{}", s.addr))).collect();
+    let apiservers: BTreeMap<String, String> =
+        c.running().into_iter().map(|(id, addr)| (id, format!("https://{addr}"))).collect();
     let mut line = json!({
         "kubeconfig": c.kubeconfig.display().to_string(),
         "apiservers": apiservers,
     });
+    if let Some(real) = &c.real {
+        line["etcd"] = json!(real.etcd.url);
+        line["specs"] = json!(real.specs());
+        line["versions"] = json!(real.versions());
+    }
     if let Some(envoy) = &c.envoy {
         line["envoy"] = json!(format!("https://127.0.0.1:{}", envoy.settings.listen_port));
         line["admin"] = json!(format!("http://127.0.0.1:{}", envoy.settings.admin_port));
@@ -124,8 +156,10 @@ pub struct Cluster {
     pub sidecar: Option<sync::Running>,
     pub pki: Pki,
     pub store: Arc<Store>,
-    /// The running stand-ins, in `Options::apiservers` order.
+    /// The running stand-ins, in `Options::apiservers` order (none with real binaries).
     pub standins: Vec<Standin>,
+    /// etcd and the real kube-apiservers (`None` with stand-ins).
+    pub real: Option<ControlPlane>,
     pub envoy: Option<Envoy>,
     /// The table Envoy started with.
     pub table: TableConfig,
@@ -139,6 +173,8 @@ pub struct Cluster {
     /// `plaintext_attempts` of every stand-in ever started here, stopped ones included.
     plaintext: Vec<Arc<AtomicU64>>,
     http: reqwest::Client,
+    /// Stand-ins publish themselves (EndpointSlice, identity Lease) when they start.
+    publish: bool,
 }
 
 /// Who a client of [`Cluster::client`] is.
@@ -153,7 +189,8 @@ pub enum Credentials {
 }
 
 impl Cluster {
-    /// Stops the sidecar, then Envoy, then the stand-ins (closing their watches).
+    /// Stops the sidecar, then Envoy, then the stand-ins (closing their watches) or the real
+    /// apiservers and etcd.
     pub async fn shutdown(mut self) -> Result<()> {
         if let Some(sidecar) = self.sidecar.take() {
             sidecar.stop().await?;
@@ -162,7 +199,27 @@ impl Cluster {
         for standin in self.standins.drain(..) {
             standin.shutdown().await;
         }
-        Ok(())
+        match self.real.take() {
+            Some(real) => real.shutdown().await,
+            None => Ok(()),
+        }
+    }
+
+    /// The running apiservers (stand-ins or real) and their addresses, in configured order.
+    pub fn running(&self) -> Vec<(String, SocketAddr)> {
+        match &self.real {
+            Some(real) => real.apiservers.iter().map(|a| (a.id.clone(), a.addr)).collect(),
+            None => self.standins.iter().map(|s| (s.id.clone(), s.addr)).collect(),
+        }
+    }
+
+    /// The apiserver (running or not) listening on `port`: Envoy's `/clusters` and access log
+    /// name hosts by address.
+    pub fn apiserver_at(&self, port: u16) -> Option<String> {
+        match &self.real {
+            Some(real) => real.addresses().iter().find(|(_, a)| a.port() == port).map(|(id, _)| id.clone()),
+            None => self.templates.iter().find(|t| t.listen.port() == port).map(|t| t.id.clone()),
+        }
     }
 
     pub fn envoy(&self) -> Result<&Envoy> {
@@ -178,9 +235,17 @@ impl Cluster {
         self.standins.iter().find(|s| s.id == id).with_context(|| format!("stand-in {id} is not running"))
     }
 
-    /// `https://127.0.0.1:<port>` of a stand-in, running or not.
+    /// `https://127.0.0.1:<port>` of an apiserver, running or not.
     pub fn apiserver_url(&self, id: &str) -> Result<String> {
-        Ok(format!("https://{}", self.template(id)?.listen))
+        Ok(format!("https://{}", self.listen(id)?))
+    }
+
+    /// Where an apiserver listens, running or not.
+    pub fn listen(&self, id: &str) -> Result<SocketAddr> {
+        match &self.real {
+            Some(real) => real.addr(id).with_context(|| format!("no apiserver {id} in this cluster")),
+            None => Ok(self.template(id)?.listen),
+        }
     }
 
     pub fn admin_token(&self) -> &str {
@@ -252,14 +317,23 @@ impl Cluster {
     }
 
     /// Stops a stand-in the way `kube-apiserver` stops on SIGTERM without a shutdown delay:
-    /// it stops accepting, finishes what is in flight, ends watches.
+    /// it stops accepting, finishes what is in flight, ends watches. A real one gets SIGTERM
+    /// (unless drained already) and this returns once it has exited, after its
+    /// `--shutdown-delay-duration`.
     pub async fn stop_apiserver(&mut self, id: &str) -> Result<()> {
+        if let Some(real) = &mut self.real {
+            return real.take(id)?.stop().await;
+        }
         self.take_standin(id)?.shutdown().await;
         Ok(())
     }
 
-    /// Kills a stand-in: its connections close at once, requests in flight get no answer.
+    /// Kills an apiserver (a real one with SIGKILL): its connections close at once, requests
+    /// in flight get no answer.
     pub async fn kill_apiserver(&mut self, id: &str) -> Result<()> {
+        if let Some(real) = &mut self.real {
+            return real.take(id)?.kill();
+        }
         self.take_standin(id)?.kill().await;
         Ok(())
     }
@@ -275,17 +349,52 @@ impl Cluster {
 
     /// Starts a stopped stand-in again on its port, sharing the store, with `profile` (e.g.
     /// the next era: an upgrade in place) and the serving certificate the peer CA signed.
-    /// It is ready at once.
+    /// It is ready at once. A real apiserver is started with `profile` as its spec (e.g.
+    /// `kube-apiserver` after `kube-apiserver@1.33`: an upgrade) and this returns once its
+    /// `/readyz` is ok.
     pub async fn start_apiserver(&mut self, id: &str, profile: &str) -> Result<()> {
+        if let Some(real) = &mut self.real {
+            real.spawn(id, &real::Spec::parse(profile)?, 0)?;
+            let readiness = real.wait_ready(id, Duration::from_secs(120)).await?;
+            eprintln!("kube-apiserver {id} ({profile}) /readyz: {readiness}");
+            return Ok(());
+        }
         let serving = self.pki.apiserver.clone();
         self.start_with(id, profile, serving, None).await
     }
 
-    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts: it serves at once
-    /// (discovery included) while `/readyz` fails for `startup` (its post-start hooks).
+    /// Like [`Cluster::start_apiserver`], but the way kube-apiserver starts, ready `startup`
+    /// from now ([`standin::Startup::like_kube_apiserver`]): connections refused at first, then
+    /// 403 for all but `system:masters` (RBAC not synced), then discovery and everything else
+    /// served while `/readyz` still fails (post-start hooks).
+    /// A real apiserver is spawned and this returns at once: its own start-up is the real one,
+    /// and `startup` does not apply.
     pub async fn boot_apiserver(&mut self, id: &str, profile: &str, startup: Duration) -> Result<()> {
+        if let Some(real) = &mut self.real {
+            return real.spawn(id, &real::Spec::parse(profile)?, 0);
+        }
         let serving = self.pki.apiserver.clone();
         self.start_with(id, profile, serving, Some(startup)).await
+    }
+
+    /// Starts a stand-in that was not in the cluster's options, on a free port, like the others
+    /// (sharing the store, trusted certificate); it publishes itself if the cluster does. The
+    /// sidecar's configuration does not name it: only the cluster can tell the sidecar.
+    pub async fn add_apiserver(&mut self, id: &str, profile: &str) -> Result<SocketAddr> {
+        if self.templates.iter().any(|t| t.id == id) {
+            bail!("apiserver {id} is already part of the cluster");
+        }
+        let mut template = self.templates.first().context("no stand-in to model the new one on")?.clone();
+        template.id = id.to_string();
+        template.listen = SocketAddr::from(([127, 0, 0, 1], 0));
+        self.templates.push(template);
+        self.start_with(id, profile, self.pki.apiserver.clone(), None).await?;
+        let addr = self.standin(id)?.addr;
+        // A restart must come back on the same port.
+        if let Some(t) = self.templates.iter_mut().find(|t| t.id == id) {
+            t.listen = addr;
+        }
+        Ok(addr)
     }
 
     /// Like [`Cluster::start_apiserver`], but serving a certificate from the rogue CA.
@@ -301,6 +410,9 @@ impl Cluster {
         serving: crate::pki::Pair,
         startup: Option<Duration>,
     ) -> Result<()> {
+        if self.real.is_some() {
+            bail!("{id} is a real kube-apiserver: its certificate is the cluster's");
+        }
         if self.standins.iter().any(|s| s.id == id) {
             bail!("stand-in {id} is already running");
         }
@@ -309,12 +421,14 @@ impl Cluster {
         options.serving = serving;
         let standin = match startup {
             None => standin::serve(options, self.store.clone()).await?,
-            Some(delay) => {
-                let standin = standin::serve_unready(options, self.store.clone()).await?;
-                standin.ready_after(delay);
-                standin
+            Some(ready_after) => {
+                let startup = standin::Startup::like_kube_apiserver(ready_after);
+                standin::serve_booting(options, self.store.clone(), startup).await?
             }
         };
+        if self.publish {
+            standin.publish()?;
+        }
         self.plaintext.push(standin.plaintext_attempts.clone());
         let order: Vec<&str> = self.templates.iter().map(|t| t.id.as_str()).collect();
         let rank = |id: &str| order.iter().position(|o| *o == id).unwrap_or(usize::MAX);
@@ -332,7 +446,7 @@ impl Cluster {
     /// Whether Envoy sees `id` healthy: `Some(true)` when healthy in every cluster it is a host
     /// of, `Some(false)` when unhealthy in every one, `None` in between.
     pub async fn envoy_sees_healthy(&self, id: &str) -> Result<Option<bool>> {
-        let port = self.template(id)?.listen.port();
+        let port = self.listen(id)?.port();
         let flags: Vec<bool> =
             self.envoy_hosts().await?.into_iter().filter(|((_, p), _)| *p == port).map(|(_, h)| h).collect();
         Ok(if !flags.is_empty() && flags.iter().all(|h| *h) {
@@ -363,9 +477,14 @@ impl Cluster {
 
     /// What a real apiserver does before it stops (`--shutdown-delay-duration`): `/readyz`
     /// fails, and the load balancer (Envoy's health checks) stops sending it new requests.
-    /// Returns once Envoy sees it unhealthy in every cluster; the stand-in still serves.
-    pub async fn drain_apiserver(&self, id: &str, timeout: Duration) -> Result<Duration> {
-        self.standin(id)?.set_ready(false);
+    /// Returns once Envoy sees it unhealthy in every cluster; the stand-in still serves. A real
+    /// apiserver gets SIGTERM: it serves for its shutdown delay ([`real::SHUTDOWN_DELAY`]),
+    /// then exits; [`Cluster::stop_apiserver`] waits for that.
+    pub async fn drain_apiserver(&mut self, id: &str, timeout: Duration) -> Result<Duration> {
+        match &mut self.real {
+            Some(real) => real.apiserver_mut(id)?.terminate()?,
+            None => self.standin(id)?.set_ready(false),
+        }
         self.wait_envoy_sees(id, false, timeout).await
     }
 
@@ -413,6 +532,27 @@ impl Cluster {
     }
 }
 
+/// Until the sidecar's `/readyz` passes: a table in Envoy and the first OpenAPI round done, so
+/// that a client's first `kubectl explain` does not meet a 503.
+async fn wait_sidecar_ready(running: &sync::Running, timeout: Duration) -> Result<()> {
+    let url = format!("http://{}/readyz", running.listen);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let answer = reqwest::get(&url).await;
+        if answer.as_ref().is_ok_and(|r| r.status().is_success()) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let why = match answer {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(e) => e.to_string(),
+            };
+            bail!("the sidecar is not ready after {timeout:?}: {}", why.trim());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// `cluster::port::health_flags::<flags>` lines of Envoy's `/clusters`.
 fn parse_host_health(text: &str) -> BTreeMap<(String, u16), bool> {
     text.lines()
@@ -442,6 +582,27 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     }
     if o.plain_lb && o.sidecar {
         bail!("a plain-LB Envoy runs without the sidecar");
+    }
+    if o.mvp && o.real.is_none() {
+        bail!("the in-apiserver Mixed Version Proxy needs real kube-apiservers (--kube-apiserver, --etcd)");
+    }
+    let real_specs = o.apiservers.iter().filter(|a| real::Spec::is_real(&a.profile)).count();
+    match (&o.real, real_specs) {
+        (None, 0) => {}
+        (Some(_), n) if n == o.apiservers.len() => {
+            if !o.rogue.is_empty() {
+                bail!("rogue apiservers are stand-ins only");
+            }
+        }
+        (None, _) => bail!("ID=kube-apiserver… specs need the binaries: --kube-apiserver PATH --etcd PATH"),
+        (Some(_), 0) => bail!(
+            "--kube-apiserver/--etcd given, but every --apiserver is a stand-in profile: use \
+             ID=kube-apiserver[@MAJOR.MINOR]"
+        ),
+        (Some(_), _) => bail!(
+            "stand-ins and real kube-apiservers do not mix in one cluster: the stand-ins' store is not \
+             etcd, so they would not share objects"
+        ),
     }
     // Port 0 means "any free port" (tests run clusters side by side).
     let mut ports: Vec<(u16, String)> = Vec::new();
@@ -475,7 +636,11 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     if let Some(unknown) = o.rogue.iter().find(|r| !o.apiservers.iter().any(|a| a.id == **r)) {
         bail!("rogue apiserver {unknown} is not one of the apiservers");
     }
-    for (spec, (port, _)) in o.apiservers.iter().zip(&ports) {
+    let control = match &o.real {
+        Some(binaries) => Some(start_real(binaries, o, &ports, &out, &pki, &admin_token).await?),
+        None => None,
+    };
+    for (spec, (port, _)) in o.apiservers.iter().zip(&ports).filter(|_| control.is_none()) {
         let profile = Profile::parse(&spec.profile).with_context(|| format!("apiserver {}", spec.id))?;
         profiles.push(profile.clone());
         let serving = match o.rogue.contains(&spec.id) {
@@ -501,6 +666,9 @@ pub async fn start(o: &Options) -> Result<Cluster> {
             bookmark_interval: Duration::from_secs(15),
         };
         let standin = standin::serve(options.clone(), store.clone()).await?;
+        if o.from_cluster {
+            standin.publish()?;
+        }
         // A restart must come back on the same port, whatever port 0 became.
         options.listen = standin.addr;
         options.serving = pki.apiserver.clone();
@@ -509,12 +677,18 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     }
     let plaintext = standins.iter().map(|s| s.plaintext_attempts.clone()).collect();
 
-    let endpoints: Vec<Endpoint> = standins
+    let running: Vec<(String, SocketAddr)> = match &control {
+        Some(real) => real.addresses().to_vec(),
+        None => standins.iter().map(|s| (s.id.clone(), s.addr)).collect(),
+    };
+    let endpoints: Vec<Endpoint> = running
         .iter()
-        .map(|s| Endpoint { id: s.id.clone(), address: s.addr.ip().to_string(), port: s.addr.port() })
+        .map(|(id, addr)| Endpoint { id: id.clone(), address: addr.ip().to_string(), port: addr.port() })
         .collect();
     let envoy_dir = out.join("envoy");
-    let sidecar_config = if o.sidecar {
+    // Real apiservers have no profile to build the table from: their discovery makes it, as
+    // the sidecar's does (the plain LB takes that table's clusters and never changes them).
+    let sidecar_config = if o.sidecar || control.is_some() {
         let path = out.join("sidecar.json");
         let doc = sidecar_config(&pki, &endpoints, &envoy_dir, admin_port, o)?;
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
@@ -575,9 +749,10 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     } else {
         None
     };
-    let (sidecar, sidecar_config) = match sidecar_config {
+    let (sidecar, sidecar_config) = match sidecar_config.filter(|_| o.sidecar) {
         Some(mut config) => {
             let running = sync::spawn(config.clone()).await?;
+            wait_sidecar_ready(&running, Duration::from_secs(30)).await?;
             // A restarted sidecar answers where this one did.
             config.listen = running.listen;
             (Some(running), Some(config))
@@ -586,12 +761,13 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     };
     std::fs::write(out.join("table.json"), serde_json::to_string_pretty(&table)?)?;
     let kubeconfig = out.join("kubeconfig");
-    std::fs::write(&kubeconfig, kubeconfig_yaml(&pki, &admin_token, envoy.as_ref(), &standins))?;
+    std::fs::write(&kubeconfig, kubeconfig_yaml(&pki, &admin_token, envoy.as_ref(), &running))?;
     Ok(Cluster {
         sidecar,
         pki,
         store,
         standins,
+        real: control,
         envoy,
         table,
         kubeconfig,
@@ -601,7 +777,42 @@ pub async fn start(o: &Options) -> Result<Cluster> {
         sidecar_config,
         plaintext,
         http: reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build()?,
+        publish: o.from_cluster && o.real.is_none(),
     })
+}
+
+/// etcd, then the first apiserver until its `/readyz` is ok, then the others at once, then the
+/// demo users' RBAC. The first start on an empty etcd initialises cluster-wide state (the
+/// service IP allocator): kube-apiservers started together on an empty etcd race for it and
+/// the losers exit ("another caller has already initialized the resource"), so the first one
+/// goes alone, as `kubeadm init` does before the other control-plane nodes join.
+async fn start_real(
+    binaries: &real::Binaries,
+    o: &Options,
+    ports: &[(u16, String)],
+    out: &Path,
+    pki: &Pki,
+    admin_token: &str,
+) -> Result<ControlPlane> {
+    let mut control =
+        ControlPlane::new(binaries, &out.join("real"), pki, admin_token, o.anonymous_auth, o.etcd_port)
+            .await?;
+    if o.mvp {
+        control.enable_mvp(crate::mvp::Mvp::new(pki, crate::mvp::Namespaces::probe()?)?);
+    }
+    for (i, (spec, (port, _))) in o.apiservers.iter().zip(ports).enumerate() {
+        control.spawn(&spec.id, &real::Spec::parse(&spec.profile)?, *port)?;
+        if i == 0 {
+            let readiness = control.wait_ready(&spec.id, Duration::from_secs(120)).await?;
+            eprintln!("kube-apiserver {} ({}) /readyz: {readiness}", spec.id, spec.profile);
+        }
+    }
+    for spec in o.apiservers.iter().skip(1) {
+        let readiness = control.wait_ready(&spec.id, Duration::from_secs(120)).await?;
+        eprintln!("kube-apiserver {} ({}) /readyz: {readiness}", spec.id, spec.profile);
+    }
+    control.bind_demo_users().await?;
+    Ok(control)
 }
 
 fn upstream_tls(pki: &Pki) -> UpstreamTls {
@@ -630,7 +841,7 @@ fn sidecar_config(
 ) -> Result<Value> {
     let h = health();
     let ms = |v: u64| format!("{v}ms");
-    Ok(json!({
+    let mut doc = json!({
         "apiservers": endpoints.iter().map(|e| json!({"id": e.id, "address": e.address, "port": e.port})).collect::<Vec<_>>(),
         "serverName": APISERVER_NAME,
         "tls": {
@@ -644,10 +855,15 @@ fn sidecar_config(
             "adminUrl": format!("http://127.0.0.1:{admin_port}"),
         },
         "pollPeriod": ms(o.poll_period.as_millis() as u64),
-        "gracePeriod": ms(o.grace_period.unwrap_or(o.poll_period * 5).as_millis() as u64),
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
         "listen": format!("127.0.0.1:{}", o.sidecar_port),
-    }))
+    });
+    if o.from_cluster {
+        let members = if o.from_leases { "leases" } else { "endpointSlice" };
+        doc["cluster"] =
+            json!({"members": members, "bootstrap": "pool", "leaveAfter": "0s", "extensions": true});
+    }
+    Ok(doc)
 }
 
 /// Until every host of every cluster passed its first health check (rogue ones never do).
@@ -688,7 +904,12 @@ fn random_token() -> String {
 
 /// Contexts: `skewgate` (alice's certificate, through Envoy; the default), `skewgate-admin` (the
 /// admin token, through Envoy), and `direct-<id>` (admin token, straight to one stand-in).
-fn kubeconfig_yaml(pki: &Pki, token: &str, envoy: Option<&Envoy>, standins: &[Standin]) -> String {
+fn kubeconfig_yaml(
+    pki: &Pki,
+    token: &str,
+    envoy: Option<&Envoy>,
+    apiservers: &[(String, SocketAddr)],
+) -> String {
     let p = |path: &Path| path.display().to_string();
     let mut clusters = Vec::new();
     let mut contexts = Vec::new();
@@ -701,19 +922,17 @@ fn kubeconfig_yaml(pki: &Pki, token: &str, envoy: Option<&Envoy>, standins: &[St
         contexts.push("- name: skewgate\n  context: {cluster: skewgate, user: alice}\n".to_string());
         contexts.push("- name: skewgate-admin\n  context: {cluster: skewgate, user: admin}\n".to_string());
     }
-    for s in standins {
+    for (id, addr) in apiservers {
         clusters.push(format!(
             "- name: direct-{id}\n  cluster:\n    server: https://{addr}\n    certificate-authority: {ca}\n",
-            id = s.id,
-            addr = s.addr,
             ca = p(&pki.peer_ca.cert_path)
         ));
-        contexts.push(format!(
-            "- name: direct-{id}\n  context: {{cluster: direct-{id}, user: admin}}\n",
-            id = s.id
-        ));
+        contexts.push(format!("- name: direct-{id}\n  context: {{cluster: direct-{id}, user: admin}}\n"));
     }
-    let current = if envoy.is_some() { "skewgate".to_string() } else { format!("direct-{}", standins[0].id) };
+    let current = match (envoy, apiservers.first()) {
+        (None, Some((id, _))) => format!("direct-{id}"),
+        _ => "skewgate".to_string(),
+    };
     format!(
         "apiVersion: v1\nkind: Config\ncurrent-context: {current}\nclusters:\n{}contexts:\n{}users:\n\
          - name: alice\n  user:\n    client-certificate: {}\n    client-key: {}\n\

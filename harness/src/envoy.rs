@@ -52,9 +52,57 @@ impl Settings {
     }
 }
 
-/// A port free right now on 127.0.0.1.
+/// A raw TLS connection to a listener on 127.0.0.1 (trusting `ca`, presenting `client` if
+/// given), for requests that must reach Envoy byte for byte as written.
+pub async fn connect_tls(
+    ca: &Path,
+    client: Option<&crate::pki::Pair>,
+    port: u16,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in crate::echo::load_certs(ca)? {
+        roots.add(cert)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let config = match client {
+        Some(pair) => builder
+            .with_client_auth_cert(crate::echo::load_certs(&pair.cert)?, crate::echo::load_key(&pair.key)?)?,
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    Ok(connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?)
+}
+
+/// Ports handed out by `free_port` come from below the kernel's ephemeral range (32768–60999 on
+/// Linux): a port the kernel picked for `bind(0)` is released when we return it, and until Envoy
+/// binds it the kernel may give it to any outgoing connection (Envoy's own upstream connections
+/// included) — CI saw "Address already in use" that way. A per-process counter keeps two tests in
+/// one binary from getting the same port; the pid spreads test binaries apart.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A port free right now on 127.0.0.1, never handed out before by this process.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = PORTS.end - PORTS.start;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(97) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::SeqCst) % span;
+        let Ok(port) = u16::try_from(PORTS.start + offset) else { continue };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1 in {PORTS:?}")
 }
 
 /// Fills `{{NAME}}` placeholders; a placeholder left unfilled is an error.
@@ -205,8 +253,16 @@ impl Envoy {
             .collect())
     }
 
+    /// A counter or gauge by its full name; a name Envoy does not have is an error, so that a
+    /// check for 0 cannot pass on a misspelt or renamed stat.
     pub async fn stat(&self, name: &str) -> Result<u64> {
-        Ok(self.stats().await?.get(name).copied().unwrap_or(0))
+        let stats = self.stats().await?;
+        if let Some(value) = stats.get(name) {
+            return Ok(*value);
+        }
+        let last = name.rsplit('.').next().unwrap_or(name);
+        let similar: Vec<&String> = stats.keys().filter(|k| k.contains(last)).take(10).collect();
+        bail!("Envoy has no stat {name:?}; similar: {similar:?}")
     }
 
     pub async fn prometheus(&self) -> Result<String> {

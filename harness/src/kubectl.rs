@@ -25,6 +25,8 @@ pub struct Kubectl {
 #[derive(Debug, Clone)]
 pub struct Output {
     pub ok: bool,
+    /// The exit status (`None` when a signal ended it): `kubectl diff` exits 1 for "differs".
+    pub code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
     pub took: Duration,
@@ -116,6 +118,7 @@ impl Kubectl {
         };
         Ok(Output {
             ok: out.status.success(),
+            code: out.status.code(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
             took: started.elapsed(),

@@ -2,6 +2,7 @@
 //! loopback apiserver doubles. Used by the integration tests, the local cluster and benchmarks.
 
 pub mod bench;
+pub mod clients;
 pub mod cluster;
 pub mod drill;
 pub mod echo;
@@ -9,6 +10,9 @@ pub mod envoy;
 pub mod kubectl;
 pub mod limits;
 pub mod load;
+pub mod mvp;
 pub mod paths;
 pub mod pki;
+pub mod probe;
+pub mod real;
 pub mod standin;

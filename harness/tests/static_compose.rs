@@ -904,7 +904,7 @@ fn kubeadm_static_pod_mounts_what_the_configs_name() -> Result<()> {
     Ok(())
 }
 
-/// docs/deploy.md names the kube-apiserver flags of spec §7 and metrics the code exports.
+/// docs/deploy.md names the kube-apiserver flags of docs/upstream-facts.md, "Front-proxy authentication" and metrics the code exports.
 #[test]
 fn deploy_doc_names_the_flags_and_real_metrics() -> Result<()> {
     let doc = read("docs/deploy.md")?;
@@ -946,5 +946,42 @@ fn deploy_doc_names_the_flags_and_real_metrics() -> Result<()> {
         let in_filter = filter.contains(&format!("skewgate.{}", base.trim_start_matches("skewgate_")));
         ensure!(in_filter || sidecar.contains(base), "docs/deploy.md names {metric}, which nothing exports");
     }
+    Ok(())
+}
+
+/// docs/kubeadm/rbac.yaml grants the sidecar's identity exactly `list` on what it lists in
+/// cluster mode (the paths of `skewgate::peers`), and sidecar.toml uses that mode.
+#[test]
+fn kubeadm_rbac_grants_exactly_what_the_sidecar_lists() -> Result<()> {
+    use skewgate::peers::{APISERVICES, CRDS, ENDPOINT_SLICES, LEASES, Members};
+    let list = yaml(&read("docs/kubeadm/rbac.yaml")?)?;
+    let items = list["items"].as_array().context("items")?;
+    let role = items.iter().find(|i| i["kind"] == "ClusterRole").context("no ClusterRole")?;
+    let binding = items.iter().find(|i| i["kind"] == "ClusterRoleBinding").context("no binding")?;
+    let mut granted = BTreeSet::new();
+    for rule in role["rules"].as_array().context("rules")? {
+        for group in strings(&rule["apiGroups"]) {
+            for resource in strings(&rule["resources"]) {
+                granted.insert((group.clone(), resource, strings(&rule["verbs"])));
+            }
+        }
+    }
+    let mut used = BTreeSet::new();
+    for path in [ENDPOINT_SLICES, LEASES, CRDS, APISERVICES] {
+        // /apis/<group>/<version>[/namespaces/<ns>]/<resource>[?query]
+        let segments: Vec<&str> = path.split('?').next().unwrap_or(path).split('/').collect();
+        let (group, resource) = (segments[2], segments[segments.len() - 1]);
+        used.insert((group.to_string(), resource.to_string(), vec!["list".to_string()]));
+    }
+    assert_eq!(granted, used);
+    assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+    let dir = temp_dir("kubeadm-rbac")?;
+    kubeadm_node(&dir)?;
+    let config = kubeadm_sidecar_config(&dir)?;
+    assert_eq!(binding["subjects"][0]["kind"], "User");
+    assert_eq!(binding["subjects"][0]["name"].as_str(), Some(config.identity.user.as_str()));
+    assert_eq!(config.cluster.members, Members::EndpointSlice);
+    assert!(config.cluster.extensions);
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -17,15 +17,15 @@ use crate::duration;
 use crate::envoy::{Endpoint, Health};
 
 pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
-/// The identity kube-apiserver itself asserts when it fetches a peer's discovery (spec §4.4).
+/// The identity kube-apiserver itself asserts when it fetches a peer's discovery (docs/upstream-facts.md, "Peer discovery fetch").
 pub const DEFAULT_USER: &str = "system:apiserver";
 pub const DEFAULT_GROUP: &str = "system:authenticated";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9090";
 
 /// Every key, with its default where it has one. Relative paths are relative to the file.
 pub const EXAMPLE_TOML: &str = r#"# skewgate sync configuration
-pollPeriod = "5s"                      # how often every apiserver's discovery is fetched
-gracePeriod = "30s"                    # a failing apiserver's last good documents count this long
+pollPeriod = "5s"                      # how often every apiserver's discovery is fetched in full
+probePeriod = "250ms"                  # how often each one's /readyz and discovery ETags are checked
 serverName = "kubernetes.default.svc"  # SNI and the DNS name required in serving certificates
 listen = "127.0.0.1:9090"              # /healthz, /readyz, /metrics
 
@@ -56,8 +56,18 @@ maxResources = 50000                   # top-level resources over all group/vers
 
 [health]                               # Envoy's active health checks of the apiservers
 interval = "2s"
-timeout = "1s"
+timeout = "1s"                         # also bounds each of the sidecar's own probes
 connectTimeout = "1s"
+
+[cluster]                              # optional: the apiservers are those the cluster publishes
+members = "static"                     # "static": `apiservers` below; "endpointSlice": the
+                                       # default/kubernetes EndpointSlice; "leases": the identity
+                                       # Leases in kube-system (`apiservers` is then the bootstrap)
+bootstrap = "pool"                     # whom to ask: "pool" (the current members, then
+                                       # `apiservers`) or "apiservers" (only those)
+port = 6443                            # leases: the port to dial each lease's host on
+leaveAfter = "1m"                      # how long an apiserver no longer published stays (DRAINING)
+extensions = false                     # list CRDs and APIServices: their group/versions go to the pool
 
 [[apiservers]]
 id = "a"                               # a DNS label: it becomes part of cluster names
@@ -73,7 +83,7 @@ port = 6443
 /// Everything `skewgate sync` needs, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SyncConfig {
-    /// In table order: the first is "local" for the peer merge (spec §8 orders by id anyway).
+    /// In table order: the first is "local" for the peer merge (docs/upstream-facts.md, "Peer-aggregated discovery" orders by id anyway).
     pub apiservers: Vec<Endpoint>,
     /// SNI and the DNS name required in every serving certificate, whatever address is dialled.
     pub server_name: String,
@@ -81,13 +91,23 @@ pub struct SyncConfig {
     pub identity: Identity,
     pub envoy: EnvoyOutput,
     pub poll_period: Duration,
-    /// How long an apiserver that stopped answering keeps its last good documents.
-    pub grace_period: Duration,
+    /// How often each apiserver is probed (`/readyz`, and `/api` + `/apis` with `If-None-Match`):
+    /// the bound on how long a change goes unseen and on how long a returning apiserver waits.
+    pub probe_period: Duration,
     pub limits: Limits,
     pub health: Health,
     /// The sidecar's own `/healthz`, `/readyz`, `/metrics`.
     pub listen: SocketAddr,
+    /// Keys that are accepted but do nothing any more, with what to do instead; logged at start.
+    pub deprecations: Vec<FieldError>,
+    /// Where the apiservers come from, and whether extensions are listed ([`crate::peers`]).
+    pub cluster: crate::peers::ClusterConfig,
 }
+
+/// Why `gracePeriod` is ignored.
+pub const GRACE_PERIOD_DEPRECATED: &str = "no longer used (remove it): an apiserver that stops \
+    answering keeps its last good discovery in the table, its GVRs answering 503 rather than 404, \
+    until it answers discovery without them or leaves `apiservers`";
 
 /// Absolute paths: Envoy reads the same files, from its own working directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,6 +225,8 @@ pub struct Overrides {
     pub wasm: Option<PathBuf>,
     pub admin_url: Option<String>,
     pub poll_period: Option<String>,
+    pub probe_period: Option<String>,
+    /// Deprecated: accepted and reported, like the key.
     pub grace_period: Option<String>,
     pub listen: Option<String>,
 }
@@ -232,9 +254,12 @@ impl Overrides {
         if let Some(url) = &self.admin_url {
             set_envoy("adminUrl", Value::String(url.clone()));
         }
-        for (key, value) in
-            [("pollPeriod", &self.poll_period), ("gracePeriod", &self.grace_period), ("listen", &self.listen)]
-        {
+        for (key, value) in [
+            ("pollPeriod", &self.poll_period),
+            ("probePeriod", &self.probe_period),
+            ("gracePeriod", &self.grace_period),
+            ("listen", &self.listen),
+        ] {
             if let Some(value) = value {
                 root.insert(key.to_owned(), Value::String(value.clone()));
             }
@@ -310,10 +335,12 @@ const TOP_KEYS: &[&str] = &[
     "identity",
     "envoy",
     "pollPeriod",
+    "probePeriod",
     "gracePeriod",
     "limits",
     "health",
     "listen",
+    "cluster",
 ];
 
 impl Reader {
@@ -334,10 +361,18 @@ impl Reader {
         let identity = self.identity(root.get("identity"));
         let envoy = self.envoy(root.get("envoy"));
         let poll_period = self.duration(root.get("pollPeriod"), "pollPeriod", Duration::from_secs(5), false);
-        let grace_period =
-            self.duration(root.get("gracePeriod"), "gracePeriod", Duration::from_secs(30), true);
+        let probe_period =
+            self.duration(root.get("probePeriod"), "probePeriod", Duration::from_millis(250), false);
+        let mut deprecations = Vec::new();
+        if root.contains_key("gracePeriod") {
+            // Still checked, so that a typo in a file that has it is reported as before.
+            self.duration(root.get("gracePeriod"), "gracePeriod", Duration::ZERO, true);
+            deprecations
+                .push(FieldError { field: "gracePeriod".into(), reason: GRACE_PERIOD_DEPRECATED.into() });
+        }
         let limits = self.limits(root.get("limits"));
         let health = self.health(root.get("health"));
+        let cluster = self.cluster(root.get("cluster"));
         let listen = self.string(root.get("listen"), "listen").unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen = match listen.parse::<SocketAddr>() {
             Ok(addr) => Some(addr),
@@ -353,10 +388,12 @@ impl Reader {
             identity: identity?,
             envoy: envoy?,
             poll_period,
-            grace_period,
+            probe_period,
             limits,
             health,
             listen: listen?,
+            deprecations,
+            cluster,
         })
     }
 
@@ -587,6 +624,38 @@ impl Reader {
         })
     }
 
+    fn cluster(&mut self, value: Option<&Value>) -> crate::peers::ClusterConfig {
+        use crate::peers::{Bootstrap, ClusterConfig, Members};
+        let mut c = ClusterConfig::default();
+        let known = ["members", "bootstrap", "port", "leaveAfter", "extensions"];
+        let Some(map) = self.object(value, "cluster", &known) else { return c };
+        match self.string(map.get("members"), "cluster.members").as_deref() {
+            None | Some("static") => {}
+            Some("endpointSlice") => c.members = Members::EndpointSlice,
+            Some("leases") => c.members = Members::Leases,
+            Some(other) => {
+                self.fail("cluster.members", format!("{other:?}: use static, endpointSlice or leases"))
+            }
+        }
+        match self.string(map.get("bootstrap"), "cluster.bootstrap").as_deref() {
+            None | Some("pool") => {}
+            Some("apiservers") => c.bootstrap = Bootstrap::Apiservers,
+            Some(other) => self.fail("cluster.bootstrap", format!("{other:?}: use pool or apiservers")),
+        }
+        if let Some(port) = self.integer(map.get("port"), "cluster.port", 1, 65535) {
+            c.port = port as u16;
+        }
+        c.leave_after = self.duration(map.get("leaveAfter"), "cluster.leaveAfter", c.leave_after, true);
+        match map.get("extensions") {
+            None => {}
+            Some(Value::Bool(b)) => c.extensions = *b,
+            Some(other) => {
+                self.fail("cluster.extensions", format!("expected a boolean, got {}", kind(other)))
+            }
+        }
+        c
+    }
+
     fn limits(&mut self, value: Option<&Value>) -> Limits {
         let mut limits = Limits::default();
         let keys = ["requestTimeout", "maxBodyBytes", "maxGroups", "maxGroupVersions", "maxResources"];
@@ -703,7 +772,8 @@ mod tests {
         );
         assert_eq!(c.listen, "127.0.0.1:9090".parse().unwrap());
         assert_eq!(c.poll_period, Duration::from_secs(5));
-        assert_eq!(c.grace_period, Duration::from_secs(30));
+        assert_eq!(c.probe_period, Duration::from_millis(250));
+        assert!(c.deprecations.is_empty());
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.health, Health::default());
         assert_eq!(c.envoy.admin_url, None);
@@ -720,7 +790,7 @@ mod tests {
         let extra = json!({
             "serverName": "apiserver.internal",
             "identity": {"user": "skewgate", "groups": ["system:authenticated", "skewgate:sidecars"]},
-            "pollPeriod": "500ms", "gracePeriod": "0s", "listen": "0.0.0.0:9191",
+            "pollPeriod": "500ms", "probePeriod": "100ms", "listen": "0.0.0.0:9191",
             "limits": {"requestTimeout": "2s", "maxBodyBytes": 4096, "maxGroups": 10, "maxGroupVersions": 20,
                        "maxResources": 30},
             "health": {"interval": "1s", "timeout": "250ms", "connectTimeout": "300ms"}
@@ -735,7 +805,7 @@ mod tests {
         assert_eq!(c.server_name, "apiserver.internal");
         assert_eq!(c.identity.groups.len(), 2);
         assert_eq!(c.poll_period, Duration::from_millis(500));
-        assert_eq!(c.grace_period, Duration::ZERO);
+        assert_eq!(c.probe_period, Duration::from_millis(100));
         assert_eq!(
             c.limits,
             Limits {
@@ -785,6 +855,7 @@ mod tests {
             ("pollPeriod", |d| d["pollPeriod"] = json!("5")),
             ("pollPeriod", |d| d["pollPeriod"] = json!("0ms")),
             ("gracePeriod", |d| d["gracePeriod"] = json!(30)),
+            ("probePeriod", |d| d["probePeriod"] = json!("0s")),
             ("limits.requestTimeout", |d| d["limits"] = json!({"requestTimeout": "1w"})),
             ("limits.maxBodyBytes", |d| d["limits"] = json!({"maxBodyBytes": -1})),
             ("limits.maxGroups", |d| d["limits"] = json!({"maxGroups": 0})),
@@ -881,6 +952,12 @@ mod tests {
         assert_eq!(c.envoy.dir, f.dir.join("elsewhere"));
         let bad = Overrides { grace_period: Some("forever".into()), ..Overrides::default() };
         assert!(SyncConfig::load(&json_path, &bad).unwrap_err().names("gracePeriod"));
+        // Accepted, ignored, and reported: an old file still loads.
+        let old = Overrides { grace_period: Some("30s".into()), ..Overrides::default() };
+        let c = SyncConfig::load(&json_path, &old).unwrap();
+        assert_eq!(c.deprecations.len(), 1);
+        assert_eq!(c.deprecations[0].field, "gracePeriod");
+        assert!(c.deprecations[0].reason.contains("503 rather than 404"), "{:?}", c.deprecations);
 
         let yaml = f.dir.join("sync.yaml");
         std::fs::write(&yaml, "x").unwrap();

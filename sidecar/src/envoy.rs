@@ -2,6 +2,7 @@
 //! filter configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS
 //! reads it.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -20,7 +21,7 @@ pub struct Endpoint {
 }
 
 /// Envoy's side of the apiservers' TLS: it checks their serving certificates against the peer
-/// CA and presents the front-proxy client certificate (spec §7).
+/// CA and presents the front-proxy client certificate (docs/upstream-facts.md, "Front-proxy authentication").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamTls {
     pub peer_ca: String,
@@ -230,6 +231,60 @@ pub fn ecds(table_json: &str, wasm: &Path) -> Value {
     }]})
 }
 
+/// `cds` with every endpoint of the apiservers in `draining` marked `DRAINING` (and left out of
+/// active health checks) and every other endpoint without a health status of its own (Envoy's
+/// active health checks decide alone).
+/// Envoy sends no new request to a `DRAINING` host, whatever its health checks say; requests
+/// under way (watches included) go on. STATIC and STRICT_DNS clusters both honour it.
+pub fn with_draining(cds: &Value, draining: &BTreeSet<String>) -> Value {
+    let mut cds = cds.clone();
+    let clusters = cds.get_mut("resources").and_then(Value::as_array_mut);
+    for cluster in clusters.into_iter().flatten() {
+        let localities = cluster.pointer_mut("/load_assignment/endpoints").and_then(Value::as_array_mut);
+        for locality in localities.into_iter().flatten() {
+            let endpoints = locality.get_mut("lb_endpoints").and_then(Value::as_array_mut);
+            for endpoint in endpoints.into_iter().flatten() {
+                let id =
+                    endpoint.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str);
+                let drain = id.is_some_and(|id| draining.contains(id));
+                if let Some(lb_endpoint) = endpoint.as_object_mut() {
+                    match drain {
+                        true => lb_endpoint.insert("health_status".into(), json!("DRAINING")),
+                        false => lb_endpoint.remove("health_status"),
+                    };
+                }
+                // A changed cluster takes over only once each of its hosts has been health-checked
+                // (warming): an apiserver that hangs while it stops would hold its own exclusion
+                // back for a whole check timeout. It gets no requests anyway.
+                if let Some(inner) = endpoint.get_mut("endpoint").and_then(Value::as_object_mut) {
+                    match drain {
+                        true => inner.insert(
+                            "health_check_config".into(),
+                            json!({"disable_active_health_check": true}),
+                        ),
+                        false => inner.remove("health_check_config"),
+                    };
+                }
+            }
+        }
+    }
+    cds
+}
+
+/// The apiservers `cds` marks `DRAINING` (what [`with_draining`] wrote).
+pub fn draining_in(cds: &Value) -> BTreeSet<String> {
+    let clusters = cds.get("resources").and_then(Value::as_array).into_iter().flatten();
+    let localities =
+        clusters.filter_map(|c| c.pointer("/load_assignment/endpoints").and_then(Value::as_array)).flatten();
+    localities
+        .filter_map(|l| l.get("lb_endpoints").and_then(Value::as_array))
+        .flatten()
+        .filter(|e| e.get("health_status").and_then(Value::as_str) == Some("DRAINING"))
+        .filter_map(|e| e.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Replaces `path` so that a watcher sees either the old or the new content, never a mix: Envoy
 /// reloads a watched directory on rename.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
@@ -333,6 +388,33 @@ mod tests {
             clusters[i]["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len()
         };
         assert_eq!((hosts(4), hosts(5)), (2, 1));
+    }
+
+    #[test]
+    fn draining_marks_every_endpoint_of_an_apiserver() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "apiserver-b".into(), port: 6443 },
+        ];
+        let v = cds(&table(), &endpoints, &tls(), Health::default()).unwrap();
+        assert!(draining_in(&v).is_empty());
+        let b = BTreeSet::from(["b".to_string()]);
+        let drained = with_draining(&v, &b);
+        assert_eq!(draining_in(&drained), b);
+        let status = |v: &Value, cluster: usize, endpoint: usize| {
+            v["resources"][cluster]["load_assignment"]["endpoints"][0]["lb_endpoints"][endpoint]
+                .get("health_status")
+                .cloned()
+        };
+        // pool: a then b; ap-b; set-b (STRICT_DNS: b has a host name).
+        assert_eq!((status(&drained, 0, 0), status(&drained, 0, 1)), (None, Some(json!("DRAINING"))));
+        assert_eq!(status(&drained, 1, 0), None);
+        assert_eq!(status(&drained, 2, 0), Some(json!("DRAINING")));
+        assert_eq!(status(&drained, 3, 0), Some(json!("DRAINING")));
+        let b_endpoint =
+            &drained["resources"][3]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(b_endpoint["health_check_config"], json!({"disable_active_health_check": true}));
+        assert_eq!(with_draining(&drained, &BTreeSet::new()), v, "undraining restores the clusters exactly");
     }
 
     #[test]

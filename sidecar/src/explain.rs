@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use serde_json::{Map, Value, json};
-use skewgate_core::decision::{self, Action, Reason, RequestHead};
+use skewgate_core::decision::{self, Action, Composed, Reason, RequestHead};
 use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status;
@@ -22,6 +22,8 @@ pub struct Request {
     /// Downstream headers, names as given.
     pub headers: Vec<(String, String)>,
     pub client_cert_subject: Option<String>,
+    /// The OpenAPI composer's summary (`openapi.json` in Envoy's directory), if given.
+    pub openapi_summary: Option<Value>,
 }
 
 impl Request {
@@ -107,27 +109,66 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
                 "requestHeaders".into(),
                 header_edits(req, &decision, route, table.policy().x509_credential_id),
             );
+            if let Some(composer) = decision.openapi {
+                out.insert("openapi".into(), openapi(req, target, composer));
+            }
+            if let Some(reply) = route.compose {
+                let headers: Map<String, Value> = reply
+                    .headers()
+                    .iter()
+                    .filter(|(_, v)| !v.is_empty())
+                    .map(|(k, v)| ((*k).into(), json!(v)))
+                    .collect();
+                let (document, inputs) = composed_from(table, reply.source);
+                out.insert(
+                    "composed".into(),
+                    json!({
+                        "when": "the apiserver answers 2xx or 304; its 401/403 reach the client unchanged",
+                        "status": reply.status,
+                        "document": document,
+                        "inputs": inputs,
+                        "responseHeaders": headers,
+                        "body": body_summary(reply.body),
+                    }),
+                );
+            }
         }
         Action::Refuse(why) => {
             out.insert("action".into(), json!("respond"));
             out.insert("status".into(), json!(401));
             out.insert("body".into(), json!(status::unauthorized(why.as_str()).message));
         }
-        Action::Respond(reply) => {
-            out.insert("action".into(), json!("respond"));
-            out.insert("status".into(), json!(reply.status));
-            let headers: Map<String, Value> = reply
-                .headers()
-                .iter()
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(k, v)| ((*k).into(), json!(v)))
-                .collect();
-            out.insert("responseHeaders".into(), Value::Object(headers));
-            out.insert("body".into(), json!(body_summary(reply.body)));
-        }
     }
     out.insert("reason".into(), json!(decision.reason.as_str()));
     Value::Object(out)
+}
+
+/// An OpenAPI document composed at the edge: what the apiserver is asked (to authorize), what
+/// the composer is asked, and, with its summary, which apiservers' documents went in.
+fn openapi(req: &Request, target: &str, composer: &str) -> Value {
+    let composed = req
+        .openapi_summary
+        .as_ref()
+        .and_then(|s| crate::openapi::Composed::summary_entry(s, target))
+        .cloned()
+        .unwrap_or_else(|| json!("(no summary given: --openapi ENVOY_DIR/openapi.json)"));
+    json!({
+        "authorizedBy": {
+            "request": {
+                ":path": skewgate_core::openapi::authorize_target(target),
+                "accept": skewgate_core::openapi::AUTHORIZE_ACCEPT,
+                "range": skewgate_core::openapi::AUTHORIZE_RANGE,
+                "removed": ["if-none-match", "if-modified-since", "if-range"],
+            },
+            "then": "2xx, 304, 404 or 416: the composed answer below; 401, 403 and anything else reach the client as the apiserver sent them",
+        },
+        "composedBy": {
+            "cluster": composer,
+            "request": {":path": target, "accept": req.header("accept"), "if-none-match": req.header("if-none-match")},
+            "unreachable": "503 Status, never one apiserver's document",
+        },
+        "document": composed,
+    })
 }
 
 /// What the filter removes and sets on the way upstream.
@@ -137,11 +178,15 @@ fn header_edits(
     route: &decision::Route<'_>,
     credential_id: bool,
 ) -> Value {
-    let removed: Vec<&str> = req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
+    let mut removed: Vec<&str> =
+        req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
     let mut set: Vec<(String, Cow<'_, str>)> =
         vec![("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster))];
     if route.long_running {
         set.push(("x-skewgate-route".into(), Cow::Borrowed("long-running")));
+    }
+    if route.compose.is_some() {
+        removed.push("if-none-match");
     }
     if route.rerouted {
         set.push((PEER_PROXIED.into(), Cow::Borrowed("true")));
@@ -160,15 +205,53 @@ fn header_edits(
     json!({"remove": removed, "set": set})
 }
 
+/// Which document the edge answers with, and the apiservers whose documents it merges.
+fn composed_from(table: &RoutingTable, source: Composed) -> (String, Vec<String>) {
+    let everyone = || table.apiservers().iter().map(|a| a.id.clone()).collect();
+    match source {
+        Composed::MergedDiscovery => ("peer-aggregated /apis (apidiscovery.k8s.io/v2)".into(), everyone()),
+        Composed::Legacy(index) => match table.legacy_discovery().at(index) {
+            Some(d) => (format!("composed legacy discovery {}", d.path), d.inputs.clone()),
+            None => ("(missing)".into(), Vec::new()),
+        },
+        Composed::NotAcceptable => {
+            ("406 Not Acceptable: composed legacy discovery is served as JSON only".into(), Vec::new())
+        }
+    }
+}
+
 fn body_summary(body: &str) -> String {
     if body.is_empty() {
         return "(empty)".into();
     }
-    let groups = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("items").and_then(Value::as_array).map(Vec::len));
-    match groups {
-        Some(n) => format!("peer-aggregated APIGroupDiscoveryList, {n} groups, {} bytes", body.len()),
-        None => format!("{} bytes", body.len()),
+    let Ok(doc) = serde_json::from_str::<Value>(body) else { return format!("{} bytes", body.len()) };
+    let count = |key: &str| doc.get(key).and_then(Value::as_array).map_or(0, Vec::len);
+    let size = body.len();
+    match doc.get("kind").and_then(Value::as_str).unwrap_or_default() {
+        "APIGroupDiscoveryList" => {
+            format!("peer-aggregated APIGroupDiscoveryList, {} groups, {size} bytes", count("items"))
+        }
+        "APIGroupList" => format!("APIGroupList, {} groups, {size} bytes", count("groups")),
+        "APIResourceList" => format!(
+            "APIResourceList {}, {} entries, {size} bytes",
+            doc["groupVersion"].as_str().unwrap_or_default(),
+            count("resources")
+        ),
+        "APIGroup" => {
+            let versions: Vec<&str> = doc["versions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["version"].as_str())
+                .collect();
+            format!(
+                "APIGroup {}, versions {versions:?}, preferred {}, {size} bytes",
+                doc["name"].as_str().unwrap_or_default(),
+                doc["preferredVersion"]["version"].as_str().unwrap_or_default()
+            )
+        }
+        "APIVersions" => format!("APIVersions {}, {size} bytes", doc["versions"]),
+        "Status" => format!("Status {}: {}", doc["code"], doc["message"].as_str().unwrap_or_default()),
+        _ => format!("{size} bytes"),
     }
 }

@@ -1,5 +1,5 @@
 //! Fetching one apiserver's own discovery over mTLS, as kube-apiserver fetches a peer's
-//! (spec §4.4): `GET /api` and `GET /apis` with the nopeer Accept header, as the front-proxy
+//! (docs/upstream-facts.md, "Peer discovery fetch"): `GET /api` and `GET /apis` with the nopeer Accept header, as the front-proxy
 //! identity, with a legacy walk for servers without aggregated discovery.
 //!
 //! Every failure is a [`FetchError`] with a [`ErrorKind`] that becomes a metrics label; nothing
@@ -19,6 +19,8 @@ use skewgate_core::discovery::{
 };
 use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 
+use skewgate_core::legacy_build::LegacySet;
+
 use crate::config::{Identity, Limits, TlsFiles};
 use crate::counts::{self, Counts};
 use crate::envoy::Endpoint;
@@ -31,7 +33,7 @@ const LEGACY_PARALLELISM: usize = 8;
 const ERROR_BODY_PREVIEW: usize = 512;
 
 /// One apiserver's discovery, in the aggregated form whatever it served.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, Deserialize)]
 pub struct Documents {
     /// `gitVersion` from `/version`; "" when it could not be read (informational only).
     pub version: String,
@@ -41,6 +43,33 @@ pub struct Documents {
     pub apis: ApiGroupDiscoveryList,
     /// Built from legacy discovery (`APIGroupList` + `APIResourceList`s).
     pub legacy: bool,
+    /// The aggregated documents' ETags as the apiserver sent them: what a probe asks about.
+    #[serde(default)]
+    pub etags: Etags,
+    /// Its legacy discovery documents, from which the edge composes the merged ones. `None`
+    /// when they could not be read yet (the table then composes no legacy document).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub legacy_documents: Option<LegacySet>,
+}
+
+/// `ETag`s of `/api` and `/apis` (quotes included, as sent).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, Deserialize)]
+pub struct Etags {
+    pub api: Option<String>,
+    pub apis: Option<String>,
+}
+
+impl Etags {
+    /// Both, or nothing to probe with (legacy discovery, or a server that sends no ETag).
+    pub fn both(&self) -> Option<(&str, &str)> {
+        Some((self.api.as_deref()?, self.apis.as_deref()?))
+    }
+}
+
+/// One GET's answer.
+pub(crate) enum Answer {
+    Body(Bytes, Option<String>),
+    NotModified,
 }
 
 /// What went wrong, coarse enough to count.
@@ -69,6 +98,8 @@ pub enum ErrorKind {
     WrongShape,
     /// Anything else on the client side (e.g. an unusable certificate file).
     Request,
+    /// The apiserver closed the connection the sidecar keeps open to it (it stopped).
+    Closed,
 }
 
 impl ErrorKind {
@@ -87,6 +118,7 @@ impl ErrorKind {
             ErrorKind::WrongKind => "wrong_kind",
             ErrorKind::WrongShape => "wrong_shape",
             ErrorKind::Request => "request",
+            ErrorKind::Closed => "closed",
         }
     }
 
@@ -118,7 +150,7 @@ impl fmt::Display for FetchError {
 impl std::error::Error for FetchError {}
 
 impl FetchError {
-    fn new(path: &str, kind: ErrorKind, detail: impl Into<String>) -> Self {
+    pub fn new(path: &str, kind: ErrorKind, detail: impl Into<String>) -> Self {
         Self { path: path.to_owned(), kind, detail: detail.into() }
     }
 
@@ -211,6 +243,19 @@ pub struct Fetcher {
     /// Sent with every request; not as the client's default headers, which keep only one
     /// value of a repeated header (and there is one `X-Remote-Group` per group).
     identity: HeaderMap,
+    /// The last legacy set read, with the aggregated documents and version it was read with.
+    legacy_cache: Arc<std::sync::Mutex<Option<LegacyCache>>>,
+}
+
+/// The legacy documents say what the aggregated ones say (plus `storageVersionHash`, set by the
+/// binary's storage versions): they are walked again only when the aggregated documents or the
+/// reported version change, not at every poll (a walk is one request per group/version).
+#[derive(Debug, Clone)]
+struct LegacyCache {
+    core: ApiGroupDiscoveryList,
+    apis: ApiGroupDiscoveryList,
+    version: String,
+    set: LegacySet,
 }
 
 impl fmt::Debug for Fetcher {
@@ -266,6 +311,20 @@ impl ClientTls {
     }
 }
 
+/// What every request of the sidecar carries: its front-proxy identity, and what
+/// kube-apiserver sends to a peer, so that an apiserver with its own peer proxy answers from its
+/// own state instead of forwarding (docs/upstream-facts.md, "Rerouted header").
+pub fn identity_headers(identity: &Identity) -> Result<HeaderMap, ClientError> {
+    let mut headers = HeaderMap::new();
+    let value = |v: &str| HeaderValue::from_str(v).map_err(|e| ClientError(format!("identity {v:?}: {e}")));
+    headers.insert(HeaderName::from_static(REMOTE_USER), value(&identity.user)?);
+    for group in &identity.groups {
+        headers.append(HeaderName::from_static(REMOTE_GROUP), value(group)?);
+    }
+    headers.insert(HeaderName::from_static(PEER_PROXIED), HeaderValue::from_static("true"));
+    Ok(headers)
+}
+
 impl Fetcher {
     pub fn new(
         endpoint: &Endpoint,
@@ -274,16 +333,7 @@ impl Fetcher {
         identity: &Identity,
         limits: Limits,
     ) -> Result<Self, ClientError> {
-        let mut headers = HeaderMap::new();
-        let value =
-            |v: &str| HeaderValue::from_str(v).map_err(|e| ClientError(format!("identity {v:?}: {e}")));
-        headers.insert(HeaderName::from_static(REMOTE_USER), value(&identity.user)?);
-        for group in &identity.groups {
-            headers.append(HeaderName::from_static(REMOTE_GROUP), value(group)?);
-        }
-        // What kube-apiserver sends to a peer: an apiserver with its own peer proxy then answers
-        // from its own state instead of forwarding (spec §3).
-        headers.insert(HeaderName::from_static(PEER_PROXIED), HeaderValue::from_static("true"));
+        let headers = identity_headers(identity)?;
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
             .tls_built_in_root_certs(false)
@@ -306,21 +356,98 @@ impl Fetcher {
             base: format!("https://{server_name}:{}", endpoint.port),
             limits,
             identity: headers,
+            legacy_cache: Arc::default(),
         })
     }
 
     /// `/api` and `/apis` (and `/version`), concurrently; legacy servers are walked.
     pub async fn fetch(&self) -> Result<Documents, FetchError> {
-        let (api, apis, version) =
-            tokio::join!(self.get("/api", ACCEPT_NOPEER), self.get("/apis", ACCEPT_NOPEER), self.version());
-        let (api, apis) = (api?, apis?);
+        let (api, apis, version) = tokio::join!(
+            self.get_tagged("/api", ACCEPT_NOPEER, None),
+            self.get_tagged("/apis", ACCEPT_NOPEER, None),
+            self.version()
+        );
+        let body = |answer: Answer, path: &str| match answer {
+            Answer::Body(body, etag) => Ok((body, etag)),
+            Answer::NotModified => {
+                Err(FetchError::new(path, ErrorKind::HttpStatus, "304 without If-None-Match"))
+            }
+        };
+        let ((api, api_etag), (apis, apis_etag)) = (body(api?, "/api")?, body(apis?, "/apis")?);
         // Counted before they are parsed: bodies over the limits are dropped as bytes.
         let counted = counts::count(&api).unwrap_or_default() + counts::count(&apis).unwrap_or_default();
         self.check_counts(counted)?;
         let ((core, legacy_core), (apis, legacy_apis)) = tokio::try_join!(self.core(api), self.groups(apis))?;
         // Again for what a legacy walk brought in.
         self.check_counts(documents_counts(&[&core, &apis]))?;
-        Ok(Documents { version, core, apis, legacy: legacy_core || legacy_apis })
+        let legacy = legacy_core || legacy_apis;
+        // A legacy document's ETag (if any) says nothing about the resource lists behind it.
+        let etags = match legacy {
+            true => Etags::default(),
+            false => Etags { api: api_etag, apis: apis_etag },
+        };
+        let legacy_documents = self.legacy_documents(&core, &apis, &version).await;
+        Ok(Documents { version, core, apis, legacy, etags, legacy_documents })
+    }
+
+    /// The legacy set for these aggregated documents: cached, or walked. A failed walk keeps
+    /// the previous set, if any (closer to what the server serves than none), and is retried at
+    /// the next fetch; it never fails the fetch: routing needs only the aggregated documents.
+    async fn legacy_documents(
+        &self,
+        core: &ApiGroupDiscoveryList,
+        apis: &ApiGroupDiscoveryList,
+        version: &str,
+    ) -> Option<LegacySet> {
+        let cached = self.legacy_cache.lock().ok().and_then(|cache| cache.clone());
+        if let Some(cache) = &cached {
+            if (&cache.core, &cache.apis, cache.version.as_str()) == (core, apis, version) {
+                return Some(cache.set.clone());
+            }
+        }
+        match self.legacy_walk().await {
+            Ok(set) => {
+                if let Ok(mut cache) = self.legacy_cache.lock() {
+                    *cache = Some(LegacyCache {
+                        core: core.clone(),
+                        apis: apis.clone(),
+                        version: version.to_owned(),
+                        set: set.clone(),
+                    });
+                }
+                Some(set)
+            }
+            Err(error) => {
+                tracing::warn!(apiserver = %self.id, %error, "legacy discovery failed; keeping the previous set");
+                cached.map(|cache| cache.set)
+            }
+        }
+    }
+
+    /// `/api`, `/apis` (legacy Accept) and every `APIResourceList` they name, with the limits
+    /// of every other discovery request.
+    pub async fn legacy_walk(&self) -> Result<LegacySet, FetchError> {
+        let (api, apis) = tokio::try_join!(self.get("/api", ACCEPT_JSON), self.get("/apis", ACCEPT_JSON))?;
+        let api = ApiVersions::from_json(&api).map_err(|e| FetchError::discovery("/api", &e))?;
+        let apis = ApiGroupList::from_json(&apis).map_err(|e| FetchError::discovery("/apis", &e))?;
+        // The composed legacy documents are held as long as the aggregated ones: same bounds.
+        self.check_group_list(&apis)?;
+        let core = api.versions.iter().filter(|v| is_segment(v)).map(|v| format!("/api/{v}"));
+        let groups = apis.groups.iter().filter(|g| is_segment(&g.name)).flat_map(|g| {
+            g.versions
+                .iter()
+                .filter(|v| is_segment(&v.version))
+                .map(move |v| format!("/apis/{}/{}", g.name, v.version))
+        });
+        let mut paths: Vec<String> = core.chain(groups).collect();
+        paths.dedup();
+        let resource_lists = self.resource_lists(paths).await?;
+        let resources = resource_lists.iter().map(|list| list.resources.len()).sum();
+        if resources > self.limits.max_resources {
+            let max = self.limits.max_resources;
+            return Err(over_limit("(legacy walk)", resources, "resources", "maxResources", max));
+        }
+        Ok(LegacySet { api, apis, resource_lists })
     }
 
     /// Refuses a discovery over `[limits]`.
@@ -334,6 +461,21 @@ impl Fetcher {
             if count > max {
                 return Err(over_limit("/api + /apis", count, what, key, max));
             }
+        }
+        Ok(())
+    }
+
+    /// Refuses a legacy `APIGroupList` over `[limits]` before it is walked: each group/version
+    /// would be one more request and document.
+    fn check_group_list(&self, list: &ApiGroupList) -> Result<(), FetchError> {
+        let listed = list.groups.len();
+        if listed > self.limits.max_groups {
+            return Err(over_limit("/apis", listed, "groups", "maxGroups", self.limits.max_groups));
+        }
+        let versions: usize = list.groups.iter().map(|g| g.versions.len()).sum();
+        if versions > self.limits.max_group_versions {
+            let max = self.limits.max_group_versions;
+            return Err(over_limit("/apis", versions, "group/versions", "maxGroupVersions", max));
         }
         Ok(())
     }
@@ -370,16 +512,7 @@ impl Fetcher {
             let list = ApiGroupList::from_json(&body).map_err(|e| FetchError::discovery("/apis", &e))?;
             // Group and version names go into paths: anything that is not one plain segment
             // could not be a real group anyway.
-            // Before walking: each group/version would be one more request and document.
-            let listed = list.groups.len();
-            if listed > self.limits.max_groups {
-                return Err(over_limit("/apis", listed, "groups", "maxGroups", self.limits.max_groups));
-            }
-            let versions: usize = list.groups.iter().map(|g| g.versions.len()).sum();
-            if versions > self.limits.max_group_versions {
-                let max = self.limits.max_group_versions;
-                return Err(over_limit("/apis", versions, "group/versions", "maxGroupVersions", max));
-            }
+            self.check_group_list(&list)?;
             let wanted: Vec<(&str, Vec<&str>)> = list
                 .groups
                 .iter()
@@ -440,16 +573,34 @@ impl Fetcher {
 
     /// One GET, status checked, body read up to the limit.
     pub async fn get(&self, path: &str, accept: &str) -> Result<Bytes, FetchError> {
+        match self.get_tagged(path, accept, None).await? {
+            Answer::Body(body, _) => Ok(body),
+            Answer::NotModified => {
+                Err(FetchError::new(path, ErrorKind::HttpStatus, "304 without If-None-Match"))
+            }
+        }
+    }
+
+    /// One GET, optionally conditional: 304 is then an answer too.
+    pub(crate) async fn get_tagged(
+        &self,
+        path: &str,
+        accept: &str,
+        if_none_match: Option<&str>,
+    ) -> Result<Answer, FetchError> {
         let url = format!("{}{path}", self.base);
-        let mut response = self
-            .client
-            .get(&url)
-            .headers(self.identity.clone())
-            .header(ACCEPT, accept)
-            .send()
-            .await
-            .map_err(|e| FetchError::new(path, classify(&e), describe(&e)))?;
+        let mut request = self.client.get(&url).headers(self.identity.clone()).header(ACCEPT, accept);
+        if let Some(tag) = if_none_match {
+            request = request.header(reqwest::header::IF_NONE_MATCH, tag);
+        }
+        let mut response =
+            request.send().await.map_err(|e| FetchError::new(path, classify(&e), describe(&e)))?;
         let status = response.status();
+        if status == reqwest::StatusCode::NOT_MODIFIED && if_none_match.is_some() {
+            return Ok(Answer::NotModified);
+        }
+        let etag =
+            response.headers().get(reqwest::header::ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
         if status != reqwest::StatusCode::OK {
             let preview =
                 read_capped(&mut response, ERROR_BODY_PREVIEW as u64, true).await.unwrap_or_default();
@@ -468,12 +619,13 @@ impl Fetcher {
                 ),
             ));
         }
-        read_capped(&mut response, max_body, false).await.map_err(|e| match e {
+        let body = read_capped(&mut response, max_body, false).await.map_err(|e| match e {
             ReadError::TooLarge => {
                 FetchError::new(path, ErrorKind::TooLarge, format!("body over the limit of {max_body} bytes"))
             }
             ReadError::Client(e) => FetchError::new(path, classify(&e), describe(&e)),
-        })
+        })?;
+        Ok(Answer::Body(body, etag))
     }
 }
 
@@ -517,7 +669,7 @@ async fn read_capped(response: &mut reqwest::Response, max: u64, truncate: bool)
 }
 
 /// The `kind` of a JSON object, when it has a string one.
-fn kind_of(body: &[u8]) -> Option<String> {
+pub(crate) fn kind_of(body: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Kind {
         #[serde(default)]
@@ -644,7 +796,23 @@ mod tests {
             _ => Answer::Json(404, "text/plain", b"404 page not found".to_vec()),
         });
         let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
-        let docs = certs.fetcher(addr, limits()).fetch().await.unwrap();
+        let fetcher = certs.fetcher(addr, limits());
+        let docs = fetcher.fetch().await.unwrap();
+        // The legacy set is read as the server sent it (storageVersionHash and all).
+        let set = docs.legacy_documents.as_ref().unwrap();
+        assert_eq!(set.api.versions, ["v1"]);
+        assert_eq!(set.apis.groups[0].name, "resource.k8s.io");
+        let gvs: Vec<&str> = set.resource_lists.iter().map(|l| l.group_version.as_str()).collect();
+        assert_eq!(gvs, ["v1", "resource.k8s.io/v1beta1", "resource.k8s.io/v1alpha3"]);
+        let walks = |seen: &crate::testing::Seen| {
+            seen.lock().unwrap().iter().filter(|(p, _)| p == "/apis/resource.k8s.io/v1alpha3").count()
+        };
+        // Once for the aggregated form, once for the legacy set.
+        assert_eq!(walks(&seen), 2);
+        // Unchanged discovery: the legacy set comes from the cache, not from another walk.
+        let again = fetcher.fetch().await.unwrap();
+        assert_eq!(again.legacy_documents, docs.legacy_documents);
+        assert_eq!(walks(&seen), 3);
         assert!(docs.legacy);
         assert_eq!(docs.version, "");
         assert!(docs.core.gvrs().any(|g| g == ("", "v1", "pods")));

@@ -41,6 +41,10 @@ enum Command {
         /// Subject of a verified client certificate, as Envoy renders it (e.g. "CN=alice,O=devs").
         #[arg(long)]
         client_cert_subject: Option<String>,
+        /// The OpenAPI composer's summary (`openapi.json` in Envoy's directory): shows which
+        /// apiservers' documents an OpenAPI path is composed from.
+        #[arg(long, value_name = "FILE")]
+        openapi: Option<PathBuf>,
         /// HTTP method, e.g. GET.
         method: String,
         /// Path and query as the client sends them, e.g.
@@ -70,8 +74,12 @@ enum Command {
         /// Overrides pollPeriod, e.g. 5s.
         #[arg(long)]
         poll_period: Option<String>,
-        /// Overrides gracePeriod, e.g. 30s.
+        /// Overrides probePeriod, e.g. 250ms.
         #[arg(long)]
+        probe_period: Option<String>,
+        /// Deprecated and ignored (as the gracePeriod key): accepted so that old command lines
+        /// still start.
+        #[arg(long, hide = true)]
         grace_period: Option<String>,
         /// Overrides listen, e.g. 127.0.0.1:9090.
         #[arg(long)]
@@ -105,8 +113,8 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Explain { table, accept, headers, client_cert_subject, method, path } => {
-            explain_command(table, accept, headers, client_cert_subject, method, path)
+        Command::Explain { table, accept, headers, client_cert_subject, openapi, method, path } => {
+            explain_command(table, accept, headers, client_cert_subject, openapi, method, path)
         }
         Command::Sync {
             config,
@@ -115,12 +123,14 @@ async fn main() -> ExitCode {
             wasm,
             admin_url,
             poll_period,
+            probe_period,
             grace_period,
             listen,
             log_format,
         } => {
             init_logs(log_format);
-            let overrides = Overrides { envoy_dir, wasm, admin_url, poll_period, grace_period, listen };
+            let overrides =
+                Overrides { envoy_dir, wasm, admin_url, poll_period, probe_period, grace_period, listen };
             let config = match SyncConfig::load(&config, &overrides) {
                 Ok(c) => c,
                 Err(e) => {
@@ -182,10 +192,10 @@ fn report_json(r: &SyncReport) -> serde_json::Value {
             "standing": match a.standing {
                 Standing::Current => "current",
                 Standing::Stale { .. } => "stale",
-                Standing::Dropped => "dropped",
                 Standing::Missing => "missing",
             },
             "legacy": a.legacy,
+            "source": a.source.to_string(),
             "error": a.error.as_ref().map(|e| e.to_string()),
         })).collect::<Vec<_>>(),
     })
@@ -235,6 +245,7 @@ async fn table_command(
         eprintln!("skewgate table: {e}");
         ExitCode::FAILURE
     };
+    let mut sources = Vec::new();
     let routing = if !discovery.is_empty() {
         let built = match offline::build(&discovery) {
             Ok(t) => t,
@@ -269,6 +280,8 @@ async fn table_command(
                     let error = r.error.as_ref().map(|e| e.to_string()).unwrap_or_default();
                     eprintln!("skewgate table: apiserver {} serves nothing here: {error}", r.id);
                 }
+                let source = |id: &str| reports.iter().find(|r| r.id == id).map(|r| r.source.to_string());
+                sources = t.apiservers.iter().map(|a| source(&a.id).unwrap_or_default()).collect();
                 t
             }
             Err(e) => return fail(format!("{e:#}")),
@@ -285,7 +298,8 @@ async fn table_command(
     } else {
         return fail("one of --discovery, --config, --table is required".into());
     };
-    let matrix = skew::matrix(&routing);
+    let mut matrix = skew::matrix(&routing);
+    matrix.sources = sources;
     match format {
         Format::Text => {
             let color = std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none();
@@ -301,9 +315,25 @@ fn explain_command(
     accept: Option<String>,
     headers: Vec<String>,
     client_cert_subject: Option<String>,
+    openapi: Option<PathBuf>,
     method: String,
     path: String,
 ) -> ExitCode {
+    let openapi_summary =
+        match openapi.map(|p| std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))) {
+            None => None,
+            Some(Ok(bytes)) => match serde_json::from_slice(&bytes) {
+                Ok(summary) => Some(summary),
+                Err(e) => {
+                    eprintln!("skewgate explain: --openapi: not JSON: {e}");
+                    return ExitCode::from(2);
+                }
+            },
+            Some(Err(e)) => {
+                eprintln!("skewgate explain: --openapi {e}");
+                return ExitCode::from(2);
+            }
+        };
     let table = match std::fs::read(&table)
         .map_err(|e| e.to_string())
         .and_then(|bytes| explain::load_table(&bytes))
@@ -326,7 +356,7 @@ fn explain_command(
         parsed.retain(|(n, _)| !n.eq_ignore_ascii_case("accept"));
         parsed.push(("accept".into(), accept));
     }
-    let req = Request { method, target: path, headers: parsed, client_cert_subject };
+    let req = Request { method, target: path, headers: parsed, client_cert_subject, openapi_summary };
     println!("{}", explain::explain(&table, &req));
     ExitCode::SUCCESS
 }

@@ -27,6 +27,12 @@ pub struct ApiserverLabel {
     pub apiserver: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExclusionLabels {
+    pub apiserver: String,
+    pub reason: String,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sync_duration: Histogram,
@@ -38,12 +44,18 @@ pub struct Metrics {
     pub table_pushes: Counter,
     pub gvrs: Gauge,
     pub rerouted_gvrs: Gauge,
-    /// 1 while the apiserver's documents are current, 0 while stale (grace) or dropped.
+    /// 1 while the apiserver's documents are current, 0 while the last good ones stand in.
     pub apiserver_current: Family<ApiserverLabel, Gauge>,
-    /// Times an apiserver's GVRs left the table after its grace period.
-    pub apiserver_drops: Family<ApiserverLabel, Counter>,
+    /// 1 while Envoy may send the apiserver new requests (not marked `DRAINING`).
+    pub apiserver_eligible: Family<ApiserverLabel, Gauge>,
+    /// Times an apiserver was taken out of every cluster, by the first reason seen.
+    pub apiserver_exclusions: Family<ExclusionLabels, Counter>,
+    /// How long each exclusion lasted, until the apiserver was eligible again.
+    pub apiserver_excluded: Histogram,
     last_success_age: Gauge<f64, AtomicU64>,
     last_success: Mutex<Option<Instant>>,
+    /// `skewgate_openapi_*`: the OpenAPI composer.
+    pub openapi: crate::openapi::Metrics,
 }
 
 impl Default for Metrics {
@@ -90,11 +102,24 @@ impl Metrics {
             "1 while the apiserver's discovery is current, 0 while stale or dropped",
             apiserver_current.clone(),
         );
-        let apiserver_drops = Family::<ApiserverLabel, Counter>::default();
+        let apiserver_eligible = Family::<ApiserverLabel, Gauge>::default();
         registry.register(
-            "apiserver_drops",
-            "Times an apiserver's GVRs left the table after its grace period",
-            apiserver_drops.clone(),
+            "apiserver_eligible",
+            "1 while Envoy may send the apiserver new requests, 0 while it is marked DRAINING",
+            apiserver_eligible.clone(),
+        );
+        let apiserver_exclusions = Family::<ExclusionLabels, Counter>::default();
+        registry.register(
+            "apiserver_exclusions",
+            "Times an apiserver was marked DRAINING (unreachable, unready, changed, undescribed)",
+            apiserver_exclusions.clone(),
+        );
+        let apiserver_excluded = Histogram::new(exponential_buckets(0.05, 2.0, 14));
+        registry.register_with_unit(
+            "apiserver_excluded",
+            "How long each exclusion of an apiserver lasted, until it was eligible again",
+            Unit::Seconds,
+            apiserver_excluded.clone(),
         );
         let last_success_age = Gauge::<f64, AtomicU64>::default();
         registry.register_with_unit(
@@ -104,6 +129,8 @@ impl Metrics {
             last_success_age.clone(),
         );
         last_success_age.set(-1.0);
+        let openapi = crate::openapi::Metrics::default();
+        openapi.register(registry.sub_registry_with_prefix("openapi"));
         Self {
             registry,
             sync_duration,
@@ -113,9 +140,12 @@ impl Metrics {
             gvrs,
             rerouted_gvrs,
             apiserver_current,
-            apiserver_drops,
+            apiserver_eligible,
+            apiserver_exclusions,
+            apiserver_excluded,
             last_success_age,
             last_success: Mutex::new(None),
+            openapi,
         }
     }
 
@@ -135,8 +165,16 @@ impl Metrics {
             .set(i64::from(current));
     }
 
-    pub fn dropped(&self, apiserver: &str) {
-        self.apiserver_drops.get_or_create(&ApiserverLabel { apiserver: apiserver.to_owned() }).inc();
+    pub fn set_eligible(&self, apiserver: &str, eligible: bool) {
+        self.apiserver_eligible
+            .get_or_create(&ApiserverLabel { apiserver: apiserver.to_owned() })
+            .set(i64::from(eligible));
+    }
+
+    pub fn excluded(&self, apiserver: &str, reason: &str) {
+        self.apiserver_exclusions
+            .get_or_create(&ExclusionLabels { apiserver: apiserver.to_owned(), reason: reason.to_owned() })
+            .inc();
     }
 
     pub fn succeeded(&self, at: Instant) {
@@ -174,7 +212,9 @@ mod tests {
         m.rerouted_gvrs.set(41);
         m.table_pushes.inc();
         m.set_current("b", false);
-        m.dropped("b");
+        m.set_eligible("b", false);
+        m.excluded("b", "unready");
+        m.apiserver_excluded.observe(0.4);
         m.sync_duration.observe(0.2);
         let text = m.encode().unwrap();
         for line in [
@@ -184,7 +224,9 @@ mod tests {
             "skewgate_rerouted_gvrs 41",
             "skewgate_table_pushes_total 1",
             "skewgate_apiserver_current{apiserver=\"b\"} 0",
-            "skewgate_apiserver_drops_total{apiserver=\"b\"} 1",
+            "skewgate_apiserver_eligible{apiserver=\"b\"} 0",
+            "skewgate_apiserver_exclusions_total{apiserver=\"b\",reason=\"unready\"} 1",
+            "skewgate_apiserver_excluded_seconds_count 1",
             "skewgate_sync_duration_seconds_count 1",
             "skewgate_last_successful_sync_age_seconds -1.0",
         ] {
@@ -193,5 +235,25 @@ mod tests {
         m.succeeded(Instant::now());
         let text = m.encode().unwrap();
         assert!(!text.contains("skewgate_last_successful_sync_age_seconds -1"), "{text}");
+    }
+
+    #[test]
+    fn openapi_composer_names() {
+        let m = Metrics::new();
+        let labels = FetchErrorLabels { apiserver: "c".into(), kind: "http_status".into() };
+        m.openapi.fetch_errors.get_or_create(&labels).inc();
+        m.openapi.compositions.inc();
+        m.openapi.held_bytes.set(41_861_140);
+        m.openapi.documents.set(53);
+        let text = m.encode().unwrap();
+        for line in [
+            "skewgate_openapi_fetch_errors_total{apiserver=\"c\",kind=\"http_status\"} 1",
+            "skewgate_openapi_compositions_total 1",
+            "skewgate_openapi_held_bytes 41861140",
+            "skewgate_openapi_documents 53",
+            "skewgate_openapi_merged_documents 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use skewgate_core::discovery::{
 };
 use skewgate_core::table::TableConfig;
 
+use crate::fetch::kind_of;
 use crate::routing::{self, Server};
 
 /// One `--discovery` argument.
@@ -73,11 +74,6 @@ pub fn load_api(path: &Path) -> Result<ApiGroupDiscoveryList, LoadError> {
     ApiGroupDiscoveryList::from_json(&bytes).map_err(|e| load_error(path, e.to_string()))
 }
 
-fn kind_of(bytes: &[u8]) -> Option<String> {
-    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
-    value.get("kind")?.as_str().map(str::to_owned)
-}
-
 /// The table for the given apiservers, in argument order.
 pub fn build(specs: &[Spec]) -> anyhow::Result<TableConfig> {
     let mut loaded: Vec<(String, ApiGroupDiscoveryList, ApiGroupDiscoveryList)> = Vec::new();
@@ -91,7 +87,7 @@ pub fn build(specs: &[Spec]) -> anyhow::Result<TableConfig> {
     }
     let servers: Vec<Server<'_>> = loaded
         .iter()
-        .map(|(id, core, apis)| Server { id, version: "", documents: Some([core, apis]) })
+        .map(|(id, core, apis)| Server { id, version: "", documents: Some([core, apis]), legacy: None })
         .collect();
     Ok(routing::build(&servers)?)
 }

@@ -5,8 +5,10 @@
 use std::path::Path;
 
 use serde_json::Value;
-use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table};
+use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
+use skewgate_core::extensions::Extensions;
+use skewgate_core::legacy_build::LegacySet;
 use skewgate_core::table::{RoutingTable, TableConfig, TableError};
 
 use crate::envoy::{self, CdsError, Endpoint, Health, UpstreamTls};
@@ -18,10 +20,17 @@ pub struct Server<'a> {
     pub id: &'a str,
     pub version: &'a str,
     pub documents: Option<[&'a ApiGroupDiscoveryList; 2]>,
+    /// Its legacy discovery documents, for the composed ones (see `build_table_with`).
+    pub legacy: Option<&'a LegacySet>,
 }
 
 /// The table for `servers`, in the given order.
 pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
+    build_with(servers, &Extensions::default())
+}
+
+/// [`build`], with CRD- and APIService-backed group/versions sent to the pool.
+pub fn build_with(servers: &[Server<'_>], extensions: &Extensions) -> Result<TableConfig, BuildError> {
     let apis: Vec<ServerApis<'_>> = servers
         .iter()
         .map(|s| ServerApis {
@@ -30,7 +39,8 @@ pub fn build(servers: &[Server<'_>]) -> Result<TableConfig, BuildError> {
             documents: s.documents.map(|d| d.to_vec()).unwrap_or_default(),
         })
         .collect();
-    build_table(&apis, &ClusterNames::default())
+    let legacy: Vec<Option<&LegacySet>> = servers.iter().map(|s| s.legacy).collect();
+    build_table_with(&apis, &legacy, &ClusterNames::default(), extensions)
 }
 
 /// How big the skew is: what `/metrics` and the logs report.
@@ -102,8 +112,8 @@ mod tests {
         let old =
             docs(include_str!("../../testdata/discovery/k8s-1.33-era_resource-v1beta2/aggregated_v2.json"));
         let servers = [
-            Server { id: "a", version: "v1.33.0", documents: Some([&core, &old]) },
-            Server { id: "b", version: "", documents: None },
+            Server { id: "a", version: "v1.33.0", documents: Some([&core, &old]), legacy: None },
+            Server { id: "b", version: "", documents: None, legacy: None },
         ];
         let table = build(&servers).unwrap();
         assert_eq!(table.apiservers.len(), 2);

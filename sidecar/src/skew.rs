@@ -42,6 +42,9 @@ pub struct Matrix {
     pub rows: Vec<Row>,
     /// Most-lacking first.
     pub lacking: Vec<Lacking>,
+    /// Where each apiserver came from (config, EndpointSlice, Lease), in `apiservers`' order;
+    /// empty when unknown (a table read from a file).
+    pub sources: Vec<String>,
 }
 
 fn group_version(group: &str, version: &str) -> String {
@@ -94,7 +97,7 @@ pub fn matrix(table: &RoutingTable) -> Matrix {
             l.group_version.clone(),
         )
     });
-    Matrix { apiservers, rows, lacking }
+    Matrix { apiservers, rows, lacking, sources: Vec::new() }
 }
 
 /// "7 GVRs need rerouting, 2 apiservers lack resource.k8s.io/v1".
@@ -142,8 +145,13 @@ pub fn render_text(m: &Matrix, color: bool) -> String {
     let names: Vec<String> = m.rows.iter().map(Row::name).collect();
     let first =
         names.iter().map(|n| n.chars().count()).chain(["GROUP/VERSION/RESOURCE".len()]).max().unwrap_or(0);
-    let widths: Vec<usize> =
-        m.apiservers.iter().map(|(id, v)| id.chars().count().max(v.chars().count()).max(1)).collect();
+    let source_width = |i: usize| m.sources.get(i).map_or(0, |s| s.chars().count());
+    let widths: Vec<usize> = m
+        .apiservers
+        .iter()
+        .enumerate()
+        .map(|(i, (id, v))| id.chars().count().max(v.chars().count()).max(source_width(i)).max(1))
+        .collect();
     let mut out = String::new();
     let header = |cells: Vec<&str>, label: &str| {
         let mut line = format!("  {label:<first$}");
@@ -156,6 +164,10 @@ pub fn render_text(m: &Matrix, color: bool) -> String {
     out.push('\n');
     if m.apiservers.iter().any(|(_, v)| !v.is_empty()) {
         out.push_str(&header(m.apiservers.iter().map(|(_, v)| v.as_str()).collect(), ""));
+        out.push('\n');
+    }
+    if m.sources.len() == m.apiservers.len() && !m.sources.is_empty() {
+        out.push_str(&header(m.sources.iter().map(String::as_str).collect(), "(from)"));
         out.push('\n');
     }
     for (row, name) in m.rows.iter().zip(&names) {
@@ -180,7 +192,10 @@ pub fn render_text(m: &Matrix, color: bool) -> String {
 pub fn render_json(m: &Matrix) -> Value {
     let rerouted = m.rows.iter().filter(|r| r.rerouted()).count();
     json!({
-        "apiservers": m.apiservers.iter().map(|(id, v)| json!({"id": id, "version": v})).collect::<Vec<_>>(),
+        "apiservers": m.apiservers.iter().enumerate().map(|(i, (id, v))| match m.sources.get(i) {
+            Some(source) => json!({"id": id, "version": v, "source": source}),
+            None => json!({"id": id, "version": v}),
+        }).collect::<Vec<_>>(),
         "gvrs": m.rows.iter().map(|r| json!({
             "group": r.group,
             "version": r.version,
@@ -260,6 +275,17 @@ mod tests {
         let colored = render_text(&matrix(&table()), true);
         assert_eq!(colored.matches(HIGHLIGHT).count(), 3);
         assert!(colored.lines().nth(5).is_some_and(|l| !l.contains('\x1b')));
+    }
+
+    #[test]
+    fn sources_show_under_the_ids() {
+        let mut m = matrix(&table());
+        m.sources = vec!["config".into(), "config".into(), "EndpointSlice".into()];
+        let text = render_text(&m, false);
+        let line = text.lines().find(|l| l.contains("(from)")).unwrap();
+        assert!(line.ends_with("config   config   EndpointSlice"), "{line:?}");
+        assert_eq!(render_json(&m)["apiservers"][2]["source"], "EndpointSlice");
+        assert!(render_json(&matrix(&table()))["apiservers"][2].get("source").is_none());
     }
 
     #[test]

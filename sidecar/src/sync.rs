@@ -1,10 +1,31 @@
-//! `skewgate sync`: poll every apiserver's discovery, keep the routing table Envoy runs current.
+//! `skewgate sync`: keeps the routing table Envoy runs, and which apiservers Envoy may send new
+//! requests to, current with every apiserver's discovery.
 //!
-//! One sync = fetch all apiservers concurrently → remember each one's last good documents
-//! (kept for the grace period after a failure, then dropped: the apiserver stays in the table
-//! serving nothing) → build the table (`core::build`) → push it (`push`, ordered and confirmed).
-//! The loop is a library so that tests and the harness run it in-process.
+//! Two kinds of look, each remembered per apiserver:
+//! - every poll period, a full fetch of every apiserver's discovery;
+//! - every probe period, a probe of each apiserver on its own, over a connection kept open to it
+//!   ([`crate::tether`]): `/readyz`, and `/api` + `/apis` with the ETags of its last good
+//!   documents (304: unchanged). One that changed is fetched at once and the new table pushed at
+//!   once, without waiting for the next poll; one whose connection closes (its process stopped)
+//!   counts as unreachable from that moment.
+//!
+//! An apiserver's last good documents stay until it answers with others or leaves the
+//! configuration: one that stops answering keeps its GVRs in the table, where Envoy finds no
+//! healthy host for those only it serves and the filter answers 503 — never a timer that would
+//! turn that into a 404 from the others.
+//!
+//! Eligibility ([`crate::eligibility`]): from the first look that finds an apiserver unreachable,
+//! unready or changed, its endpoints are marked `DRAINING` in every Envoy cluster (an overlay on
+//! `cds.json`, [`crate::push`]) until a table built from its current discovery is live. A table
+//! is pushed by a task of its own, so that probes go on (and can take an apiserver out) while
+//! Envoy confirms a push.
+//!
+//! When this process is down, Envoy keeps the last table and the last overlay: eligibility holds
+//! as it was, and Envoy's own `/readyz` checks go on. The last good documents are saved next to
+//! Envoy's files (`state/discovery.json`), so that a restarted sidecar keeps an unreachable
+//! apiserver's GVRs in the table too. The library runs in-process in tests and the harness.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -14,29 +35,32 @@ use anyhow::Context;
 use skewgate_core::build::BuildError;
 use skewgate_core::table::TableConfig;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::admin::HttpAdmin;
-use crate::envoy::UpstreamTls;
-use crate::fetch::{ClientTls, Documents, ErrorKind, FetchError, Fetcher};
+use crate::eligibility::{self, Exclusion, Live, Now, Served};
+use crate::envoy::Endpoint;
+use crate::envoy::{UpstreamTls, table_from_ecds, write_atomic};
+use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
+use crate::peers::{self, Asker, Published, Source};
 use crate::push::{PushError, PushOutcome, Pusher, Step};
-use crate::routing::{self, Counts, RenderError, Server};
+use crate::routing::{self, Counts, RenderError, Resources, Server};
 use crate::serve::{self, Shared};
+use crate::tether::{self, Probe, Tether};
+use skewgate_core::extensions::Extensions;
 
 pub use crate::config::SyncConfig;
 
-/// Where an apiserver's contribution to the table stands after a sync.
+/// Where an apiserver's contribution to the table stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Standing {
-    /// Answered this time.
+    /// Its latest look answered.
     Current,
-    /// Failed; its last good documents, this old, still count (grace period; for as long as it
-    /// is over a `[limits]` bound, since it still answers).
+    /// Its latest look failed; its last good documents, this old, still count.
     Stale { age: Duration },
-    /// Failed past its grace period this time: its GVRs just left the table.
-    Dropped,
-    /// Failed, with nothing (left) to fall back on: it serves nothing in the table.
+    /// Never answered (in this process): it serves nothing in the table.
     Missing,
 }
 
@@ -51,9 +75,13 @@ pub struct ApiserverReport {
     pub id: String,
     pub version: String,
     pub standing: Standing,
-    /// This sync's failure, if it failed.
+    /// The latest look's failure, if it failed.
     pub error: Option<FetchError>,
     pub legacy: bool,
+    /// Why Envoy may not send it new requests (`None`: it may, or nothing is known yet).
+    pub excluded: Option<Exclusion>,
+    /// Where it came from ([`crate::peers`]).
+    pub source: Source,
 }
 
 #[derive(Debug, Clone)]
@@ -96,88 +124,183 @@ impl SyncError {
     }
 }
 
-/// What is remembered of one apiserver between syncs.
+/// What one probe of one apiserver found.
+#[derive(Debug, Clone)]
+pub enum Look {
+    /// Ready or not, still serving the documents it was asked about.
+    Unchanged {
+        ready: bool,
+    },
+    /// No ETags to ask with (legacy discovery): only readiness is known.
+    Ready {
+        ready: bool,
+    },
+    /// Its documents changed, and this is what a fetch found then.
+    Changed {
+        ready: bool,
+        fetched: Box<Result<Documents, FetchError>>,
+    },
+    Failed(FetchError),
+}
+
+/// What is remembered of one apiserver.
 #[derive(Debug, Default)]
 struct Memory {
-    good: Option<(Documents, Instant)>,
+    /// The last good documents and what they serve: kept while the apiserver is configured.
+    good: Option<(Documents, Served, Instant)>,
     failing: bool,
+    /// The latest look's failure.
+    error: Option<FetchError>,
+    /// The latest look reached its discovery.
+    reachable: bool,
+    /// `/readyz` at the latest probe.
+    ready: Option<bool>,
+    /// When the look behind what is remembered started: a slower, older look that finishes
+    /// later must not undo what a newer one found.
+    seen: Option<Instant>,
+    /// Since when it is marked `DRAINING`.
+    excluded_since: Option<Instant>,
+    excluded: Option<Exclusion>,
+    source: Source,
+    /// Found in the cluster while running: it enters the table once its discovery answered.
+    joined: bool,
+    /// Since when the cluster no longer publishes it.
+    departed_since: Option<Instant>,
 }
 
 impl Memory {
-    fn record(
-        &mut self,
-        id: &str,
-        result: Result<Documents, FetchError>,
-        now: Instant,
-        grace: Duration,
-    ) -> Standing {
-        match result {
-            Ok(documents) => {
-                if self.failing {
-                    tracing::info!(apiserver = id, "discovery answers again");
+    /// Whether a look that started at `started` is newer than what is remembered (and is then
+    /// what counts).
+    fn newer(&mut self, started: Instant) -> bool {
+        if self.seen.is_some_and(|seen| started < seen) {
+            return false;
+        }
+        self.seen = Some(started);
+        true
+    }
+
+    fn standing(&self, now: Instant) -> Standing {
+        match (&self.good, self.failing) {
+            (Some(_), false) => Standing::Current,
+            (Some((_, _, at)), true) => Standing::Stale { age: now.duration_since(*at) },
+            (None, _) => Standing::Missing,
+        }
+    }
+
+    /// Documents from a look older than what is remembered: they only fill a gap. Ones that
+    /// differ from what a newer look found are dropped; the next probe asks again.
+    fn fill(&mut self, documents: Documents, now: Instant) -> bool {
+        if self.good.is_some() {
+            return false;
+        }
+        let served = Served::of(&documents);
+        self.good = Some((documents, served, now));
+        true
+    }
+
+    /// Returns whether the documents changed.
+    fn answered(&mut self, id: &str, documents: Documents, now: Instant) -> bool {
+        if self.failing {
+            tracing::info!(apiserver = id, "discovery answers again");
+        }
+        self.failing = false;
+        self.error = None;
+        self.reachable = true;
+        // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
+        // its documents must not cause a push (and a save) at every probe.
+        let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
+            (&d.version, &d.core, &d.apis, d.legacy, &d.legacy_documents)
+                != (
+                    &documents.version,
+                    &documents.core,
+                    &documents.apis,
+                    documents.legacy,
+                    &documents.legacy_documents,
+                )
+        });
+        let served = Served::of(&documents);
+        self.good = Some((documents, served, now));
+        changed
+    }
+
+    fn failed(&mut self, id: &str, error: FetchError) {
+        if !self.failing {
+            match self.good.is_some() {
+                true => tracing::warn!(
+                    apiserver = id,
+                    %error,
+                    "discovery failed; its last good documents stay in the table until it answers"
+                ),
+                false => {
+                    tracing::warn!(apiserver = id, %error, "discovery failed; it serves nothing in the table")
                 }
-                self.failing = false;
-                self.good = Some((documents, now));
-                Standing::Current
             }
-            Err(error) => {
-                // Over a limit, the apiserver still answers: its last good documents stay until it
-                // is back under the limit, whatever the grace period (meant for silence) says.
-                let answering = error.kind == ErrorKind::Limit;
-                match (self.failing, self.good.is_some()) {
-                    (false, true) if answering => tracing::warn!(
-                        apiserver = id,
-                        %error,
-                        "discovery over a limit; its last good documents stay in the table"
-                    ),
-                    (false, true) => tracing::warn!(
-                        apiserver = id,
-                        %error,
-                        "discovery failed; its last good documents count for the grace period"
-                    ),
-                    (false, false) => {
-                        tracing::warn!(apiserver = id, %error, "discovery failed; it serves nothing in the table")
-                    }
-                    (true, _) => tracing::debug!(apiserver = id, %error, "discovery still failing"),
-                }
-                self.failing = true;
-                match &self.good {
-                    Some((_, at)) if answering || now.duration_since(*at) <= grace => {
-                        Standing::Stale { age: now.duration_since(*at) }
-                    }
-                    Some((_, at)) => {
-                        tracing::warn!(
-                            apiserver = id,
-                            failing_for_ms = now.duration_since(*at).as_millis() as u64,
-                            "grace period over: its GVRs leave the table"
-                        );
-                        self.good = None;
-                        Standing::Dropped
-                    }
-                    None => Standing::Missing,
-                }
+        } else {
+            tracing::debug!(apiserver = id, %error, "discovery still failing");
+        }
+        self.failing = true;
+        // Over a `[limits]` bound the apiserver still answers, and what it serves in the table
+        // (its last good documents) is unchanged: it keeps its requests. Anything else counts
+        // as unreachable.
+        self.reachable = error.kind == ErrorKind::Limit;
+        self.error = Some(error);
+    }
+
+    fn readiness(&mut self, id: &str, ready: bool) {
+        if self.ready != Some(ready) {
+            match ready {
+                true => tracing::info!(apiserver = id, "ready"),
+                false => tracing::info!(apiserver = id, "not ready (/readyz)"),
             }
         }
+        self.ready = Some(ready);
+    }
+
+    fn etags(&self) -> Etags {
+        self.good.as_ref().map(|(d, _, _)| d.etags.clone()).unwrap_or_default()
     }
 }
 
-/// The sync state: clients, memory, the pusher and what `/metrics` reports.
+/// The sync state: clients, memory, the pusher, what Envoy runs, and what `/metrics` reports.
 pub struct Sidecar {
     config: SyncConfig,
     fetchers: Vec<Fetcher>,
+    tethers: Vec<Tether>,
     memory: Vec<Memory>,
     pusher: Pusher<HttpAdmin>,
     upstream: UpstreamTls,
     shared: Arc<Shared>,
+    /// The table Envoy runs as far as this process knows: the one in `ecds.json` at start, then
+    /// every one pushed.
+    live: Option<Live>,
+    /// A full fetch has been recorded: before it, too little is known to judge anyone, and the
+    /// overlay on disk stands.
+    judged: bool,
+    /// Asks the cluster for its apiservers and extensions (`None`: static, no extensions).
+    asker: Option<Asker>,
+    extensions: Extensions,
+    /// For the clients of apiservers that join.
+    tls: ClientTls,
+    tether_tls: Arc<rustls::ClientConfig>,
 }
 
 impl Sidecar {
     pub fn new(config: SyncConfig) -> anyhow::Result<Self> {
+        for d in &config.deprecations {
+            tracing::warn!(field = %d.field, "{}", d.reason);
+        }
         let tls = ClientTls::load(&config.tls)?;
         let fetchers = config
             .apiservers
             .iter()
             .map(|e| Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits))
+            .collect::<Result<Vec<_>, _>>()?;
+        let tether_tls = tether::tls_config(&config.tls)?;
+        let asker = config.cluster.asks().then(|| Asker::new(&config, tls.clone()));
+        let tethers = config
+            .apiservers
+            .iter()
+            .map(|e| Tether::new(e, &config.server_name, tether_tls.clone(), &config.identity))
             .collect::<Result<Vec<_>, _>>()?;
         let admin = match &config.envoy.admin_url {
             Some(url) => Some(HttpAdmin::new(url, config.envoy.confirm_timeout)?),
@@ -199,59 +322,298 @@ impl Sidecar {
             health_user: config.identity.user.clone(),
             health_groups: config.identity.groups.clone(),
         };
-        let memory = config.apiservers.iter().map(|_| Memory::default()).collect();
-        Ok(Self { config, fetchers, memory, pusher, upstream, shared: Arc::new(Shared::default()) })
+        let started = Instant::now();
+        let draining = pusher.adopt_draining_from_disk().unwrap_or_default();
+        let mut saved = load_saved(&config);
+        let memory = config
+            .apiservers
+            .iter()
+            .map(|e| {
+                let excluded = draining.contains(&e.id);
+                // Until a look says otherwise, what the previous sidecar last saw of it.
+                let good = saved.remove(&e.id).map(|d| {
+                    let served = Served::of(&d);
+                    (d, served, started)
+                });
+                Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() }
+            })
+            .collect();
+        let live = std::fs::read(config.envoy.ecds_path())
+            .ok()
+            .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+            .and_then(|ecds| serde_json::from_str::<TableConfig>(table_from_ecds(&ecds)?).ok())
+            .map(Live::of);
+        Ok(Self {
+            config,
+            fetchers,
+            tethers,
+            memory,
+            pusher,
+            upstream,
+            shared: Arc::new(Shared::default()),
+            live,
+            judged: false,
+            asker,
+            extensions: Extensions::default(),
+            tls,
+            tether_tls,
+        })
+    }
+
+    /// The current members' endpoints.
+    pub fn members(&self) -> &[Endpoint] {
+        &self.config.apiservers
+    }
+
+    /// The fetchers a look at the cluster asks, in order (none when it asks nothing).
+    fn cluster_candidates(&mut self) -> Option<(peers::ClusterConfig, Vec<Endpoint>, Vec<Fetcher>)> {
+        let members = self.config.apiservers.clone();
+        let asker = self.asker.as_mut()?;
+        Some((asker.config(), asker.configured(), asker.candidates(&members)))
+    }
+
+    /// Takes in what a look at the cluster found: members join (not yet in the table) or are
+    /// marked departed, departed ones leave after `leaveAfter`, extensions are replaced.
+    /// Returns the ids that joined and left, and whether the table must be rebuilt.
+    fn apply_published(&mut self, published: Published) -> (Vec<String>, Vec<String>, bool) {
+        let now = Instant::now();
+        let mut changed = false;
+        if let Some(extensions) = published.extensions {
+            if extensions != self.extensions {
+                tracing::info!(
+                    extensions = ?extensions.iter().map(|(g, v)| format!("{g}/{v}")).collect::<Vec<_>>(),
+                    "CRD- and APIService-backed group/versions changed"
+                );
+                self.extensions = extensions;
+                changed = true;
+            }
+        }
+        let mut joined = Vec::new();
+        // A listing that names no apiserver is not believed: the one answering is one.
+        if let Some(members) = published.members.filter(|m| !m.is_empty()) {
+            for member in &members {
+                match self.config.apiservers.iter().position(|e| e.id == member.endpoint.id) {
+                    Some(i) if self.config.apiservers[i] == member.endpoint => {
+                        let memory = &mut self.memory[i];
+                        memory.source = member.source;
+                        if memory.departed_since.take().is_some() {
+                            tracing::info!(apiserver = %member.endpoint.id, "published again");
+                            changed = true;
+                        }
+                    }
+                    Some(_) => tracing::warn!(
+                        apiserver = %member.endpoint.id,
+                        "published with another address than the member of that id; ignored"
+                    ),
+                    None => match self.add_member(member) {
+                        Ok(()) => joined.push(member.endpoint.id.clone()),
+                        Err(error) => {
+                            tracing::warn!(apiserver = %member.endpoint.id, %error, "cannot add it")
+                        }
+                    },
+                }
+            }
+            for (endpoint, memory) in self.config.apiservers.iter().zip(&mut self.memory) {
+                let published = members.iter().any(|m| m.endpoint.id == endpoint.id);
+                if !published && memory.departed_since.is_none() {
+                    tracing::info!(apiserver = %endpoint.id, "no longer published by the cluster: DRAINING");
+                    memory.departed_since = Some(now);
+                    changed = true;
+                }
+            }
+        }
+        let leave_after = self.config.cluster.leave_after;
+        let mut left = Vec::new();
+        // Never in the look that found it gone: it is DRAINING for one poll at least.
+        let gone =
+            |m: &Memory| m.departed_since.is_some_and(|at| at < now && now.duration_since(at) >= leave_after);
+        while let Some(i) = self.memory.iter().position(gone) {
+            let endpoint = self.config.apiservers.remove(i);
+            self.memory.remove(i);
+            self.fetchers.remove(i);
+            self.tethers.remove(i);
+            tracing::info!(apiserver = %endpoint.id, "left");
+            left.push(endpoint.id);
+            changed = true;
+        }
+        if !joined.is_empty() {
+            tracing::info!(apiservers = ?joined, "joined; they enter the table once their discovery answers");
+        }
+        (joined, left, changed)
+    }
+
+    /// The apiservers the OpenAPI composer reads, in the configured order.
+    fn openapi_members(&self) -> Vec<(String, Fetcher)> {
+        self.config.apiservers.iter().map(|e| e.id.clone()).zip(self.fetchers.iter().cloned()).collect()
+    }
+
+    fn add_member(&mut self, member: &peers::Member) -> anyhow::Result<()> {
+        if self.config.apiservers.len() >= skewgate_core::table::MAX_APISERVERS {
+            anyhow::bail!("already {} apiservers", skewgate_core::table::MAX_APISERVERS);
+        }
+        let c = &self.config;
+        let fetcher = Fetcher::new(&member.endpoint, &c.server_name, &self.tls, &c.identity, c.limits)?;
+        let tether = Tether::new(&member.endpoint, &c.server_name, self.tether_tls.clone(), &c.identity)?;
+        self.config.apiservers.push(member.endpoint.clone());
+        self.fetchers.push(fetcher);
+        self.tethers.push(tether);
+        self.memory.push(Memory { source: member.source, joined: true, ..Memory::default() });
+        Ok(())
+    }
+
+    /// One look at the cluster, taken in at once (`sync --once`, `table --config`).
+    async fn ask_cluster(&mut self) {
+        let Some((config, configured, candidates)) = self.cluster_candidates() else { return };
+        match peers::look(config, &configured, &candidates).await {
+            Ok(published) => {
+                self.apply_published(published);
+            }
+            Err(error) => tracing::warn!(%error, "cannot ask the cluster; what is known stays"),
+        }
     }
 
     pub fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
 
+    /// Saves every apiserver's last good documents for the next sidecar (see the module doc).
+    fn save(&self) {
+        let saved: BTreeMap<&str, &Documents> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .filter_map(|(e, m)| m.good.as_ref().map(|(d, _, _)| (e.id.as_str(), d)))
+            .collect();
+        let path = saved_path(&self.config);
+        let written = serde_json::to_vec(&saved).map_err(std::io::Error::other).and_then(|bytes| {
+            std::fs::create_dir_all(path.parent().unwrap_or(&self.config.envoy.dir))?;
+            write_atomic(&path, &bytes)
+        });
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot save the apiservers' last good discovery");
+        }
+    }
+
     /// Fetches every apiserver concurrently and updates what is remembered of each.
     pub async fn collect(&mut self) -> Vec<ApiserverReport> {
-        let mut tasks = tokio::task::JoinSet::new();
-        for (index, fetcher) in self.fetchers.iter().enumerate() {
-            let fetcher = fetcher.clone();
-            tasks.spawn(async move { (index, fetcher.fetch().await) });
-        }
-        let mut results: Vec<Option<Result<Documents, FetchError>>> =
-            self.fetchers.iter().map(|_| None).collect();
-        while let Some(joined) = tasks.join_next().await {
-            match joined {
-                Ok((index, result)) => {
-                    if let Some(slot) = results.get_mut(index) {
-                        *slot = Some(result);
-                    }
-                }
-                Err(e) => tracing::error!(error = %e, "fetch task failed"),
-            }
-        }
+        self.ask_cluster().await;
+        let started = Instant::now();
+        let results = fetch_all(&self.fetchers).await;
+        self.record_fetches(started, results);
+        self.reports()
+    }
+
+    /// Returns whether some apiserver's documents changed.
+    fn record_fetches(&mut self, started: Instant, results: Vec<Result<Documents, FetchError>>) -> bool {
         let now = Instant::now();
         let metrics = &self.shared.metrics;
-        let mut reports = Vec::with_capacity(results.len());
+        let mut changed = false;
         for ((endpoint, memory), result) in self.config.apiservers.iter().zip(&mut self.memory).zip(results) {
             let id = endpoint.id.as_str();
-            let result = result.unwrap_or_else(|| {
-                Err(FetchError {
-                    path: "/".into(),
-                    kind: crate::fetch::ErrorKind::Request,
-                    detail: "task lost".into(),
-                })
-            });
-            let error = result.as_ref().err().cloned();
-            if let Some(e) = &error {
+            if let Err(e) = &result {
                 metrics.fetch_error(id, e.kind.label());
             }
-            let standing = memory.record(id, result, now, self.config.grace_period);
-            if standing == Standing::Dropped {
-                metrics.dropped(id);
+            match (memory.newer(started), result) {
+                (true, Ok(documents)) => changed |= memory.answered(id, documents, now),
+                (true, Err(error)) => memory.failed(id, error),
+                (false, Ok(documents)) => changed |= memory.fill(documents, now),
+                (false, Err(_)) => {}
             }
-            metrics.set_current(id, standing == Standing::Current);
-            let (version, legacy) =
-                memory.good.as_ref().map(|(d, _)| (d.version.clone(), d.legacy)).unwrap_or_default();
-            reports.push(ApiserverReport { id: id.to_owned(), version, standing, error, legacy });
+            metrics.set_current(id, memory.standing(now) == Standing::Current);
         }
-        reports
+        self.judged = true;
+        changed
+    }
+
+    /// Returns whether the apiserver's documents changed.
+    fn record_look(&mut self, id: &str, started: Instant, look: Look) -> bool {
+        let now = Instant::now();
+        // A look of a member that has left since.
+        let Some(index) = self.config.apiservers.iter().position(|e| e.id == id) else { return false };
+        let (Some(endpoint), Some(memory)) = (self.config.apiservers.get(index), self.memory.get_mut(index))
+        else {
+            return false;
+        };
+        let id = endpoint.id.as_str();
+        // Probe failures are not fetches: an apiserver that is down would count four times a
+        // second. Its exclusion (`reason="unreachable"`) and the next full fetch show it.
+        if let Look::Changed { fetched, .. } = &look {
+            if let Err(e) = fetched.as_ref() {
+                self.shared.metrics.fetch_error(id, e.kind.label());
+            }
+        }
+        // Readiness carries no discovery: the latest answer counts, whenever its probe started.
+        if let Look::Ready { ready } = look {
+            memory.readiness(id, ready);
+            return false;
+        }
+        if !memory.newer(started) {
+            return match look {
+                Look::Changed { fetched, .. } => match *fetched {
+                    Ok(documents) => memory.fill(documents, now),
+                    Err(_) => false,
+                },
+                _ => false,
+            };
+        }
+        let changed = match look {
+            Look::Unchanged { ready } => {
+                memory.readiness(id, ready);
+                if memory.failing {
+                    tracing::info!(apiserver = id, "discovery answers again, unchanged");
+                }
+                memory.failing = false;
+                memory.error = None;
+                memory.reachable = true;
+                false
+            }
+            Look::Ready { .. } => false,
+            Look::Changed { ready, fetched } => {
+                memory.readiness(id, ready);
+                match *fetched {
+                    Ok(documents) => {
+                        let changed = memory.answered(id, documents, now);
+                        if changed {
+                            tracing::info!(apiserver = id, "discovery changed");
+                        }
+                        changed
+                    }
+                    Err(error) => {
+                        memory.failed(id, error);
+                        false
+                    }
+                }
+            }
+            Look::Failed(error) => {
+                memory.failed(id, error);
+                false
+            }
+        };
+        self.shared.metrics.set_current(id, memory.standing(now) == Standing::Current);
+        changed
+    }
+
+    fn reports(&self) -> Vec<ApiserverReport> {
+        let now = Instant::now();
+        self.config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .map(|(endpoint, m)| {
+                let (version, legacy) =
+                    m.good.as_ref().map(|(d, _, _)| (d.version.clone(), d.legacy)).unwrap_or_default();
+                ApiserverReport {
+                    id: endpoint.id.clone(),
+                    version,
+                    standing: m.standing(now),
+                    error: m.error.clone(),
+                    legacy,
+                    excluded: m.excluded,
+                    source: m.source,
+                }
+            })
+            .collect()
     }
 
     /// The table from what is remembered now.
@@ -266,72 +628,281 @@ impl Sidecar {
             .apiservers
             .iter()
             .zip(&self.memory)
+            // One that joined enters the table with its discovery, not before.
+            .filter(|(_, m)| !(m.joined && m.good.is_none()))
             .map(|(e, m)| Server {
                 id: &e.id,
-                version: m.good.as_ref().map_or("", |(d, _)| d.version.as_str()),
-                documents: m.good.as_ref().map(|(d, _)| [&d.core, &d.apis]),
+                version: m.good.as_ref().map_or("", |(d, _, _)| d.version.as_str()),
+                documents: m.good.as_ref().map(|(d, _, _)| [&d.core, &d.apis]),
+                legacy: m.good.as_ref().and_then(|(d, _, _)| d.legacy_documents.as_ref()),
             })
             .collect();
-        Ok(routing::build(&servers)?)
+        Ok(routing::build_with(&servers, &self.extensions)?)
     }
 
-    /// One sync: fetch, build, push. Errors are logged and counted here too.
-    pub async fn sync(&mut self) -> Result<SyncReport, SyncError> {
-        let started = Instant::now();
-        let apiservers = self.collect().await;
-        let result = self.build_and_push().await;
-        let took = started.elapsed();
-        let metrics = &self.shared.metrics;
-        metrics.sync_duration.observe(took.as_secs_f64());
-        match result {
-            Ok((table, outcome)) => {
-                let counts = routing::counts(&table);
-                metrics.gvrs.set(counts.gvrs as i64);
-                metrics.rerouted_gvrs.set(counts.rerouted as i64);
-                metrics.succeeded(std::time::Instant::now());
-                self.shared.ready.store(true, std::sync::atomic::Ordering::SeqCst);
-                let (changed, steps) = match outcome {
-                    PushOutcome::Unchanged => (false, Vec::new()),
-                    PushOutcome::Pushed { added, removed, steps } => {
-                        metrics.table_pushes.inc();
-                        tracing::info!(
-                            generation = %table.generation,
-                            gvrs = counts.gvrs,
-                            rerouted = counts.rerouted,
-                            added = ?added,
-                            removed = ?removed,
-                            took_ms = took.as_millis() as u64,
-                            "table pushed"
-                        );
-                        (true, steps)
-                    }
-                };
-                Ok(SyncReport { generation: table.generation, changed, steps, counts, apiservers, took })
-            }
-            Err(error) => {
-                metrics.push_error(error.label());
-                tracing::error!(%error, "sync failed");
-                Err(error)
-            }
-        }
-    }
-
-    async fn build_and_push(&self) -> Result<(TableConfig, PushOutcome), SyncError> {
-        let table = self.table()?;
-        let resources = routing::render(
+    fn prepare(&self) -> Result<(TableConfig, Resources), SyncError> {
+        let mut table = self.table()?;
+        table.openapi_cluster = Some(crate::openapi::CLUSTER.into());
+        let mut resources = routing::render(
             &table,
             &self.config.apiservers,
             &self.upstream,
             self.config.health,
             &self.config.envoy.wasm,
         )?;
-        let outcome = self.pusher.push(&resources).await?;
-        Ok((table, outcome))
+        crate::openapi::add_cluster(&mut resources.cds, &self.config.envoy.dir.join(crate::openapi::SOCKET));
+        Ok((table, resources))
+    }
+
+    /// Marks `DRAINING` in `cds.json` exactly the apiservers that must not get new requests
+    /// now, judged against the live table.
+    pub fn apply_eligibility(&mut self) {
+        let Some(live) = self.live.as_ref().filter(|_| self.judged) else { return };
+        let now: Vec<Now<'_>> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&self.memory)
+            .map(|(e, m)| Now {
+                id: &e.id,
+                served: m.good.as_ref().map(|(_, s, _)| s),
+                reachable: m.reachable,
+                ready: m.ready,
+            })
+            .collect();
+        let mut verdicts = eligibility::verdicts(live, &now);
+        for (verdict, memory) in verdicts.iter_mut().zip(&self.memory) {
+            if memory.departed_since.is_some() {
+                *verdict = Some(Exclusion::Departed);
+            }
+        }
+        let draining: BTreeSet<String> = self
+            .config
+            .apiservers
+            .iter()
+            .zip(&verdicts)
+            .filter(|(_, v)| v.is_some())
+            .map(|(e, _)| e.id.clone())
+            .collect();
+        if let Err(error) = self.pusher.set_draining(&draining) {
+            // The overlay on disk is unchanged; the next look tries again.
+            self.shared.metrics.push_error(error.label());
+            tracing::error!(%error, "cannot mark apiservers DRAINING in cds.json");
+            return;
+        }
+        let at = Instant::now();
+        let metrics = &self.shared.metrics;
+        for ((endpoint, memory), verdict) in self.config.apiservers.iter().zip(&mut self.memory).zip(verdicts)
+        {
+            let id = endpoint.id.as_str();
+            metrics.set_eligible(id, verdict.is_none());
+            match (verdict, memory.excluded_since) {
+                (Some(reason), None) => {
+                    tracing::info!(apiserver = id, %reason, "out of every Envoy cluster (DRAINING)");
+                    metrics.excluded(id, reason.label());
+                    memory.excluded_since = Some(at);
+                }
+                (None, Some(since)) => {
+                    let out = at.duration_since(since);
+                    tracing::info!(apiserver = id, out_ms = out.as_millis() as u64, "eligible again");
+                    metrics.apiserver_excluded.observe(out.as_secs_f64());
+                    memory.excluded_since = None;
+                }
+                _ => {}
+            }
+            memory.excluded = verdict;
+        }
+    }
+
+    /// Records a push's result: the new live table, metrics, the report.
+    fn pushed(
+        &mut self,
+        table: TableConfig,
+        result: Result<PushOutcome, PushError>,
+        started: Instant,
+    ) -> Result<SyncReport, SyncError> {
+        let took = started.elapsed();
+        let metrics = &self.shared.metrics;
+        metrics.sync_duration.observe(took.as_secs_f64());
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(error) => {
+                let error = SyncError::from(error);
+                metrics.push_error(error.label());
+                tracing::error!(%error, "sync failed");
+                return Err(error);
+            }
+        };
+        let counts = routing::counts(&table);
+        metrics.gvrs.set(counts.gvrs as i64);
+        metrics.rerouted_gvrs.set(counts.rerouted as i64);
+        metrics.succeeded(std::time::Instant::now());
+        self.shared.ready.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (changed, steps) = match outcome {
+            PushOutcome::Unchanged => (false, Vec::new()),
+            PushOutcome::Pushed { added, removed, steps } => {
+                metrics.table_pushes.inc();
+                tracing::info!(
+                    generation = %table.generation,
+                    gvrs = counts.gvrs,
+                    rerouted = counts.rerouted,
+                    added = ?added,
+                    removed = ?removed,
+                    took_ms = took.as_millis() as u64,
+                    "table pushed"
+                );
+                (true, steps)
+            }
+        };
+        let generation = table.generation.clone();
+        self.live = Some(Live::of(table));
+        self.apply_eligibility();
+        Ok(SyncReport { generation, changed, steps, counts, apiservers: self.reports(), took })
+    }
+
+    /// One sync: fetch, judge against the live table, build, push, judge against the new one.
+    pub async fn sync(&mut self) -> Result<SyncReport, SyncError> {
+        let started = Instant::now();
+        self.collect().await;
+        self.save();
+        self.apply_eligibility();
+        let (table, resources) = match self.prepare() {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                self.shared.metrics.push_error(error.label());
+                tracing::error!(%error, "sync failed");
+                return Err(error);
+            }
+        };
+        let result = self.pusher.push(&resources).await;
+        self.pushed(table, result, started)
     }
 }
 
-/// One sync and done (`skewgate sync --once`). Without memory of earlier syncs, an apiserver
-/// that fails now serves nothing in the table.
+fn saved_path(config: &SyncConfig) -> std::path::PathBuf {
+    config.envoy.dir.join("state").join("discovery.json")
+}
+
+/// What a previous sidecar saved; nothing when there is no file or it does not parse.
+fn load_saved(config: &SyncConfig) -> BTreeMap<String, Documents> {
+    let path = saved_path(config);
+    let Ok(bytes) = std::fs::read(&path) else { return BTreeMap::new() };
+    match serde_json::from_slice(&bytes) {
+        Ok(saved) => saved,
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "ignoring the saved discovery");
+            BTreeMap::new()
+        }
+    }
+}
+
+async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
+    let mut tasks = JoinSet::new();
+    for (index, fetcher) in fetchers.iter().enumerate() {
+        let fetcher = fetcher.clone();
+        tasks.spawn(async move { (index, fetcher.fetch().await) });
+    }
+    let mut results: Vec<Option<Result<Documents, FetchError>>> = fetchers.iter().map(|_| None).collect();
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((index, result)) => {
+                if let Some(slot) = results.get_mut(index) {
+                    *slot = Some(result);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "fetch task failed"),
+        }
+    }
+    results
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|| {
+                Err(FetchError {
+                    path: "/".into(),
+                    kind: crate::fetch::ErrorKind::Request,
+                    detail: "task lost".into(),
+                })
+            })
+        })
+        .collect()
+}
+
+/// Keeps a connection open to one apiserver and probes it every `period` (bounded by
+/// `timeout`), reporting every look; a changed apiserver is fetched in full, and a closed
+/// connection is reported the moment it closes. Reconnects at the next period.
+async fn tether_task(
+    index: String,
+    tether: Tether,
+    fetcher: Fetcher,
+    etags: watch::Receiver<Etags>,
+    (period, timeout): (Duration, Duration),
+    out: mpsc::UnboundedSender<(String, Instant, Look)>,
+) {
+    let timed_out = |path: &str| {
+        FetchError::new(
+            path,
+            ErrorKind::Timeout,
+            format!("no answer within {}", crate::duration::format(timeout)),
+        )
+    };
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let mut started = Instant::now();
+        let mut link = match tokio::time::timeout(timeout, tether.connect()).await {
+            Ok(Ok(link)) => link,
+            Ok(Err(error)) => {
+                if out.send((index.clone(), started, Look::Failed(error))).is_err() {
+                    return;
+                }
+                continue;
+            }
+            Err(_) => {
+                if out.send((index.clone(), started, Look::Failed(timed_out("(connect)")))).is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        loop {
+            let asked = etags.borrow().clone();
+            let look = match tokio::time::timeout(timeout, link.probe(&asked)).await {
+                Err(_) => Look::Failed(timed_out("/readyz")),
+                Ok(Err(error)) => Look::Failed(error),
+                Ok(Ok(Probe { ready, unchanged: Some(true) })) => Look::Unchanged { ready },
+                Ok(Ok(Probe { ready, unchanged: None })) => Look::Ready { ready },
+                Ok(Ok(Probe { ready, unchanged: Some(false) })) => {
+                    Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
+                }
+            };
+            let failed = matches!(look, Look::Failed(_));
+            if out.send((index.clone(), started, look)).is_err() {
+                return;
+            }
+            if failed {
+                break;
+            }
+            tokio::select! {
+                _ = tick.tick() => started = Instant::now(),
+                () = link.closed() => {
+                    let closed = FetchError::new(
+                        "(connection)",
+                        ErrorKind::Closed,
+                        "the apiserver closed the connection the sidecar keeps open to it",
+                    );
+                    if out.send((index.clone(), Instant::now(), Look::Failed(closed))).is_err() {
+                        return;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// One sync and done (`skewgate sync --once`). An apiserver that fails now keeps the last good
+/// discovery a previous sidecar saved of it; without one it serves nothing in the table.
 pub async fn sync_once(config: SyncConfig) -> anyhow::Result<SyncReport> {
     let mut sidecar = Sidecar::new(config)?;
     Ok(sidecar.sync().await?)
@@ -344,7 +915,8 @@ pub async fn fetch_table(config: SyncConfig) -> anyhow::Result<(TableConfig, Vec
     Ok((sidecar.table()?, reports))
 }
 
-/// Runs the sidecar until `shutdown` completes: the HTTP endpoints and a sync every poll period.
+/// Runs the sidecar until `shutdown` completes: the HTTP endpoints, a full sync every poll
+/// period and a probe of each apiserver every probe period.
 pub async fn run(config: SyncConfig, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
     let listener =
         TcpListener::bind(config.listen).await.with_context(|| format!("listening on {}", config.listen))?;
@@ -356,7 +928,7 @@ pub async fn run(config: SyncConfig, shutdown: impl Future<Output = ()>) -> anyh
 pub struct Running {
     /// Where `/healthz`, `/readyz` and `/metrics` answer.
     pub listen: SocketAddr,
-    /// The latest successful sync's report (`None` before the first).
+    /// The latest successful push's report (`None` before the first).
     pub reports: watch::Receiver<Option<Arc<SyncReport>>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
@@ -401,19 +973,22 @@ pub async fn spawn(config: SyncConfig) -> anyhow::Result<Running> {
     Ok(Running { listen, reports, stop: Some(stop), task: Some(task) })
 }
 
+type PushDone = (TableConfig, Result<PushOutcome, PushError>, Instant);
+
 async fn run_with(
     config: SyncConfig,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
     reports: watch::Sender<Option<Arc<SyncReport>>>,
 ) -> anyhow::Result<()> {
-    let poll_period = config.poll_period;
+    let (poll_period, probe_period) = (config.poll_period, config.probe_period);
+    let probe_timeout = tether::probe_timeout(config.health.timeout_ms);
     let mut sidecar = Sidecar::new(config)?;
     tracing::info!(
         listen = %listener.local_addr()?,
         apiservers = sidecar.config.apiservers.len(),
         poll_period = %crate::duration::format(poll_period),
-        grace_period = %crate::duration::format(sidecar.config.grace_period),
+        probe_period = %crate::duration::format(probe_period),
         "skewgate sync started"
     );
     let (stop_server, server_stopped) = oneshot::channel::<()>();
@@ -422,20 +997,180 @@ async fn run_with(
     let mut server = AbortOnDrop(tokio::spawn(serve::serve(listener, sidecar.shared(), async {
         let _ = server_stopped.await;
     })));
+    // The OpenAPI composer: its own loop and socket, so that a slow or huge document never holds
+    // a table change back. Aborted with this future.
+    let (openapi_members, members) = watch::channel(sidecar.openapi_members());
+    // Bound here, before the first push has created Envoy's directory: a composer that cannot
+    // bind would leave every OpenAPI request at the edge a 503 while the sidecar reported ready.
+    let socket = sidecar.config.envoy.dir.join(crate::openapi::SOCKET);
+    let openapi_listener = std::fs::create_dir_all(&sidecar.config.envoy.dir)
+        .and_then(|()| crate::openapi::serve::bind(&socket))
+        .with_context(|| format!("cannot serve OpenAPI on {}", socket.display()))?;
+    let _openapi = AbortOnDrop(tokio::spawn(crate::openapi::serve::run(
+        sidecar.shared(),
+        members,
+        openapi_listener,
+        socket,
+        poll_period,
+        std::future::pending(),
+    )));
     tokio::pin!(shutdown);
-    let mut ticker = tokio::time::interval(poll_period);
-    ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(poll_period);
+    poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    // At most one fetch and one push at a time, and one tether per apiserver; all are aborted
+    // with this future.
+    let mut fetches: JoinSet<(Instant, Vec<Result<Documents, FetchError>>)> = JoinSet::new();
+    let mut pushes: JoinSet<PushDone> = JoinSet::new();
+    let mut tethers = JoinSet::new();
+    let (looks_out, mut looks) = mpsc::unbounded_channel();
+    // Per member id: its tether task and the ETags it asks with.
+    let mut etags: BTreeMap<String, (tokio::task::AbortHandle, watch::Sender<Etags>)> = BTreeMap::new();
+    let spawn_tether = |sidecar: &Sidecar, id: &str, tethers: &mut JoinSet<()>| {
+        let index = sidecar.config.apiservers.iter().position(|e| e.id == id)?;
+        let (tx, rx) = watch::channel(Etags::default());
+        let (tether, fetcher) = (sidecar.tethers[index].clone(), sidecar.fetchers[index].clone());
+        let task =
+            tether_task(id.to_owned(), tether, fetcher, rx, (probe_period, probe_timeout), looks_out.clone());
+        Some((tethers.spawn(task), tx))
+    };
+    for id in sidecar.config.apiservers.iter().map(|e| e.id.clone()).collect::<Vec<_>>() {
+        if let Some(handles) = spawn_tether(&sidecar, &id, &mut tethers) {
+            etags.insert(id, handles);
+        }
+    }
+    // At most one look at the cluster at a time; when it started.
+    let mut asks: JoinSet<(Instant, Result<Published, FetchError>)> = JoinSet::new();
+    // A discovery change seen since then waits for a listing of extensions that started after
+    // it (see `crate::peers`).
+    let mut extensions_wanted: Option<Instant> = None;
+    let mut ask_again = false;
+    let lists_extensions = sidecar.config.cluster.extensions;
+    // The memory changed since the table being pushed (or live) was built.
+    let mut push_wanted = false;
+    // What triggered the wanted push, for its report's `took`.
+    let mut wanted_since = Instant::now();
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            _ = ticker.tick() => {}
+            _ = poll.tick() => {
+                ask_again = true;
+                if fetches.is_empty() {
+                    let fetchers = sidecar.fetchers.clone();
+                    fetches.spawn(async move {
+                        let started = Instant::now();
+                        (started, fetch_all(&fetchers).await)
+                    });
+                }
+            }
+            Some(joined) = asks.join_next(), if !asks.is_empty() => {
+                if let Ok((started, result)) = joined {
+                    if extensions_wanted.is_some_and(|since| since <= started) {
+                        extensions_wanted = None;
+                    }
+                    match result {
+                        Ok(published) => {
+                            let (joined, left, changed) = sidecar.apply_published(published);
+                            if !joined.is_empty() || !left.is_empty() {
+                                openapi_members.send_replace(sidecar.openapi_members());
+                            }
+                            for id in left {
+                                if let Some((task, _)) = etags.remove(&id) {
+                                    task.abort();
+                                }
+                            }
+                            for id in &joined {
+                                if let Some(handles) = spawn_tether(&sidecar, id, &mut tethers) {
+                                    etags.insert(id.clone(), handles);
+                                }
+                            }
+                            if !joined.is_empty() && fetches.is_empty() {
+                                // Their discovery now rather than at the next poll.
+                                poll.reset_immediately();
+                            }
+                            if changed {
+                                if !push_wanted {
+                                    wanted_since = started;
+                                }
+                                push_wanted = true;
+                            }
+                        }
+                        Err(error) => tracing::warn!(%error, "cannot ask the cluster; what is known stays"),
+                    }
+                }
+            }
+            Some(_) = tethers.join_next(), if !tethers.is_empty() => {}
+            Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
+                if let Ok((started, results)) = joined {
+                    if sidecar.record_fetches(started, results) {
+                        sidecar.save();
+                        if lists_extensions {
+                            extensions_wanted.get_or_insert(started);
+                            ask_again = true;
+                        }
+                    }
+                    // Every poll ends in a push, unchanged or not: its report says the sync ran.
+                    if !push_wanted {
+                        wanted_since = started;
+                    }
+                    push_wanted = true;
+                }
+            }
+            Some((id, started, look)) = looks.recv() => {
+                if sidecar.record_look(&id, started, look) {
+                    sidecar.save();
+                    if lists_extensions {
+                        extensions_wanted.get_or_insert(started);
+                        ask_again = true;
+                    }
+                    if !push_wanted {
+                        wanted_since = started;
+                    }
+                    push_wanted = true;
+                }
+            }
+            Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
+                if let Ok((table, result, started)) = joined {
+                    if let Ok(report) = sidecar.pushed(table, result, started) {
+                        reports.send_replace(Some(Arc::new(report)));
+                    }
+                }
+            }
         }
-        let result = tokio::select! {
-            () = &mut shutdown => break,
-            result = sidecar.sync() => result,
-        };
-        if let Ok(report) = result {
-            reports.send_replace(Some(Arc::new(report)));
+        if ask_again && asks.is_empty() {
+            ask_again = false;
+            if let Some((config, configured, candidates)) = sidecar.cluster_candidates() {
+                asks.spawn(async move {
+                    let started = Instant::now();
+                    (started, peers::look(config, &configured, &candidates).await)
+                });
+            }
+        }
+        for (endpoint, memory) in sidecar.config.apiservers.iter().zip(&sidecar.memory) {
+            let Some((_, sender)) = etags.get(&endpoint.id) else { continue };
+            let current = memory.etags();
+            sender.send_if_modified(|asked| {
+                let changed = *asked != current;
+                *asked = current;
+                changed
+            });
+        }
+        sidecar.apply_eligibility();
+        if push_wanted && pushes.is_empty() && extensions_wanted.is_none() {
+            push_wanted = false;
+            match sidecar.prepare() {
+                Ok((table, resources)) => {
+                    let pusher = sidecar.pusher.clone();
+                    let started = wanted_since;
+                    pushes.spawn(async move {
+                        let result = pusher.push(&resources).await;
+                        (table, result, started)
+                    });
+                }
+                Err(error) => {
+                    sidecar.shared.metrics.push_error(error.label());
+                    tracing::error!(%error, "sync failed");
+                }
+            }
         }
     }
     let _ = stop_server.send(());
@@ -459,55 +1194,70 @@ mod tests {
     use skewgate_core::discovery::ApiGroupDiscoveryList;
     use skewgate_core::table::TableError;
 
-    fn docs() -> Documents {
+    fn docs(version: &str) -> Documents {
         Documents {
-            version: "v1.33.0".into(),
+            version: version.into(),
             core: ApiGroupDiscoveryList::v2(Vec::new()),
             apis: ApiGroupDiscoveryList::v2(Vec::new()),
             legacy: false,
+            etags: Etags::default(),
+            legacy_documents: None,
         }
     }
 
-    fn failure() -> Result<Documents, FetchError> {
-        Err(FetchError { path: "/apis".into(), kind: ErrorKind::Timeout, detail: "x".into() })
+    fn failure() -> FetchError {
+        FetchError { path: "/apis".into(), kind: ErrorKind::Timeout, detail: "x".into() }
     }
 
+    /// No timer: the last good documents stand for as long as the apiserver fails.
     #[test]
-    fn grace_period_then_drop_then_back() {
-        let grace = Duration::from_secs(10);
+    fn last_good_documents_stay_until_it_answers_again() {
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let mut m = Memory::default();
-        assert_eq!(m.record("a", failure(), at(0), grace), Standing::Missing);
-        assert_eq!(m.record("a", Ok(docs()), at(1), grace), Standing::Current);
-        assert_eq!(m.record("a", failure(), at(5), grace), Standing::Stale { age: Duration::from_secs(4) });
-        assert!(m.good.is_some());
-        assert_eq!(m.record("a", failure(), at(11), grace), Standing::Stale { age: Duration::from_secs(10) });
-        assert_eq!(m.record("a", failure(), at(12), grace), Standing::Dropped);
-        assert!(m.good.is_none());
-        assert_eq!(m.record("a", failure(), at(13), grace), Standing::Missing);
-        assert_eq!(m.record("a", Ok(docs()), at(14), grace), Standing::Current);
-        assert!(!m.failing);
-        let zero = Duration::ZERO;
-        assert_eq!(m.record("a", failure(), at(15), zero), Standing::Dropped);
+        m.failed("a", failure());
+        assert_eq!(m.standing(at(0)), Standing::Missing);
+        assert!(m.answered("a", docs("v1.33.0"), at(1)));
+        assert_eq!(m.standing(at(1)), Standing::Current);
+        assert!(m.reachable && !m.failing);
+        m.failed("a", failure());
+        assert_eq!(m.standing(at(3600)), Standing::Stale { age: Duration::from_secs(3599) });
+        assert!(m.good.is_some() && !m.reachable);
+        assert!(!m.answered("a", docs("v1.33.0"), at(3601)), "the same documents are no change");
+        assert!(m.answered("a", docs("v1.36.0"), at(3602)));
+        assert_eq!(m.standing(at(3602)), Standing::Current);
     }
 
-    /// An apiserver over a limit keeps its last good documents past the grace period; once it
-    /// stops answering, the grace period counts from those documents again.
+    #[test]
+    fn an_older_look_finishing_later_does_not_count() {
+        let t0 = Instant::now();
+        let mut m = Memory::default();
+        assert!(m.newer(t0 + Duration::from_millis(10)));
+        assert!(!m.newer(t0), "started before what is remembered");
+        assert!(m.newer(t0 + Duration::from_millis(10)));
+        assert!(m.newer(t0 + Duration::from_millis(20)));
+        // An older look's documents only fill a gap: never undo what a newer one found.
+        assert!(m.fill(docs("v1.33.0"), t0));
+        assert!(!m.fill(docs("v1.36.0"), t0));
+        assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
+    }
+
+    /// Over a limit the last good documents stay and the apiserver stays reachable (it
+    /// answers); any other failure makes it unreachable, with the same documents.
     #[test]
     fn over_a_limit_the_last_good_documents_stay() {
-        let grace = Duration::from_secs(10);
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
-        let over = || Err(FetchError { path: "/apis".into(), kind: ErrorKind::Limit, detail: "x".into() });
+        let over = || FetchError { path: "/apis".into(), kind: ErrorKind::Limit, detail: "x".into() };
         let mut m = Memory::default();
-        assert_eq!(m.record("a", over(), at(0), grace), Standing::Missing);
-        assert_eq!(m.record("a", Ok(docs()), at(1), grace), Standing::Current);
-        assert_eq!(m.record("a", over(), at(5), grace), Standing::Stale { age: Duration::from_secs(4) });
-        assert_eq!(m.record("a", over(), at(100), grace), Standing::Stale { age: Duration::from_secs(99) });
-        assert!(m.good.is_some());
-        assert_eq!(m.record("a", failure(), at(101), grace), Standing::Dropped);
-        assert_eq!(m.record("a", Ok(docs()), at(102), grace), Standing::Current);
+        m.failed("a", over());
+        assert_eq!(m.standing(at(0)), Standing::Missing);
+        assert!(m.answered("a", docs("v1.33.0"), at(1)));
+        m.failed("a", over());
+        assert_eq!(m.standing(at(100)), Standing::Stale { age: Duration::from_secs(99) });
+        assert!(m.good.is_some() && m.reachable);
+        m.failed("a", FetchError { path: "/apis".into(), kind: ErrorKind::Connect, detail: "x".into() });
+        assert!(m.good.is_some() && !m.reachable);
     }
 
     #[test]
@@ -517,6 +1267,59 @@ mod tests {
         assert_eq!(SyncError::Render(RenderError::Invalid(table(true))).label(), "table_limit");
         assert_eq!(SyncError::Build(BuildError::Table(table(true))).label(), "table_limit");
         assert_eq!(SyncError::Render(RenderError::Invalid(table(false))).label(), "invalid_table");
-        assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Dropped.serves());
+        assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
+    }
+
+    fn member(id: &str, port: u16) -> peers::Member {
+        let endpoint = Endpoint { id: id.into(), address: "127.0.0.1".into(), port };
+        peers::Member { endpoint, source: Source::EndpointSlice }
+    }
+
+    /// d joins (out of the table until its discovery answers), then departs: DRAINING for one
+    /// look, gone at the next (`leaveAfter = 0s`); a listing naming nobody changes nothing.
+    #[test]
+    fn members_join_then_depart_then_leave() {
+        let certs = crate::testing::Certs::new("members");
+        let wasm = certs.dir.join("filter.wasm");
+        std::fs::write(&wasm, "x").unwrap();
+        let doc = serde_json::json!({
+            "apiservers": [{"id": "a", "address": "127.0.0.1", "port": 7001}],
+            "tls": {"peerCa": certs.tls_files().peer_ca, "clientCert": certs.tls_files().client_cert,
+                    "clientKey": certs.tls_files().client_key},
+            "envoy": {"dir": certs.dir.join("envoy"), "wasm": wasm},
+            "cluster": {"members": "endpointSlice", "leaveAfter": "0s", "extensions": true},
+        });
+        let config = SyncConfig::from_value(&doc, &certs.dir).unwrap();
+        let mut sidecar = Sidecar::new(config).unwrap();
+        sidecar.memory[0].good = Some((docs("v1.33.0"), Served::default(), Instant::now()));
+        let published = |members: Vec<peers::Member>| Published { members: Some(members), extensions: None };
+
+        let (joined, left, _) =
+            sidecar.apply_published(published(vec![member("a", 7001), member("d", 7004)]));
+        assert_eq!((joined, left), (vec!["d".to_string()], Vec::<String>::new()));
+        assert_eq!(
+            sidecar.reports().iter().map(|r| r.source).collect::<Vec<_>>(),
+            [Source::EndpointSlice; 2]
+        );
+        let ids = |t: &TableConfig| t.apiservers.iter().map(|a| a.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(&sidecar.table().unwrap()), ["a"], "not before its discovery answered");
+        sidecar.memory[1].good = Some((docs("v1.36.0"), Served::default(), Instant::now()));
+        assert_eq!(ids(&sidecar.table().unwrap()), ["a", "d"]);
+
+        let (_, _, changed) = sidecar.apply_published(published(Vec::new()));
+        assert!(!changed, "a listing naming nobody is not believed");
+        let (_, left, changed) = sidecar.apply_published(published(vec![member("a", 7001)]));
+        assert!(changed && left.is_empty(), "DRAINING first");
+        assert!(sidecar.memory[1].departed_since.is_some());
+        let (_, left, _) = sidecar.apply_published(published(vec![member("a", 7001)]));
+        assert_eq!(left, ["d"]);
+        assert_eq!(sidecar.members().len(), 1);
+        assert_eq!((sidecar.fetchers.len(), sidecar.tethers.len(), sidecar.memory.len()), (1, 1, 1));
+
+        let extensions = Extensions::new([("example.com".to_owned(), "v1".to_owned())]);
+        let (_, _, changed) =
+            sidecar.apply_published(Published { members: None, extensions: Some(extensions.clone()) });
+        assert!(changed && sidecar.extensions == extensions);
+        let _ = std::fs::remove_dir_all(&certs.dir);
     }
 }

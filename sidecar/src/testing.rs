@@ -104,6 +104,8 @@ impl Certs {
 pub enum Answer {
     /// Status, content type, body.
     Json(u16, &'static str, Vec<u8>),
+    /// Status, ETag, body (JSON), keeping the connection open.
+    Tagged(u16, String, Vec<u8>),
     /// These bytes as the whole response, then close.
     Raw(Vec<u8>),
     /// Never answer.
@@ -121,11 +123,8 @@ pub type Seen = Arc<Mutex<Vec<(String, HashMap<String, String>)>>>;
 
 /// A TLS server on 127.0.0.1 speaking just enough HTTP/1.1; `tls: false` is a plaintext
 /// server that answers 400 to whatever arrives.
-pub async fn serve(
-    leaf: &Leaf,
-    tls: bool,
-    handler: Handler,
-) -> (SocketAddr, Seen, tokio::task::JoinHandle<()>) {
+/// A TLS server configuration with `leaf` as its certificate.
+pub fn server_config(leaf: &Leaf) -> Arc<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -136,7 +135,15 @@ pub async fn serve(
             PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone())),
         )
         .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    Arc::new(config)
+}
+
+pub async fn serve(
+    leaf: &Leaf,
+    tls: bool,
+    handler: Handler,
+) -> (SocketAddr, Seen, tokio::task::JoinHandle<()>) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(server_config(leaf));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen: Seen = Arc::default();
@@ -197,6 +204,16 @@ async fn connection<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
             Answer::Json(status, content_type, body) => {
                 let head = format!(
                     "HTTP/1.1 {status} X\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                if stream.write_all(head.as_bytes()).await.is_err() || stream.write_all(&body).await.is_err()
+                {
+                    return;
+                }
+            }
+            Answer::Tagged(status, etag, body) => {
+                let head = format!(
+                    "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\netag: {etag}\r\ncontent-length: {}\r\n\r\n",
                     body.len()
                 );
                 if stream.write_all(head.as_bytes()).await.is_err() || stream.write_all(&body).await.is_err()

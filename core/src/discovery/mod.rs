@@ -6,6 +6,7 @@
 
 mod etag;
 mod legacy;
+mod legacy_merge;
 mod merge;
 mod model;
 mod order;
@@ -18,6 +19,10 @@ pub use legacy::{
     ApiGroup, ApiGroupList, ApiResource, ApiResourceList, ApiVersions, GroupVersionForDiscovery,
     KIND_API_GROUP_LIST, KIND_API_RESOURCE_LIST, KIND_API_VERSIONS, core_group_list,
     group_from_resource_lists,
+};
+pub use legacy_merge::{
+    compare_kube_aware_versions, merge_api_versions, merge_group, merge_group_list, merge_resource_lists,
+    same_api_versions, same_group, same_group_list,
 };
 pub use merge::merge_peer_discovery;
 pub use model::{

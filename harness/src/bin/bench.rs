@@ -292,8 +292,10 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
         version: "v1".into(),
         served_by: vec!["a".into(), "b".into()],
         resources: BTreeMap::from([("probes".into(), one(first)), ("probes2".into(), one(second))]),
+        extension: false,
     });
-    t.assign_sets(|m| format!("skewgate-set-{}", m.join("_")));
+    let names = skewgate_core::build::ClusterNames::default();
+    t.assign_sets(|m| names.set_cluster(m));
     t.generation = format!("{}-{}", table.generation, if swapped { "swapped" } else { "plain" });
     t
 }

@@ -296,6 +296,7 @@ fn wide_table(n: usize) -> Result<TableConfig> {
             version: "v1".into(),
             served_by: served_by.clone(),
             resources: [("widgets".to_string(), served_by)].into(),
+            extension: false,
         });
     }
     table.generation = format!("wide-{n}");
@@ -362,6 +363,7 @@ fn too_many_gvrs() -> Result<(String, String)> {
         version: "v1".into(),
         served_by: all.clone(),
         resources: (0..10).map(|r| (format!("widget{r}s"), all.clone())).collect(),
+        extension: false,
     }));
     let json = serde_json::to_string(&table)?;
     Ok((json.clone(), format!("table {}, 60,000 GVRs; ", size(json.len()))))

@@ -1,4 +1,4 @@
-//! Authentication as kube-apiserver's union authenticator does it (spec §7): front-proxy
+//! Authentication as kube-apiserver's union authenticator does it (docs/upstream-facts.md, "Front-proxy authentication"): front-proxy
 //! (requestheader) first, then x509 client certificates, then static bearer tokens. Every
 //! authenticated user also gets `system:authenticated`.
 

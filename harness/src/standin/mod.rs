@@ -8,20 +8,25 @@
 //! Every response carries `x-skewgate-served-by: <id>` so tests can see where a request went.
 
 mod auth;
+pub mod captured;
 mod catalog;
 mod clock;
+mod crds;
 mod discovery;
 mod objects;
 mod openapi;
+mod openapi_proto;
 mod params;
 mod patch;
 mod profile;
 mod proto;
+mod publish;
 mod remote_store;
 mod reply;
 mod resources;
 mod reviews;
 mod selector;
+mod startup;
 mod status;
 mod store;
 mod store_handle;
@@ -47,13 +52,14 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 pub use auth::{Auth, Identity, Method as AuthMethod, Token};
 pub use profile::Profile;
 pub use remote_store::RemoteStore;
+pub use startup::Startup;
 pub use store::{Key, Store};
 pub use store_handle::StoreHandle;
 pub use store_service::{StoreService, serve_store};
@@ -62,7 +68,7 @@ use crate::echo::SERVED_BY;
 use crate::pki::Pair;
 use catalog::Catalog;
 use reply::Reply;
-use status::Status;
+use status::{Errors, Status};
 use tls::{PeerCert, Tls};
 
 /// Largest request body accepted (kube-apiserver's `MaxRequestBodyBytes`).
@@ -74,6 +80,8 @@ const REQUESTS_KEPT: usize = 512;
 /// A client that neither starts nor finishes a TLS handshake in this time is dropped
 /// (Go's `http.Server` does the same with its handshake timeout).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pending connections the listener queues (Go's default on Linux: the kernel's somaxconn).
+const LISTEN_BACKLOG: u32 = 4096;
 /// Server shutdown waits this long for responses in flight.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -123,6 +131,7 @@ impl Standin {
 
     /// Makes `/readyz` fail (500) or pass, as an apiserver shutting down or starting would.
     pub fn set_ready(&self, ready: bool) {
+        self.instance.starting.store(false, Ordering::SeqCst);
         self.instance.ready.store(ready, Ordering::SeqCst);
     }
 
@@ -162,8 +171,36 @@ impl Standin {
         self.instance.watches.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Stops accepting, ends every watch and waits (a few seconds at most) for connections to close.
+    /// Publishes this stand-in in the cluster, as kube-apiserver does: its address in the
+    /// `kubernetes` service's EndpointSlices and its identity Lease ([`publish`]). A graceful
+    /// [`Standin::shutdown`] takes both away again; [`Standin::kill`] leaves them.
+    pub fn publish(&self) -> Result<()> {
+        publish::publish(&self.instance.store, &self.id, self.addr)
+            .map_err(|s| anyhow::anyhow!("publishing stand-in {}: {}", self.id, s.message))?;
+        *self.instance.published.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        Ok(())
+    }
+
+    /// The name of this stand-in's identity Lease.
+    pub fn lease_name(&self) -> String {
+        publish::lease_name(&self.id)
+    }
+
+    /// How long after a CRD changes in the store this stand-in's discovery shows it (its
+    /// objects are served at once, as they are by every apiserver sharing etcd).
+    pub fn set_discovery_lag(&self, lag: Duration) {
+        *self.instance.crds.lag.lock().unwrap_or_else(PoisonError::into_inner) = lag;
+    }
+
+    /// Stops accepting, ends every watch and waits (a few seconds at most) for connections to
+    /// close. A published stand-in leaves the EndpointSlice and deletes its Lease first, as a
+    /// stopping kube-apiserver removes itself before it stops serving.
     pub async fn shutdown(mut self) {
+        if *self.instance.published.lock().unwrap_or_else(PoisonError::into_inner) {
+            if let Err(s) = publish::unpublish(&self.instance.store, &self.id, self.addr) {
+                eprintln!("stand-in {}: unpublishing: {}", self.id, s.message);
+            }
+        }
         self.stop.send_replace(true);
         if let Some(task) = self.task.take() {
             let _ = task.await;
@@ -211,44 +248,84 @@ struct Instance {
     auth: Auth,
     catalog: Catalog,
     discovery: discovery::Discovery,
-    openapi: openapi::OpenApi,
+    openapi: Arc<openapi::OpenApi>,
+    /// `/version`.
+    version: Bytes,
     store: StoreHandle,
     identities: Mutex<VecDeque<Identity>>,
     recent: Mutex<VecDeque<Served>>,
     watches: Mutex<BTreeMap<String, u64>>,
     ready: AtomicBool,
+    /// False while a starting server's RBAC is not synced ([`Startup::forbidding`]).
+    authorizing: AtomicBool,
+    /// Whether `/readyz` fails because post-start hooks run (rather than a shutdown).
+    starting: AtomicBool,
     requests: Arc<AtomicU64>,
     bookmark_interval: Duration,
     stopping: tokio::sync::watch::Receiver<bool>,
+    /// Discovery with the CRDs this stand-in has seen.
+    crds: crds::View,
+    /// In the EndpointSlice and with a Lease ([`Standin::publish`]).
+    published: Mutex<bool>,
 }
 
 /// Starts a stand-in. A busy port is an error naming the address.
 /// `store` is an `Arc<Store>` shared in-process or a [`RemoteStore`].
 pub async fn serve(options: Options, store: impl Into<StoreHandle>) -> Result<Standin> {
-    start(options, store.into(), true).await
+    start(options, store.into(), Startup::NONE, true).await
 }
 
 /// Starts a stand-in whose `/readyz` fails from its first request on, as a starting
 /// kube-apiserver's does; [`Standin::ready_after`] or [`Standin::set_ready`] end that.
 pub async fn serve_unready(options: Options, store: impl Into<StoreHandle>) -> Result<Standin> {
-    start(options, store.into(), false).await
+    start(options, store.into(), Startup::NONE, false).await
 }
 
-async fn start(options: Options, store: StoreHandle, ready: bool) -> Result<Standin> {
+/// Starts a stand-in the way kube-apiserver starts ([`Startup`]): its port is taken at once
+/// but refuses connections, then everyone but `system:masters` gets 403, then `/readyz` fails
+/// while everything else is served, then it is ready.
+pub async fn serve_booting(
+    options: Options,
+    store: impl Into<StoreHandle>,
+    startup: Startup,
+) -> Result<Standin> {
+    start(options, store.into(), startup, true).await
+}
+
+async fn start(options: Options, store: StoreHandle, startup: Startup, ready: bool) -> Result<Standin> {
     let tls =
         Tls::new(&options.serving, &options.auth).with_context(|| format!("stand-in {}: TLS", options.id))?;
-    let listener = TcpListener::bind(options.listen).await.map_err(|e| match e.kind() {
+    let in_use = |e: std::io::Error| match e.kind() {
         std::io::ErrorKind::AddrInUse => anyhow::anyhow!("{} is already in use", options.listen),
         _ => anyhow::Error::new(e).context(format!("listening on {}", options.listen)),
-    })?;
-    let addr = listener.local_addr()?;
+    };
+    // Bound but not listening: the port is ours and connections to it are refused.
+    let socket = match options.listen {
+        SocketAddr::V4(_) => TcpSocket::new_v4(),
+        SocketAddr::V6(_) => TcpSocket::new_v6(),
+    }
+    .map_err(in_use)?;
+    socket.set_reuseaddr(true).map_err(in_use)?;
+    socket.bind(options.listen).map_err(in_use)?;
+    let addr = socket.local_addr()?;
+    // Ok: listening now; Err: to listen once the refusing phase is over.
+    let listener = match startup.refusing.is_zero() {
+        true => Ok(socket.listen(LISTEN_BACKLOG).map_err(in_use)?),
+        false => Err(socket),
+    };
     let (stop, stopping) = tokio::sync::watch::channel(false);
     let catalog = Catalog::new(&options.profile);
     let requests = Arc::new(AtomicU64::new(0));
+    let context =
+        |what: &str| format!("stand-in {}: {what} of profile {}", options.id, options.profile.name());
+    let starting = !startup.total().is_zero();
     let instance = Arc::new(Instance {
         id: options.id.clone(),
-        discovery: discovery::Discovery::new(&options.profile, &addr.to_string()),
-        openapi: openapi::OpenApi::new(&catalog, &options.profile.git_version),
+        discovery: discovery::Discovery::new(&options.profile, &addr.to_string())
+            .with_context(|| context("discovery"))?,
+        openapi: openapi::OpenApi::for_profile(&options.profile, &catalog)
+            .with_context(|| context("OpenAPI"))?,
+        version: version(&options.profile).with_context(|| context("/version"))?,
         catalog,
         profile: options.profile,
         auth: options.auth,
@@ -256,15 +333,43 @@ async fn start(options: Options, store: StoreHandle, ready: bool) -> Result<Stan
         identities: Mutex::new(VecDeque::new()),
         recent: Mutex::new(VecDeque::new()),
         watches: Mutex::new(BTreeMap::new()),
-        ready: AtomicBool::new(ready),
+        ready: AtomicBool::new(ready && !starting),
+        authorizing: AtomicBool::new(startup.refusing.is_zero() && startup.forbidding.is_zero()),
+        starting: AtomicBool::new(starting),
         requests: requests.clone(),
         bookmark_interval: options.bookmark_interval,
         stopping: stopping.clone(),
+        crds: crds::View::default(),
+        published: Mutex::new(false),
     });
+    tokio::spawn(crds::follow(instance.clone(), addr.to_string()));
     let counters =
         Counters { plaintext: Arc::new(AtomicU64::new(0)), handshake_failures: Arc::new(AtomicU64::new(0)) };
-    let task =
-        tokio::spawn(accept_loop(listener, Arc::new(tls), instance.clone(), counters.clone(), stopping));
+    let tls = Arc::new(tls);
+    let (booting, counting) = (instance.clone(), counters.clone());
+    let task = tokio::spawn(async move {
+        let mut waiting = stopping.clone();
+        let listener = match listener {
+            Ok(listener) => listener,
+            Err(socket) => {
+                tokio::select! {
+                    () = tokio::time::sleep(startup.refusing) => {}
+                    _ = waiting.wait_for(|stop| *stop) => return,
+                }
+                match socket.listen(LISTEN_BACKLOG) {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        eprintln!("stand-in {}: listening on {addr}: {e}", booting.id);
+                        return;
+                    }
+                }
+            }
+        };
+        if starting {
+            tokio::spawn(boot(booting.clone(), startup, stopping.clone()));
+        }
+        accept_loop(listener, tls, booting, counting, stopping).await;
+    });
     Ok(Standin {
         id: options.id,
         addr,
@@ -275,6 +380,21 @@ async fn start(options: Options, store: StoreHandle, ready: bool) -> Result<Stan
         stop,
         task: Some(task),
     })
+}
+
+/// The phases after the listener opens: RBAC syncs, then the post-start hooks finish.
+async fn boot(instance: Arc<Instance>, startup: Startup, mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let phases = async {
+        tokio::time::sleep(startup.forbidding).await;
+        instance.authorizing.store(true, Ordering::SeqCst);
+        tokio::time::sleep(startup.unready).await;
+        instance.starting.store(false, Ordering::SeqCst);
+        instance.ready.store(true, Ordering::SeqCst);
+    };
+    tokio::select! {
+        () = phases => {}
+        _ = stopping.wait_for(|stop| *stop) => {}
+    }
 }
 
 #[derive(Clone)]
@@ -427,6 +547,11 @@ impl Instance {
             Err(_) => Bytes::new(),
         };
         let info = RequestInfo::parse(parts.method.as_str(), &path, query);
+        if !self.authorizing.load(Ordering::SeqCst)
+            && let Some(denied) = startup::forbidden_while_starting(&identity, &info, &path)
+        {
+            return reply::error(&denied);
+        }
         if info.is_resource_request && info.verb == "watch" {
             self.count_watch(&info);
         }
@@ -474,57 +599,53 @@ impl Instance {
         match path {
             "/healthz" | "/livez" => return reply::text(200, "ok"),
             "/readyz" if self.ready.load(Ordering::SeqCst) => return reply::text(200, "ok"),
+            "/readyz" if self.starting.load(Ordering::SeqCst) => {
+                return reply::text(500, startup::STARTING_READYZ);
+            }
             "/readyz" => {
                 return reply::text(500, "[-]shutdown failed: reason withheld\nreadyz check failed\n");
             }
-            "/version" | "/version/" => return reply::json(200, &self.version()),
-            "/openapi/v3" | "/openapi/v3/" => {
-                return reply::bytes(200, "application/json", self.openapi.index());
-            }
+            "/version" | "/version/" => return reply::bytes(200, "application/json", self.version.clone()),
             _ => {}
         }
-        if let Some(key) = path.strip_prefix("/openapi/v3/") {
-            return match self.openapi.document(key.trim_end_matches('/')) {
-                Some((doc, hash)) => {
-                    let mut resp = reply::bytes(200, "application/json", doc);
-                    let asked = params::Params::parse(query).get("hash").is_some_and(|h| h == hash);
-                    let cache = if asked { "public, immutable" } else { "no-cache, private" };
-                    resp.headers_mut().insert(CACHE_CONTROL, HeaderValue::from_static(cache));
-                    if let Ok(etag) = HeaderValue::from_str(&format!("\"{hash}\"")) {
-                        resp.headers_mut().insert(hyper::header::ETAG, etag);
-                    }
-                    resp
-                }
-                None => reply::error(&Status::no_route()),
-            };
+        if let Some(reply) = self.openapi.respond(path, query, headers) {
+            return reply;
         }
-        self.discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
+        let with_crds = self.crds.current();
+        let discovery = with_crds.as_deref().unwrap_or(&self.discovery);
+        discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
     }
+}
 
-    fn version(&self) -> serde_json::Value {
-        let (major, minor) = self.profile.major_minor();
-        let commit: String = self
-            .profile
-            .git_version
-            .bytes()
-            .cycle()
-            .take(40)
-            .map(|b| char::from(b"0123456789abcdef"[usize::from(b % 16)]))
-            .collect();
-        json!({
-            "major": major,
-            "minor": minor,
-            "emulationMajor": major,
-            "emulationMinor": minor,
-            "minCompatibilityMajor": major,
-            "minCompatibilityMinor": minor.parse::<u32>().map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string()),
-            "gitVersion": self.profile.git_version,
-            "gitCommit": commit,
-            "gitTreeState": "clean",
-            "buildDate": "2026-01-01T00:00:00Z",
-            "goVersion": self.profile.go_version(),
-            "compiler": "gc",
-            "platform": "linux/amd64",
-        })
+/// `/version`: the captured one, or one in the same shape for an era.
+fn version(profile: &Profile) -> Result<Bytes> {
+    if let Some(capture) = profile.capture {
+        return Ok(captured::documents(capture)?.file("version.json")?.clone());
     }
+    let (major, minor) = profile.major_minor();
+    let commit: String = profile
+        .git_version
+        .bytes()
+        .cycle()
+        .take(40)
+        .map(|b| char::from(b"0123456789abcdef"[usize::from(b % 16)]))
+        .collect();
+    let minimum =
+        minor.parse::<u32>().map_or_else(|_| minor.to_string(), |m| m.saturating_sub(1).to_string());
+    Ok(serde_json::to_vec_pretty(&json!({
+        "major": major,
+        "minor": minor,
+        "emulationMajor": major,
+        "emulationMinor": minor,
+        "minCompatibilityMajor": major,
+        "minCompatibilityMinor": minimum,
+        "gitVersion": profile.git_version,
+        "gitCommit": commit,
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": profile.go_version(),
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }))?
+    .into())
 }

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use super::catalog::Resource;
 use super::clock;
-use super::status::Status;
+use super::status::{Errors, Status};
 use super::store::metadata_mut;
 
 /// The stored object as the requested group/version shows it: objects are stored once per

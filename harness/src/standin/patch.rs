@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::status::Status;
+use super::status::{Errors, Status};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PatchType {

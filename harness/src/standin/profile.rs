@@ -1,9 +1,12 @@
 //! Version profiles: which discovery documents a stand-in apiserver serves, taken from real
 //! kube-apiserver discovery of three Kubernetes eras, minus the group/versions switched off for
-//! one instance (as `--runtime-config` would).
+//! one instance (as `--runtime-config` would); or (`1.33-real`, `1.36-real`) every document a
+//! real kube-apiserver v1.36.2 served, as captured.
 
 use anyhow::{Context, Result, anyhow, bail};
 use skewgate_core::discovery::{ApiGroupDiscoveryList, ApiResourceList, core_group_list};
+
+use super::captured::{self, Capture};
 
 const V1_30: &str =
     include_str!("../../../testdata/discovery/k8s-1.30-era_resource-v1alpha2/aggregated_v2.json");
@@ -20,10 +23,13 @@ const ERAS: [(&str, &str, &str, &str); 3] = [
     ("1.36", "v1.36.0", "go1.25.5", V1_36),
 ];
 
+/// The real profiles: name, captured server.
+const REAL: [(&str, Capture); 2] = [("1.33-real", Capture::Emulated133), ("1.36-real", Capture::Native136)];
+
 /// What one stand-in serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Profile {
-    /// `1.30`, `1.33` or `1.36`.
+    /// `1.30`, `1.33` or `1.36`: the API set's minor version (`1.33` for `1.33-real`).
     pub era: String,
     /// `/version`'s gitVersion, e.g. `v1.33.0`.
     pub git_version: String,
@@ -31,14 +37,24 @@ pub struct Profile {
     pub api: ApiGroupDiscoveryList,
     /// Aggregated `/apis`, without the disabled group/versions.
     pub apis: ApiGroupDiscoveryList,
+    /// `1.33-real` and `1.36-real`: the real server whose captured documents are served as
+    /// they are.
+    pub capture: Option<Capture>,
 }
 
 impl Profile {
-    /// `1.36` or `1.36:disable=resource.k8s.io/v1beta1,storage.k8s.io/v1alpha1`. An unknown era,
-    /// an unknown option or a disable naming a group/version the era lacks is an error.
+    /// `1.36`, `1.36:disable=resource.k8s.io/v1beta1,storage.k8s.io/v1alpha1` or `1.36-real`.
+    /// An unknown era, an unknown option or a disable naming a group/version the era lacks is
+    /// an error; a real profile takes no options (its documents are served as captured).
     pub fn parse(spec: &str) -> Result<Profile> {
         let mut parts = spec.trim().split(':');
         let era = parts.next().unwrap_or_default();
+        if let Some((_, capture)) = REAL.iter().find(|(name, _)| *name == era) {
+            if parts.next().is_some() {
+                bail!("profile {spec:?}: {era} serves the captured documents as they are, without options");
+            }
+            return Profile::real(*capture);
+        }
         let mut profile = Profile::era(era)?;
         for option in parts {
             let (key, value) = option
@@ -59,7 +75,7 @@ impl Profile {
     /// The whole discovery of an era.
     pub fn era(era: &str) -> Result<Profile> {
         let (era, git_version, _, apis) = ERAS.iter().find(|(name, ..)| *name == era).ok_or_else(|| {
-            let known: Vec<&str> = ERAS.iter().map(|e| e.0).collect();
+            let known: Vec<&str> = ERAS.iter().map(|e| e.0).chain(REAL.iter().map(|r| r.0)).collect();
             anyhow!("unknown Kubernetes era {era:?} (known: {})", known.join(", "))
         })?;
         let apis = ApiGroupDiscoveryList::from_json(apis.as_bytes())
@@ -71,11 +87,50 @@ impl Profile {
             git_version: git_version.to_string(),
             api: core_group_list(&core),
             apis,
+            capture: None,
         })
+    }
+
+    /// Everything the captured server served.
+    pub fn real(capture: Capture) -> Result<Profile> {
+        let documents = captured::documents(capture)?;
+        let list = |file: &str| {
+            ApiGroupDiscoveryList::from_json(documents.file(file)?)
+                .map_err(|e| anyhow!("{}/{file}: {e:?}", capture.folder()))
+        };
+        let version: serde_json::Value = serde_json::from_slice(documents.file("version.json")?)?;
+        let field = |name: &str| version[name].as_str().unwrap_or_default().to_string();
+        Ok(Profile {
+            era: format!("{}.{}", field("emulationMajor"), field("emulationMinor")),
+            git_version: field("gitVersion"),
+            api: list("discovery/api.aggregated_v2.json")?,
+            apis: list("discovery/apis.aggregated_v2.json")?,
+            capture: Some(capture),
+        })
+    }
+
+    /// What `--profile` names it: `1.36-real`, or the era.
+    pub fn name(&self) -> &str {
+        match self.capture {
+            Some(capture) => REAL.iter().find(|r| r.1 == capture).map_or(self.era.as_str(), |r| r.0),
+            None => &self.era,
+        }
+    }
+
+    /// Whether aggregated discovery also speaks `apidiscovery.k8s.io/v2beta1`: up to 1.35
+    /// (1.36 answers it 406, emulated or not).
+    pub fn serves_v2beta1(&self) -> bool {
+        self.capture.is_none() && self.era != "1.36"
     }
 
     /// Removes `group/version` from `/apis`; a group left without versions goes too.
     pub fn disable(&mut self, group_version: &str) -> Result<()> {
+        if self.capture.is_some() {
+            bail!(
+                "cannot disable {group_version}: {} serves the captured documents as they are",
+                self.name()
+            );
+        }
         let (group, version) = group_version
             .split_once('/')
             .filter(|(g, v)| !g.is_empty() && !v.is_empty() && !v.contains('/'))

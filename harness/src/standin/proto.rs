@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::status::Status;
+use super::status::{Errors, Status};
 
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 const MAGIC: &[u8] = b"k8s\0";

@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
 
-use super::status::{Status, Target};
+use super::status::{Errors, Status, Target};
 use super::store::{Event, EventType, Key, Write};
 
 /// One store call, connect to last byte.

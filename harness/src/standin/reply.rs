@@ -13,7 +13,7 @@ use hyper::{Response, StatusCode};
 use serde::Serialize;
 use tokio::sync::mpsc;
 
-use super::status::Status;
+use super::status::{Errors, Status};
 
 pub type Body = BoxBody<Bytes, Infallible>;
 pub type Reply = Response<Body>;

@@ -1,49 +1,7 @@
 //! `metav1.Status` error bodies, worded as kube-apiserver words them (`apimachinery/pkg/api/errors`),
 //! because clients and tests match on reason, code and often the message.
 
-use serde::Serialize;
-
-/// A failed request: HTTP code and the Status body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Status {
-    pub kind: &'static str,
-    pub api_version: &'static str,
-    pub metadata: Empty,
-    pub status: &'static str,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub message: String,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub reason: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub details: Option<Box<Details>>,
-    pub code: u16,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Empty {}
-
-/// `metav1.StatusDetails`; `kind` holds the resource (plural) for resource errors, as upstream.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Details {
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub name: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub group: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub uid: String,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub causes: Vec<Cause>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Cause {
-    pub reason: &'static str,
-    pub message: String,
-    pub field: String,
-}
+pub use skewgate_core::status::{Status, StatusCause as Cause, StatusDetails as Details};
 
 /// What a resource error names: group and resource (plural), e.g. ("", "configmaps").
 #[derive(Debug, Clone, Copy)]
@@ -72,54 +30,31 @@ impl Target<'_> {
     }
 }
 
-impl Status {
-    pub fn failure(code: u16, reason: &'static str, message: impl Into<String>) -> Status {
-        Status {
-            kind: "Status",
-            api_version: "v1",
-            metadata: Empty {},
-            status: "Failure",
-            message: message.into(),
-            reason,
-            details: None,
-            code,
-        }
-    }
-
-    fn with_details(mut self, details: Details) -> Status {
-        self.details = Some(Box::new(details));
-        self
-    }
-
-    pub fn success(details: Details) -> Status {
+/// kube-apiserver's error wording (`apimachinery/pkg/api/errors`) for the stand-ins.
+pub trait Errors {
+    fn success(details: Details) -> Status {
         Status { status: "Success", ..Status::failure(200, "", "") }.with_details(details)
-    }
-
-    pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_else(|_| {
-            String::from(r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","reason":"InternalError","code":500}"#)
-        })
     }
 
     /// A path no handler serves (an unserved group/version/resource included), with the empty
     /// `details` upstream's NotFound handler writes.
-    pub fn no_route() -> Status {
+    fn no_route() -> Status {
         Status::failure(404, "NotFound", "the server could not find the requested resource")
             .with_details(Details::default())
     }
 
-    pub fn unauthorized() -> Status {
+    fn unauthorized() -> Status {
         Status::failure(401, "Unauthorized", "Unauthorized")
     }
 
     /// What RBAC answers a user it grants nothing on a path (system:anonymous off the public
     /// paths), with the empty `details` upstream writes.
-    pub fn forbidden_path(user: &str, verb: &str, path: &str) -> Status {
+    fn forbidden_path(user: &str, verb: &str, path: &str) -> Status {
         Status::failure(403, "Forbidden", format!("forbidden: User \"{user}\" cannot {verb} path \"{path}\""))
             .with_details(Details::default())
     }
 
-    pub fn method_not_allowed() -> Status {
+    fn method_not_allowed() -> Status {
         Status::failure(
             405,
             "MethodNotAllowed",
@@ -128,17 +63,17 @@ impl Status {
         .with_details(Details::default())
     }
 
-    pub fn not_found(target: Target<'_>, name: &str) -> Status {
+    fn not_found(target: Target<'_>, name: &str) -> Status {
         Status::failure(404, "NotFound", format!("{} \"{name}\" not found", target.qualified()))
             .with_details(target.details(name))
     }
 
-    pub fn already_exists(target: Target<'_>, name: &str) -> Status {
+    fn already_exists(target: Target<'_>, name: &str) -> Status {
         Status::failure(409, "AlreadyExists", format!("{} \"{name}\" already exists", target.qualified()))
             .with_details(target.details(name))
     }
 
-    pub fn conflict(target: Target<'_>, name: &str) -> Status {
+    fn conflict(target: Target<'_>, name: &str) -> Status {
         Status::failure(
             409,
             "Conflict",
@@ -150,13 +85,13 @@ impl Status {
         .with_details(target.details(name))
     }
 
-    pub fn forbidden(target: Target<'_>, name: &str, why: &str) -> Status {
+    fn forbidden(target: Target<'_>, name: &str, why: &str) -> Status {
         Status::failure(403, "Forbidden", format!("{} \"{name}\" is forbidden: {why}", target.qualified()))
             .with_details(target.details(name))
     }
 
     /// 422 with one cause, as field validation reports it: `ConfigMap "x" is invalid: <field>: <detail>`.
-    pub fn invalid(kind: &str, group: &str, name: &str, field: &str, detail: &str) -> Status {
+    fn invalid(kind: &str, group: &str, name: &str, field: &str, detail: &str) -> Status {
         let cause =
             Cause { reason: "FieldValueInvalid", message: detail.to_string(), field: field.to_string() };
         Status::failure(422, "Invalid", format!("{kind} \"{name}\" is invalid: {field}: {detail}"))
@@ -169,16 +104,16 @@ impl Status {
             })
     }
 
-    pub fn bad_request(message: impl Into<String>) -> Status {
+    fn bad_request(message: impl Into<String>) -> Status {
         Status::failure(400, "BadRequest", message)
     }
 
     /// A revision older than the kept history.
-    pub fn expired(requested: u64, oldest: u64) -> Status {
+    fn expired(requested: u64, oldest: u64) -> Status {
         Status::failure(410, "Expired", format!("too old resource version: {requested} ({oldest})"))
     }
 
-    pub fn too_large() -> Status {
+    fn too_large() -> Status {
         Status::failure(
             413,
             "RequestEntityTooLarge",
@@ -186,7 +121,7 @@ impl Status {
         )
     }
 
-    pub fn unsupported_media_type(content_type: &str, accepted: &[&str]) -> Status {
+    fn unsupported_media_type(content_type: &str, accepted: &[&str]) -> Status {
         Status::failure(
             415,
             "UnsupportedMediaType",
@@ -198,7 +133,7 @@ impl Status {
         )
     }
 
-    pub fn not_acceptable() -> Status {
+    fn not_acceptable() -> Status {
         Status::failure(
             406,
             "NotAcceptable",
@@ -206,10 +141,12 @@ impl Status {
         )
     }
 
-    pub fn internal(message: impl Into<String>) -> Status {
+    fn internal(message: impl Into<String>) -> Status {
         Status::failure(500, "InternalError", message)
     }
 }
+
+impl Errors for Status {}
 
 #[cfg(test)]
 mod tests {

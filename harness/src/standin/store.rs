@@ -12,7 +12,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
 use super::clock;
-use super::status::{Status, Target};
+use super::status::{Errors, Status, Target};
 
 /// Where an object lives. Cluster-scoped objects have an empty namespace.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

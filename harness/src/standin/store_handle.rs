@@ -13,7 +13,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::remote_store::RemoteStore;
-use super::status::Status;
+use super::status::{Errors, Status};
 use super::store::{Event, Key, Store, Write};
 
 /// Where a stand-in keeps its objects. Cheap to clone.

@@ -147,7 +147,7 @@ fn write(store: &Store, r: WriteRequest) -> WriteReply {
     let result = store.write(&r.key, r.namespace.as_deref(), false, |current| {
         if version_of(current.map(|c| &**c)) != r.expect {
             changed = true;
-            return Err(super::status::Status::internal("changed since read"));
+            return Err(<super::status::Status as super::status::Errors>::internal("changed since read"));
         }
         Ok(op.into_write())
     });

@@ -38,6 +38,9 @@ pub struct Spec {
     pub table: Option<Include>,
 }
 
+/// How long before a watch's timeout upstream's cacher sends its last bookmark.
+const PRE_TIMEOUT_BOOKMARK: Duration = Duration::from_secs(2);
+
 /// How many events one watcher reads from the store per lock.
 const BATCH: usize = 256;
 
@@ -89,6 +92,11 @@ impl Watcher {
         );
         // A watcher held up by a slow client owes one bookmark, not a burst of them.
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Upstream's cacher also sends one 2 s before the watch times out, so that the client
+        // resumes from a fresh revision.
+        let mut pre_timeout = deadline
+            .and_then(|at| at.checked_sub(PRE_TIMEOUT_BOOKMARK))
+            .filter(|at| *at > Instant::now() && self.spec.bookmarks);
         loop {
             revisions.borrow_and_update();
             loop {
@@ -117,9 +125,19 @@ impl Watcher {
                     None => std::future::pending().await,
                 }
             };
+            let before_timeout = async {
+                match pre_timeout {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             let bookmark_due = tokio::select! {
                 changed = revisions.changed() => if changed.is_err() { return } else { false },
                 _ = ticker.tick(), if self.spec.bookmarks => true,
+                () = before_timeout => {
+                    pre_timeout = None;
+                    true
+                }
                 () = timeout => return,
                 _ = self.shutdown.wait_for(|stop| *stop) => return,
                 () = self.tx.closed() => return,
