@@ -7,7 +7,7 @@ use std::time::Duration;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use skewgate_core::table::RoutingTable;
+use skewgate_core::table::{self, RoutingTable};
 
 use crate::host;
 use crate::http::Http;
@@ -30,7 +30,13 @@ pub struct Root {
 impl Context for Root {}
 
 impl RootContext for Root {
-    fn on_configure(&mut self, _size: usize) -> bool {
+    fn on_configure(&mut self, size: usize) -> bool {
+        // Before the configuration is copied into the VM, whose memory never shrinks again.
+        if let Err(e) = table::check_table_bytes(size) {
+            log::error!("skewgate: {e}; keeping the previous table");
+            metrics::count_config(false);
+            return false;
+        }
         let Some(bytes) = host::plugin_configuration() else {
             log::error!("skewgate: no plugin configuration: a routing table is required");
             metrics::count_config(false);

@@ -8,6 +8,7 @@ pub mod drill;
 pub mod echo;
 pub mod envoy;
 pub mod kubectl;
+pub mod limits;
 pub mod load;
 pub mod mvp;
 pub mod paths;

@@ -22,6 +22,7 @@ use skewgate::sync::{self, Standing, SyncConfig};
 use skewgate_core::table::RoutingTable;
 use skewgate_harness::echo::{self, SERVED_BY};
 use skewgate_harness::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_harness::limits::{DiscoveryServer, Shape, crd_groups};
 use skewgate_harness::paths;
 use skewgate_harness::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use skewgate_harness::standin::{self, Auth, Options, Profile, Standin, Store};
@@ -472,6 +473,77 @@ async fn garbage_or_a_hang_does_not_stop_the_others() -> Result<()> {
         metric(&text, "skewgate_rerouted_gvrs").is_some_and(|n| n == table.gvrs().len() as f64),
         "{text}"
     );
+    running.stop().await
+}
+
+/// F4: an apiserver whose discovery grows past a `[limits]` bound keeps its last good documents
+/// in the table and its requests (it still answers: not `DRAINING`), is reported and counted, and
+/// none of the oversized document reaches the table; back under the limit, it is current again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_over_a_limit_keeps_its_last_good_discovery() -> Result<()> {
+    let cluster = Cluster::start("limit", &[("a", "1.33")]).await?;
+    let new = Profile::parse("1.36")?;
+    let b = DiscoveryServer::start("b", &cluster.pki, &new.api, &new.apis).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let groups = new.api.items.len() + new.apis.items.len();
+    let extra = json!({"limits": {"maxGroups": groups + 5}});
+    let config = cluster.config(&[("a", cluster.port("a")), ("b", b.addr.port())], &envoy_dir, extra)?;
+    let running = sync::spawn(config).await?;
+    let mut reports = running.reports.clone();
+    let standing_of_b = |r: &Option<Arc<sync::SyncReport>>| {
+        r.as_ref().and_then(|r| r.apiservers.iter().find(|a| a.id == "b").cloned())
+    };
+    let wait = Duration::from_secs(10);
+    tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| standing_of_b(r).is_some_and(|b| b.standing == Standing::Current)),
+    )
+    .await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["b"]));
+
+    let mut bigger = new.apis.clone();
+    bigger.items.extend(crd_groups(
+        0,
+        10,
+        "over.limit.example",
+        Shape { versions: 1, resources: 1, full: true },
+    ));
+    b.set_apis(&bigger)?;
+    let over = tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| {
+            standing_of_b(r).is_some_and(
+                |b| matches!(b.standing, Standing::Stale { age } if age > Duration::from_secs(2)),
+            )
+        }),
+    )
+    .await??
+    .clone();
+    let b_report = standing_of_b(&over).context("b")?;
+    let error = b_report.error.context("no error for b")?;
+    assert_eq!(error.kind, ErrorKind::Limit, "{error}");
+    assert!(error.to_string().contains(&format!("{} groups, over limits.maxGroups", groups + 10)), "{error}");
+    // Seconds later, b's last good documents still route its GVRs, and nothing of the oversized
+    // document is in the table.
+    let table = table_on_disk(&envoy_dir)?;
+    assert_eq!(claims(&table), ids(&["b"]));
+    assert!(table.gvrs().iter().all(|g| !g.group.ends_with("over.limit.example")));
+    let text = metrics(&running).await?;
+    assert!(
+        metric(&text, "skewgate_sync_errors_total{apiserver=\"b\",kind=\"limit\"}").is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "skewgate_apiserver_current{apiserver=\"b\"}"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"b\"}"), Some(1.0), "{text}");
+
+    b.set_apis(&new.apis)?;
+    tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| {
+            standing_of_b(r).is_some_and(|b| b.standing == Standing::Current && b.error.is_none())
+        }),
+    )
+    .await??;
     running.stop().await
 }
 

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod config;
+pub mod counts;
 pub mod duration;
 pub mod eligibility;
 pub mod envoy;

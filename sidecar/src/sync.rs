@@ -111,6 +111,11 @@ impl SyncError {
     pub fn label(&self) -> &'static str {
         match self {
             SyncError::NoDocuments => "no_documents",
+            SyncError::Build(BuildError::Table(e)) | SyncError::Render(RenderError::Invalid(e))
+                if e.over_limit =>
+            {
+                "table_limit"
+            }
             SyncError::Build(_) => "build",
             SyncError::Render(RenderError::Invalid(_)) => "invalid_table",
             SyncError::Render(_) => "render",
@@ -234,7 +239,10 @@ impl Memory {
             tracing::debug!(apiserver = id, %error, "discovery still failing");
         }
         self.failing = true;
-        self.reachable = false;
+        // Over a `[limits]` bound the apiserver still answers, and what it serves in the table
+        // (its last good documents) is unchanged: it keeps its requests. Anything else counts
+        // as unreachable.
+        self.reachable = error.kind == ErrorKind::Limit;
         self.error = Some(error);
     }
 
@@ -1183,8 +1191,8 @@ impl<T> Drop for AbortOnDrop<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fetch::ErrorKind;
     use skewgate_core::discovery::ApiGroupDiscoveryList;
+    use skewgate_core::table::TableError;
 
     fn docs(version: &str) -> Documents {
         Documents {
@@ -1234,9 +1242,31 @@ mod tests {
         assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
     }
 
+    /// Over a limit the last good documents stay and the apiserver stays reachable (it
+    /// answers); any other failure makes it unreachable, with the same documents.
+    #[test]
+    fn over_a_limit_the_last_good_documents_stay() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let over = || FetchError { path: "/apis".into(), kind: ErrorKind::Limit, detail: "x".into() };
+        let mut m = Memory::default();
+        m.failed("a", over());
+        assert_eq!(m.standing(at(0)), Standing::Missing);
+        assert!(m.answered("a", docs("v1.33.0"), at(1)));
+        m.failed("a", over());
+        assert_eq!(m.standing(at(100)), Standing::Stale { age: Duration::from_secs(99) });
+        assert!(m.good.is_some() && m.reachable);
+        m.failed("a", FetchError { path: "/apis".into(), kind: ErrorKind::Connect, detail: "x".into() });
+        assert!(m.good.is_some() && !m.reachable);
+    }
+
     #[test]
     fn error_labels() {
         assert_eq!(SyncError::NoDocuments.label(), "no_documents");
+        let table = |over_limit| TableError { field: "groupVersions".into(), reason: "x".into(), over_limit };
+        assert_eq!(SyncError::Render(RenderError::Invalid(table(true))).label(), "table_limit");
+        assert_eq!(SyncError::Build(BuildError::Table(table(true))).label(), "table_limit");
+        assert_eq!(SyncError::Render(RenderError::Invalid(table(false))).label(), "invalid_table");
         assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
     }
 
