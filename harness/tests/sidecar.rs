@@ -112,7 +112,10 @@ impl Cluster {
             "envoy": {"dir": envoy_dir, "wasm": wasm, "settleDelay": "50ms", "confirmTimeout": "5s"},
             "pollPeriod": "200ms",
             "limits": {"requestTimeout": "700ms"},
-            "health": {"interval": "250ms", "timeout": "500ms", "connectTimeout": "500ms"},
+            // A stopped stand-in refuses at once; the generous timeout is for a loaded machine,
+            // where two 500 ms timeouts in a row on every host once left the pool with no
+            // healthy host during `make test`.
+            "health": {"interval": "250ms", "timeout": "2000ms", "connectTimeout": "1000ms"},
             "listen": "127.0.0.1:0",
         });
         for (key, value) in extra.as_object().into_iter().flatten() {
