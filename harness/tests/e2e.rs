@@ -1482,7 +1482,10 @@ async fn hostile_input() -> Result<Row> {
         row.requests += 1;
         assert_eq!((r.status().as_u16(), header(r.headers(), SERVED_BY).as_deref()), (200, Some("c")));
     }
-    let reloads = c.envoy()?.stat("wasm.skewgate.vm_reload").await?;
+    // Envoy 1.40 counts reloads by outcome; it has no plain `vm_reload`.
+    let envoy = c.envoy()?;
+    let reloads = envoy.stat("wasm.skewgate.vm_reload_success").await?
+        + envoy.stat("wasm.skewgate.vm_reload_failure").await?;
     row.figure(format!(
         "{} hostile requests → statuses {statuses:?}, {reached} reached an apiserver, 0 misrouted, \
          VM reloads {reloads}",
