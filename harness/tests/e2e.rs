@@ -1499,7 +1499,10 @@ async fn hostile_input() -> Result<Row> {
         row.requests += 1;
         assert_eq!((r.status().as_u16(), header(r.headers(), SERVED_BY).as_deref()), (200, Some("c")));
     }
-    let reloads = c.envoy()?.stat("wasm.skewgate.vm_reload").await?;
+    // Envoy 1.40 counts reloads by outcome; it has no plain `vm_reload`.
+    let envoy = c.envoy()?;
+    let reloads = envoy.stat("wasm.skewgate.vm_reload_success").await?
+        + envoy.stat("wasm.skewgate.vm_reload_failure").await?;
     row.figure(format!(
         "{} hostile requests → statuses {statuses:?}, {reached} reached an apiserver, 0 misrouted, \
          VM reloads {reloads}",
@@ -1573,8 +1576,8 @@ async fn control_plane_faults() -> Result<Row> {
     envoy.wait_stat(rejected, rejected_before + 1, Duration::from_secs(10)).await?;
     let corrupted = load.now();
     successes_after(&load, &names, corrupted, 10, Duration::from_secs(20)).await?;
-    let live = skewgate::admin::HttpAdmin::new(&envoy.admin_url(""), Duration::from_secs(5))?;
-    use skewgate::admin::EnvoyAdmin;
+    let live = skewgate::envoy::HttpAdmin::new(&envoy.admin_url(""), Duration::from_secs(5))?;
+    use skewgate::envoy::EnvoyAdmin;
     let live_generation = live.live_table().await?.map(|t| t.generation);
     assert_eq!(live_generation.as_deref(), Some(generation.as_str()), "Envoy dropped its table");
     assert_eq!(envoy.stat(accepted).await?, accepted_before);

@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use skewgate::admin::{EnvoyAdmin, HttpAdmin};
+use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
 use skewgate::fetch::ErrorKind;
 use skewgate::sync::{self, Standing, SyncConfig};
 use skewgate_core::table::RoutingTable;
@@ -152,7 +152,7 @@ fn ids(list: &[&str]) -> Option<Vec<String>> {
 
 fn cds_clusters(envoy_dir: &Path) -> Result<BTreeSet<String>> {
     let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
-    Ok(skewgate::push::cluster_names(Some(&cds)))
+    Ok(skewgate::envoy::push::cluster_names(Some(&cds)))
 }
 
 /// Polls `check` every 50 ms until it holds, or fails after `timeout`.
@@ -731,8 +731,8 @@ impl Load {
     }
 }
 
-fn step_name(step: &skewgate::push::Step) -> String {
-    use skewgate::push::Step;
+fn step_name(step: &skewgate::envoy::push::Step) -> String {
+    use skewgate::envoy::push::Step;
     match step {
         Step::WroteCds(clusters) => format!("cds.json ({} clusters)", clusters.len()),
         Step::ClustersPresent => "clusters present".into(),

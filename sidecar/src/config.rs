@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use skewgate_core::table::{MAX_GROUP_VERSIONS, MAX_GVRS};
 
 use crate::duration;
-use crate::envoy::{Endpoint, Health};
+use crate::envoy::{Endpoint, Files, Health};
 
 pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
 /// The identity kube-apiserver itself asserts when it fetches a peer's discovery (docs/upstream-facts.md, "Peer discovery fetch").
@@ -140,12 +140,16 @@ pub struct EnvoyOutput {
 }
 
 impl EnvoyOutput {
+    pub fn files(&self) -> Files {
+        Files::new(&self.dir)
+    }
+
     pub fn cds_path(&self) -> PathBuf {
-        self.dir.join("cds").join("cds.json")
+        self.files().cds_path()
     }
 
     pub fn ecds_path(&self) -> PathBuf {
-        self.dir.join("ecds").join("ecds.json")
+        self.files().ecds_path()
     }
 }
 

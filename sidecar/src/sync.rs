@@ -16,7 +16,7 @@
 //!
 //! Eligibility ([`crate::eligibility`]): from the first look that finds an apiserver unreachable,
 //! unready or changed, its endpoints are marked `DRAINING` in every Envoy cluster (an overlay on
-//! `cds.json`, [`crate::push`]) until a table built from its current discovery is live. A table
+//! `cds.json`, [`crate::envoy::push`]) until a table built from its current discovery is live. A table
 //! is pushed by a task of its own, so that probes go on (and can take an apiserver out) while
 //! Envoy confirms a push.
 //!
@@ -39,14 +39,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::admin::HttpAdmin;
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
-use crate::envoy::Endpoint;
-use crate::envoy::{UpstreamTls, table_from_ecds, write_atomic};
+use crate::envoy::{
+    Endpoint, HttpAdmin, PushError, PushOutcome, Pusher, RenderError, Resources, Step, UpstreamTls,
+    table_from_ecds, write_atomic,
+};
 use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::peers::{self, Asker, Published, Source};
-use crate::push::{PushError, PushOutcome, Pusher, Step};
-use crate::routing::{self, Counts, RenderError, Resources, Server};
+use crate::routing::{self, Counts, Server};
 use crate::serve::{self, Shared};
 use crate::tether::{self, Probe, Tether};
 use skewgate_core::extensions::Extensions;
@@ -307,8 +307,7 @@ impl Sidecar {
             None => None,
         };
         let pusher = Pusher::new(
-            config.envoy.cds_path(),
-            config.envoy.ecds_path(),
+            &config.envoy.files(),
             admin,
             config.envoy.confirm_timeout,
             config.envoy.settle_delay,
@@ -640,10 +639,10 @@ impl Sidecar {
         Ok(routing::build_with(&servers, &self.extensions)?)
     }
 
-    fn prepare(&self) -> Result<(TableConfig, Resources), SyncError> {
+    fn prepare(&self) -> Result<Resources, SyncError> {
         let mut table = self.table()?;
         table.openapi_cluster = Some(crate::openapi::CLUSTER.into());
-        let mut resources = routing::render(
+        let mut resources = crate::envoy::render(
             &table,
             &self.config.apiservers,
             &self.upstream,
@@ -651,7 +650,7 @@ impl Sidecar {
             &self.config.envoy.wasm,
         )?;
         crate::openapi::add_cluster(&mut resources.cds, &self.config.envoy.dir.join(crate::openapi::SOCKET));
-        Ok((table, resources))
+        Ok(resources)
     }
 
     /// Marks `DRAINING` in `cds.json` exactly the apiservers that must not get new requests
@@ -766,7 +765,7 @@ impl Sidecar {
         self.collect().await;
         self.save();
         self.apply_eligibility();
-        let (table, resources) = match self.prepare() {
+        let resources = match self.prepare() {
             Ok(prepared) => prepared,
             Err(error) => {
                 self.shared.metrics.push_error(error.label());
@@ -775,7 +774,7 @@ impl Sidecar {
             }
         };
         let result = self.pusher.push(&resources).await;
-        self.pushed(table, result, started)
+        self.pushed(resources.table, result, started)
     }
 }
 
@@ -904,8 +903,15 @@ async fn tether_task(
 /// One sync and done (`skewgate sync --once`). An apiserver that fails now keeps the last good
 /// discovery a previous sidecar saved of it; without one it serves nothing in the table.
 pub async fn sync_once(config: SyncConfig) -> anyhow::Result<SyncReport> {
+    Ok(sync_once_with_table(config).await?.0)
+}
+
+/// [`sync_once`], with the table it handed to Envoy.
+pub async fn sync_once_with_table(config: SyncConfig) -> anyhow::Result<(SyncReport, TableConfig)> {
     let mut sidecar = Sidecar::new(config)?;
-    Ok(sidecar.sync().await?)
+    let report = sidecar.sync().await?;
+    let table = sidecar.live.take().map(|live| live.table).context("a sync that succeeded left no table")?;
+    Ok((report, table))
 }
 
 /// Fetches once and builds the table without writing anything (`skewgate table --config`).
@@ -1158,12 +1164,12 @@ async fn run_with(
         if push_wanted && pushes.is_empty() && extensions_wanted.is_none() {
             push_wanted = false;
             match sidecar.prepare() {
-                Ok((table, resources)) => {
+                Ok(resources) => {
                     let pusher = sidecar.pusher.clone();
                     let started = wanted_since;
                     pushes.spawn(async move {
                         let result = pusher.push(&resources).await;
-                        (table, result, started)
+                        (resources.table, result, started)
                     });
                 }
                 Err(error) => {
