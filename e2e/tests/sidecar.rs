@@ -16,7 +16,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use skewgate::admin::{EnvoyAdmin, HttpAdmin};
+use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
 use skewgate::fetch::ErrorKind;
 use skewgate::sync::{self, Standing, SyncConfig};
 use skewgate_core::table::RoutingTable;
@@ -24,6 +24,7 @@ use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
 use skewgate_testkit::echo;
 use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups};
 use skewgate_testkit::load::{Load, Record, Settings as LoadSettings, Target};
 use skewgate_testkit::paths;
 
@@ -112,7 +113,10 @@ impl Cluster {
             "envoy": {"dir": envoy_dir, "wasm": wasm, "settleDelay": "50ms", "confirmTimeout": "5s"},
             "pollPeriod": "200ms",
             "limits": {"requestTimeout": "700ms"},
-            "health": {"interval": "250ms", "timeout": "500ms", "connectTimeout": "500ms"},
+            // A stopped stand-in refuses at once; the generous timeout is for a loaded machine,
+            // where two 500 ms timeouts in a row on every host once left the pool with no
+            // healthy host during `make test`.
+            "health": {"interval": "250ms", "timeout": "2000ms", "connectTimeout": "1000ms"},
             "listen": "127.0.0.1:0",
         });
         for (key, value) in extra.as_object().into_iter().flatten() {
@@ -149,7 +153,7 @@ fn ids(list: &[&str]) -> Option<Vec<String>> {
 
 fn cds_clusters(envoy_dir: &Path) -> Result<BTreeSet<String>> {
     let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
-    Ok(skewgate::push::cluster_names(Some(&cds)))
+    Ok(skewgate::envoy::push::cluster_names(Some(&cds)))
 }
 
 /// Polls `check` every 50 ms until it holds, or fails after `timeout`.
@@ -264,7 +268,18 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
     let mut reports = running.reports.clone();
     tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
     assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]));
-    assert_eq!(reqwest::get(format!("http://{}/readyz", running.listen)).await?.status(), 200);
+    // Ready once the OpenAPI composer has had its first round too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("http://{}/readyz", running.listen)).await?.status() != 200 {
+        assert!(Instant::now() < deadline, "not ready 10 s after the first sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Ready means the edge has OpenAPI to answer with, not a 503 (the composer once failed to
+    // bind its socket before Envoy's directory existed, and readiness never came).
+    let text = metrics(&running).await?;
+    assert_eq!(metric(&text, "skewgate_openapi_compositions_total"), Some(1.0), "{text}");
+    assert!(metric(&text, "skewgate_openapi_documents").is_some_and(|n| n > 10.0), "{text}");
+    assert!(envoy_dir.join(skewgate::openapi::SOCKET).exists());
     assert!(draining(&envoy_dir)?.is_empty());
 
     let stopped = Instant::now();
@@ -465,6 +480,77 @@ async fn garbage_or_a_hang_does_not_stop_the_others() -> Result<()> {
     running.stop().await
 }
 
+/// F4: an apiserver whose discovery grows past a `[limits]` bound keeps its last good documents
+/// in the table and its requests (it still answers: not `DRAINING`), is reported and counted, and
+/// none of the oversized document reaches the table; back under the limit, it is current again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_over_a_limit_keeps_its_last_good_discovery() -> Result<()> {
+    let cluster = Cluster::start("limit", &[("a", "1.33")]).await?;
+    let new = Profile::parse("1.36")?;
+    let b = DiscoveryServer::start("b", &cluster.pki, &new.api, &new.apis).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let groups = new.api.items.len() + new.apis.items.len();
+    let extra = json!({"limits": {"maxGroups": groups + 5}});
+    let config = cluster.config(&[("a", cluster.port("a")), ("b", b.addr.port())], &envoy_dir, extra)?;
+    let running = sync::spawn(config).await?;
+    let mut reports = running.reports.clone();
+    let standing_of_b = |r: &Option<Arc<sync::SyncReport>>| {
+        r.as_ref().and_then(|r| r.apiservers.iter().find(|a| a.id == "b").cloned())
+    };
+    let wait = Duration::from_secs(10);
+    tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| standing_of_b(r).is_some_and(|b| b.standing == Standing::Current)),
+    )
+    .await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["b"]));
+
+    let mut bigger = new.apis.clone();
+    bigger.items.extend(crd_groups(
+        0,
+        10,
+        "over.limit.example",
+        Shape { versions: 1, resources: 1, full: true },
+    ));
+    b.set_apis(&bigger)?;
+    let over = tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| {
+            standing_of_b(r).is_some_and(
+                |b| matches!(b.standing, Standing::Stale { age } if age > Duration::from_secs(2)),
+            )
+        }),
+    )
+    .await??
+    .clone();
+    let b_report = standing_of_b(&over).context("b")?;
+    let error = b_report.error.context("no error for b")?;
+    assert_eq!(error.kind, ErrorKind::Limit, "{error}");
+    assert!(error.to_string().contains(&format!("{} groups, over limits.maxGroups", groups + 10)), "{error}");
+    // Seconds later, b's last good documents still route its GVRs, and nothing of the oversized
+    // document is in the table.
+    let table = table_on_disk(&envoy_dir)?;
+    assert_eq!(claims(&table), ids(&["b"]));
+    assert!(table.gvrs().iter().all(|g| !g.group.ends_with("over.limit.example")));
+    let text = metrics(&running).await?;
+    assert!(
+        metric(&text, "skewgate_sync_errors_total{apiserver=\"b\",kind=\"limit\"}").is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "skewgate_apiserver_current{apiserver=\"b\"}"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"b\"}"), Some(1.0), "{text}");
+
+    b.set_apis(&new.apis)?;
+    tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| {
+            standing_of_b(r).is_some_and(|b| b.standing == Standing::Current && b.error.is_none())
+        }),
+    )
+    .await??;
+    running.stop().await
+}
+
 /// Reads both watched files as fast as it can until stopped; every version must be complete.
 struct Watcher {
     stop: Arc<AtomicBool>,
@@ -562,8 +648,8 @@ async fn envoy_never_reads_a_partial_file() -> Result<()> {
     Ok(())
 }
 
-fn step_name(step: &skewgate::push::Step) -> String {
-    use skewgate::push::Step;
+fn step_name(step: &skewgate::envoy::push::Step) -> String {
+    use skewgate::envoy::push::Step;
     match step {
         Step::WroteCds(clusters) => format!("cds.json ({} clusters)", clusters.len()),
         Step::ClustersPresent => "clusters present".into(),

@@ -194,10 +194,11 @@ impl Link {
         let response = self.sender.send_request(request).await.map_err(|e| failed(ErrorKind::Closed, &e))?;
         let status = response.status();
         let etag = response.headers().get(ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        Limited::new(response.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| failed(ErrorKind::Truncated, &e))?;
+        // Drained frame by frame: a changed document is never held whole.
+        let mut body = Limited::new(response.into_body(), MAX_BODY);
+        while let Some(frame) = body.frame().await {
+            frame.map_err(|e| failed(ErrorKind::Truncated, &e))?;
+        }
         Ok((status, etag))
     }
 }

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use skewgate::config::{Overrides, SyncConfig};
-use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate::envoy::{self as resources, Endpoint, Files, Health, UpstreamTls};
 use skewgate::sync;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 use skewgate_core::table::{RoutingTable, TableConfig};
@@ -299,7 +299,7 @@ impl Cluster {
 
     /// The routing table in `ecds.json` now (what Envoy runs, unless it refused the file).
     pub fn table_on_disk(&self) -> Result<RoutingTable> {
-        let path = self.envoy_dir().join("ecds/ecds.json");
+        let path = Files::new(self.envoy_dir()).ecds_path();
         let ecds: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
         let table = resources::table_from_ecds(&ecds).context("ecds.json holds no table")?;
         RoutingTable::from_json(table.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))
@@ -532,7 +532,8 @@ impl Cluster {
     }
 }
 
-/// Until the sidecar's `/readyz` passes (Envoy has had a complete table).
+/// Until the sidecar's `/readyz` passes: a table in Envoy and the first OpenAPI round done, so
+/// that a client's first `kubectl explain` does not meet a 503.
 async fn wait_sidecar_ready(running: &sync::Running, timeout: Duration) -> Result<()> {
     let url = format!("http://{}/readyz", running.listen);
     let deadline = Instant::now() + timeout;
@@ -697,12 +698,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     };
     // Envoy refuses to start without its files, so the first table is written before it starts.
     let table = match &sidecar_config {
-        Some(config) => {
-            sync::sync_once(config.clone()).await?;
-            let ecds: Value = serde_json::from_slice(&std::fs::read(config.envoy.ecds_path())?)?;
-            let table = resources::table_from_ecds(&ecds).context("the sidecar wrote no table")?;
-            serde_json::from_str(table)?
-        }
+        Some(config) => sync::sync_once_with_table(config.clone()).await?.1,
         None => {
             let servers: Vec<ServerApis<'_>> = o
                 .apiservers
@@ -715,18 +711,14 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                 })
                 .collect();
             let table = build_table(&servers, &ClusterNames::default())?;
-            std::fs::create_dir_all(envoy_dir.join("cds"))?;
-            std::fs::create_dir_all(envoy_dir.join("ecds"))?;
-            let cds = resources::cds(&table, &endpoints, &upstream_tls(&pki), health())?;
-            let ecds = resources::ecds(&serde_json::to_string(&table)?, &paths::filter_wasm()?);
-            resources::write_atomic(&envoy_dir.join("cds/cds.json"), cds.to_string().as_bytes())?;
-            resources::write_atomic(&envoy_dir.join("ecds/ecds.json"), ecds.to_string().as_bytes())?;
-            table
+            let rendered =
+                resources::render(&table, &endpoints, &upstream_tls(&pki), health(), &paths::filter_wasm()?)?;
+            Files::new(&envoy_dir).write_first(&rendered.cds, &rendered.ecds)?;
+            rendered.table
         }
     };
 
     let envoy = if o.envoy {
-        let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
         let settings = Settings {
             config: match o.plain_lb {
                 true => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
@@ -741,8 +733,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
             route_timeout: "65s".into(),
             concurrency: 2,
         };
-        let (cds, ecds) = (read(settings.cds_path())?, read(settings.ecds_path())?);
-        let envoy = Envoy::start(settings, &cds, &ecds).await?;
+        let envoy = Envoy::start_on_files(settings).await?;
         wait_healthy(&envoy, &table, &o.rogue, Duration::from_secs(20)).await?;
         Some(envoy)
     } else {

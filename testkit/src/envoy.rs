@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use skewgate::envoy::write_atomic;
+use skewgate::envoy::{Files, write_atomic};
 
 use crate::paths;
 
@@ -43,12 +43,16 @@ pub struct Settings {
 }
 
 impl Settings {
+    pub fn files(&self) -> Files {
+        Files::new(&self.dir)
+    }
+
     pub fn cds_path(&self) -> PathBuf {
-        self.dir.join("cds/cds.json")
+        self.files().cds_path()
     }
 
     pub fn ecds_path(&self) -> PathBuf {
-        self.dir.join("ecds/ecds.json")
+        self.files().ecds_path()
     }
 }
 
@@ -140,8 +144,8 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
         ("ADMIN_PORT", s.admin_port.to_string()),
         ("LISTEN_ADDRESS", "127.0.0.1".to_string()),
         ("LISTEN_PORT", s.listen_port.to_string()),
-        ("CDS_DIR", p(&s.dir.join("cds"))),
-        ("ECDS_DIR", p(&s.dir.join("ecds"))),
+        ("CDS_DIR", p(&s.files().cds_dir())),
+        ("ECDS_DIR", p(&s.files().ecds_dir())),
         ("SERVING_CERT", p(&s.serving_cert)),
         ("SERVING_KEY", p(&s.serving_key)),
         ("CLIENT_CA", p(&s.client_ca)),
@@ -194,10 +198,12 @@ impl Drop for Envoy {
 impl Envoy {
     /// Writes the bootstrap, `cds` and `ecds`, starts Envoy and waits until it is live.
     pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
-        std::fs::create_dir_all(settings.dir.join("cds"))?;
-        std::fs::create_dir_all(settings.dir.join("ecds"))?;
-        write_atomic(&settings.cds_path(), cds.to_string().as_bytes())?;
-        write_atomic(&settings.ecds_path(), ecds.to_string().as_bytes())?;
+        settings.files().write_first(cds, ecds)?;
+        Self::start_on_files(settings).await
+    }
+
+    /// Starts Envoy on the `cds.json` and `ecds.json` already in `settings.dir`.
+    pub async fn start_on_files(settings: Settings) -> Result<Self> {
         let bootstrap = settings.dir.join("bootstrap.yaml");
         std::fs::write(&bootstrap, render_bootstrap(&settings)?)?;
         let log = settings.dir.join("envoy.log");

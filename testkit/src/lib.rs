@@ -7,6 +7,7 @@ pub mod cluster;
 pub mod echo;
 pub mod envoy;
 pub mod kubectl;
+pub mod limits;
 pub mod load;
 pub mod markdown;
 pub mod mvp;

@@ -53,10 +53,14 @@ enum Command {
         etcd_port: u16,
         /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
         /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
-        /// the peer CA, peer address and proxy-client flags. Combine with --no-sidecar for the
+        /// the peer CA, peer address and proxy-client flags. Combine with --plain-lb for the
         /// in-apiserver MVP alone.
         #[arg(long, requires = "etcd")]
         mvp: bool,
+        /// Envoy as a plain round-robin load balancer over every apiserver: no skewgate filter,
+        /// no sidecar (what the drill compares skewgate with).
+        #[arg(long, conflicts_with_all = ["no_sidecar", "from_cluster"])]
+        plain_lb: bool,
         /// Stand-ins only, no Envoy.
         #[arg(long)]
         no_envoy: bool,
@@ -175,6 +179,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             etcd,
             etcd_port,
             mvp,
+            plain_lb,
             no_envoy,
             from_cluster,
             no_sidecar,
@@ -193,12 +198,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 admin_port,
                 first_apiserver_port: apiserver_port,
                 history,
-                sidecar: !no_sidecar,
+                sidecar: !no_sidecar && !plain_lb,
                 sidecar_port,
                 poll_period: std::time::Duration::from_millis(poll_ms),
                 rogue: Default::default(),
                 anonymous_auth: true,
-                plain_lb: false,
+                plain_lb,
                 real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
                 etcd_port,
                 from_cluster,

@@ -66,16 +66,9 @@ async fn shared_state() -> Result<Row> {
         ($($arg:expr),+) => {{ runs += 1; k.fails(&[$($arg),+]).await? }};
     }
     ok!("create", "namespace", "e2e-state");
-    // --validate=false: kubectl's validation downloads OpenAPI documents that skewgate does not
-    // route by resource yet, and fails on a third to two thirds of the runs (the ignored test
-    // `kubectl_validates_rerouted_gvrs`). What is tested here is the objects' round trip.
-    assert!(
-        ok!("create", "-f", dc, "--validate=false").contains("deviceclass.resource.k8s.io/gpu-e2e created")
-    );
-    assert!(
-        ok!("create", "-f", claim, "--validate=false")
-            .contains("resourceclaim.resource.k8s.io/claim-e2e created")
-    );
+    // With kubectl's default validation: it reads the OpenAPI the edge composes.
+    assert!(ok!("create", "-f", dc).contains("deviceclass.resource.k8s.io/gpu-e2e created"));
+    assert!(ok!("create", "-f", claim).contains("resourceclaim.resource.k8s.io/claim-e2e created"));
 
     // Read back through Envoy, each from a server that serves it.
     let out = k.run(&["get", "-f", dc, "-o", "json", "-v=8"]).await?;
@@ -154,7 +147,7 @@ async fn shared_state() -> Result<Row> {
     // A stale update: kubectl replace with the resourceVersion read before the patch.
     let mut stale = claim_v1.clone();
     stale["metadata"]["labels"] = json!({"e2e": "stale"});
-    let out = k.run_with_stdin(&["replace", "--validate=false", "-f", "-"], Some(&stale.to_string())).await?;
+    let out = k.run_with_stdin(&["replace", "-f", "-"], Some(&stale.to_string())).await?;
     runs += 1;
     ensure!(!out.ok, "a stale replace succeeded: {}", out.stdout);
     assert!(

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_testkit::cluster::{Cluster, Credentials};
 use skewgate_testkit::echo::SERVED_BY;
@@ -113,11 +114,35 @@ async fn hostile_input() -> Result<Row> {
         // Envoy's or the filter's own 5xx would mean a crash or a broken route; an apiserver
         // may answer 500 itself (a legacy `watch` segment with nothing after it, upstream).
         ensure!(status != 0 && (status < 500 || get(SERVED_BY).is_some()), "{shown}: {status} {body}");
+        // F8: `skewgate explain`, given the target as sent, predicts what Envoy does with it.
+        let sent = std::str::from_utf8(request).ok().and_then(|r| r.split(' ').nth(1));
+        let predicted = sent.map(|target| {
+            let request = skewgate::explain::Request {
+                method: "GET".into(),
+                target: target.into(),
+                client_cert_subject: Some("CN=alice,O=devs".into()),
+                ..Default::default()
+            };
+            skewgate::explain::explain(&table, &request)
+        });
+        if let Some(p) = predicted.as_ref().filter(|p| p["by"] == "envoy") {
+            ensure!(Some(u64::from(status)) == p["status"].as_u64(), "{shown}: {status}, explain: {p}");
+        }
         let Some(by) = get(SERVED_BY) else { continue };
         reached += 1;
         let audit = get("audit-id").context("no Audit-Id")?;
         let seen =
             c.standin(&by)?.served(&audit).with_context(|| format!("{by} does not remember {audit}"))?;
+        if let Some(p) = &predicted {
+            let members: Vec<&str> =
+                p["servingSet"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+            ensure!(
+                p["path"]["forwarded"] == seen.target.as_str()
+                    && (members.is_empty() || members.contains(&by.as_str())),
+                "{shown}: {by} got {:?}, explain: {p}",
+                seen.target
+            );
+        }
         // Who should have got it: the GVR the apiserver reads out of the path it received.
         let (raw, query) = split_target(&seen.target);
         if let Ok(decoded) = decode_path(raw) {
@@ -149,7 +174,10 @@ async fn hostile_input() -> Result<Row> {
         row.requests += 1;
         assert_eq!((r.status().as_u16(), header(r.headers(), SERVED_BY).as_deref()), (200, Some("c")));
     }
-    let reloads = c.envoy()?.stat("wasm.skewgate.vm_reload").await?;
+    // Envoy 1.40 counts reloads by outcome; it has no plain `vm_reload`.
+    let envoy = c.envoy()?;
+    let reloads = envoy.stat("wasm.skewgate.vm_reload_success").await?
+        + envoy.stat("wasm.skewgate.vm_reload_failure").await?;
     row.figure(format!(
         "{} hostile requests → statuses {statuses:?}, {reached} reached an apiserver, 0 misrouted, \
          VM reloads {reloads}",

@@ -72,8 +72,8 @@ async fn control_plane_faults() -> Result<Row> {
     envoy.wait_stat(rejected, rejected_before + 1, Duration::from_secs(10)).await?;
     let corrupted = load.now();
     successes_after(&load, &names, corrupted, 10, Duration::from_secs(20)).await?;
-    let live = skewgate::admin::HttpAdmin::new(&envoy.admin_url(""), Duration::from_secs(5))?;
-    use skewgate::admin::EnvoyAdmin;
+    let live = skewgate::envoy::HttpAdmin::new(&envoy.admin_url(""), Duration::from_secs(5))?;
+    use skewgate::envoy::EnvoyAdmin;
     let live_generation = live.live_table().await?.map(|t| t.generation);
     assert_eq!(live_generation.as_deref(), Some(generation.as_str()), "Envoy dropped its table");
     assert_eq!(envoy.stat(accepted).await?, accepted_before);

@@ -1,6 +1,5 @@
-//! Envoy's dynamic resources for skewgate: the clusters (CDS) that reach the apiservers and the
-//! filter configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS
-//! reads it.
+//! The resources themselves: the clusters (CDS) that reach the apiservers and the filter
+//! configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS reads it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -283,18 +282,6 @@ pub fn draining_in(cds: &Value) -> BTreeSet<String> {
         .filter_map(|e| e.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str))
         .map(str::to_owned)
         .collect()
-}
-
-/// Replaces `path` so that a watcher sees either the old or the new content, never a mix: Envoy
-/// reloads a watched directory on rename.
-pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let mut file = std::fs::File::create(&tmp)?;
-    file.write_all(contents)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
 }
 
 /// The routing table inside an `ecds.json`, so tools accept either file.

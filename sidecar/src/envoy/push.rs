@@ -11,7 +11,7 @@
 //! a restart) resumes where it stopped. Without an admin API each wait is a fixed settle delay.
 //!
 //! Which apiservers Envoy may send new requests to (eligibility) is an overlay on every
-//! `cds.json` written: their endpoints are marked `DRAINING` ([`crate::envoy::with_draining`]).
+//! `cds.json` written: their endpoints are marked `DRAINING` ([`super::with_draining`]).
 //! The overlay changes on its own ([`Pusher::set_draining`]), also while a push is under way:
 //! every `cds.json` write holds one lock and applies the overlay of that moment, so that the
 //! two never undo each other.
@@ -24,9 +24,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::admin::{AdminError, EnvoyAdmin, table_summary};
-use crate::envoy::{draining_in, table_from_ecds, with_draining, write_atomic};
-use crate::routing::Resources;
+use super::admin::{AdminError, EnvoyAdmin, LiveTable};
+use super::files::{Files, write_atomic};
+use super::render::Resources;
+use super::resources::{draining_in, with_draining};
 
 /// How often the admin API is asked while waiting.
 const CONFIRM_POLL: Duration = Duration::from_millis(50);
@@ -99,14 +100,15 @@ pub struct Pusher<A> {
 }
 
 impl<A: EnvoyAdmin> Pusher<A> {
-    pub fn new(
-        cds_path: PathBuf,
-        ecds_path: PathBuf,
-        admin: Option<A>,
-        confirm_timeout: Duration,
-        settle_delay: Duration,
-    ) -> Self {
-        Self { cds_path, ecds_path, admin, confirm_timeout, settle_delay, draining: Arc::default() }
+    pub fn new(files: &Files, admin: Option<A>, confirm_timeout: Duration, settle_delay: Duration) -> Self {
+        Self {
+            cds_path: files.cds_path(),
+            ecds_path: files.ecds_path(),
+            admin,
+            confirm_timeout,
+            settle_delay,
+            draining: Arc::default(),
+        }
     }
 
     /// Takes over the overlay of the `cds.json` on disk without writing anything: a restarted
@@ -203,8 +205,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 steps.push(Step::WroteCds(cluster_names(Some(&union)).into_iter().collect()));
             }
             let live_clusters = live.map(|l| l.clusters).unwrap_or_default();
-            let routed: BTreeSet<String> =
-                table_summary_of(&resources.ecds).map(|t| t.clusters).unwrap_or_default();
+            let routed = LiveTable::of(&resources.table).clusters;
             let newly_routed: BTreeSet<String> = routed.difference(&live_clusters).cloned().collect();
             self.confirm_clusters(&new_names, &newly_routed, &mut steps).await?;
 
@@ -346,10 +347,6 @@ pub fn union_cds(new: &Value, old: Option<&Value>) -> Value {
     json!({ "resources": resources })
 }
 
-fn table_summary_of(ecds: &Value) -> Option<crate::admin::LiveTable> {
-    table_summary(table_from_ecds(ecds)?)
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -360,9 +357,9 @@ mod tests {
     use skewgate_core::table::TableConfig;
 
     use super::*;
-    use crate::admin::{ClusterHealth, LiveTable};
-    use crate::envoy::{Endpoint, Health, UpstreamTls};
-    use crate::routing;
+    use crate::envoy::admin::{ClusterHealth, table_summary};
+    use crate::envoy::render::render;
+    use crate::envoy::resources::{Endpoint, Health, UpstreamTls, table_from_ecds};
 
     /// Envoy as far as the pusher can tell: it picks up the files when asked (ECDS before CDS,
     /// the worst order for the pusher), and records every moment its table names a cluster it
@@ -522,7 +519,7 @@ mod tests {
             health_user: "system:apiserver".into(),
             health_groups: vec!["system:authenticated".into()],
         };
-        routing::render(&t, &endpoints, &tls, Health::default(), Path::new("/f.wasm")).unwrap()
+        render(&t, &endpoints, &tls, Health::default(), Path::new("/f.wasm")).unwrap()
     }
 
     fn dir(name: &str) -> PathBuf {
@@ -532,13 +529,7 @@ mod tests {
     }
 
     fn pusher(dir: &Path, admin: Option<FakeEnvoy>) -> Pusher<FakeEnvoy> {
-        Pusher::new(
-            dir.join("cds/cds.json"),
-            dir.join("ecds/ecds.json"),
-            admin,
-            Duration::from_millis(600),
-            Duration::from_millis(60),
-        )
+        Pusher::new(&Files::new(dir), admin, Duration::from_millis(600), Duration::from_millis(60))
     }
 
     fn names(list: &[&str]) -> Vec<String> {

@@ -6,9 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::time::Duration;
 
+use serde::Deserialize;
 use serde_json::Value;
+use skewgate_core::table::TableConfig;
 
-use crate::envoy::{FILTER_NAME, table_from_ecds};
+use super::resources::{FILTER_NAME, table_from_ecds};
 
 /// One cluster as `/clusters` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -136,22 +138,45 @@ pub fn live_table_of(dump: &Value) -> Option<LiveTable> {
     table_summary(table_from_ecds(&wrapped)?)
 }
 
-/// Generation and cluster names of a table's JSON.
+impl LiveTable {
+    /// What the filter will run once `table` is live.
+    pub fn of(table: &TableConfig) -> Self {
+        let clusters = std::iter::once(&table.pool_cluster)
+            .chain(table.apiservers.iter().map(|a| &a.cluster))
+            .chain(table.sets.iter().map(|s| &s.cluster))
+            .cloned()
+            .collect();
+        Self { generation: table.generation.clone(), clusters }
+    }
+}
+
+/// The fields of a table [`LiveTable`] needs, read from whatever table Envoy runs: a table of
+/// another skewgate version (fields this one does not know) still says which clusters it uses.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Routed {
+    #[serde(default)]
+    generation: String,
+    pool_cluster: String,
+    #[serde(default)]
+    apiservers: Vec<Named>,
+    #[serde(default)]
+    sets: Vec<Named>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    cluster: String,
+}
+
+/// Generation and cluster names of a table's JSON, as Envoy holds it.
 pub fn table_summary(table_json: &str) -> Option<LiveTable> {
-    let table: Value = serde_json::from_str(table_json).ok()?;
-    let generation = table.get("generation").and_then(Value::as_str).unwrap_or_default().to_owned();
-    let mut clusters = BTreeSet::new();
-    if let Some(pool) = table.get("poolCluster").and_then(Value::as_str) {
-        clusters.insert(pool.to_owned());
-    }
-    for key in ["apiservers", "sets"] {
-        for item in table.get(key).and_then(Value::as_array).into_iter().flatten() {
-            if let Some(name) = item.get("cluster").and_then(Value::as_str) {
-                clusters.insert(name.to_owned());
-            }
-        }
-    }
-    Some(LiveTable { generation, clusters })
+    let table: Routed = serde_json::from_str(table_json).ok()?;
+    let clusters = std::iter::once(table.pool_cluster)
+        .chain(table.apiservers.into_iter().map(|a| a.cluster))
+        .chain(table.sets.into_iter().map(|s| s.cluster))
+        .collect();
+    Some(LiveTable { generation: table.generation, clusters })
 }
 
 #[cfg(test)]
@@ -183,6 +208,8 @@ mod tests {
         let table = json!({"schema": 1, "generation": "G1", "apiservers": [{"id": "a", "cluster": "ap-a"}],
             "poolCluster": "pool", "sets": [{"cluster": "set-a", "members": ["a"]}]});
         let ecds = crate::envoy::ecds(&table.to_string(), std::path::Path::new("/x.wasm"));
+        let typed: TableConfig = serde_json::from_value(table.clone()).unwrap();
+        assert_eq!(Some(LiveTable::of(&typed)), table_summary(&table.to_string()));
         let dump = json!({"configs": [{
             "@type": "type.googleapis.com/envoy.admin.v3.EcdsConfigDump.EcdsFilterConfig",
             "ecds_filter": ecds["resources"][0],
