@@ -142,6 +142,7 @@ pub fn build_table_with(
     let mut table = TableConfig {
         schema: SCHEMA_VERSION,
         generation: String::new(),
+        clusters: Vec::new(),
         apiservers: servers
             .iter()
             .map(|s| ApiserverConfig {
@@ -329,7 +330,11 @@ fn generation(table: &TableConfig) -> Result<String, BuildError> {
 
 /// Upper-case hex, like the discovery ETag, cut to [`SHORT_HASH`] characters.
 fn short_hash(bytes: &[u8]) -> String {
-    Sha512::digest(bytes).iter().take(SHORT_HASH / 2).map(|b| format!("{b:02X}")).collect()
+    hex_prefix(&Sha512::digest(bytes))
+}
+
+pub(crate) fn hex_prefix(digest: &[u8]) -> String {
+    digest.iter().take(SHORT_HASH / 2).map(|b| format!("{b:02X}")).collect()
 }
 
 #[cfg(test)]

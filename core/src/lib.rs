@@ -13,5 +13,6 @@ pub mod legacy_build;
 pub mod legacy_documents;
 pub mod openapi;
 pub mod request_info;
+pub mod seal;
 pub mod status;
 pub mod table;

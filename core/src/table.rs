@@ -43,6 +43,10 @@ pub struct TableConfig {
     /// Free-form label of this table (the sidecar puts a content hash here); shown in logs.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub generation: String,
+    /// When set, the clusters of the `cds.json` written with this table, and `generation` must
+    /// be the table's content hash ([`crate::seal`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<String>,
     pub apiservers: Vec<ApiserverConfig>,
     /// The Envoy cluster holding every apiserver.
     pub pool_cluster: String,
@@ -305,7 +309,7 @@ impl RoutingTable {
     }
 
     /// Validates a parsed table and builds the look-up maps.
-    pub fn compile(config: TableConfig) -> Result<Self, TableError> {
+    pub fn compile(mut config: TableConfig) -> Result<Self, TableError> {
         if config.schema != SCHEMA_VERSION {
             return Err(err(
                 "schema",
@@ -313,6 +317,7 @@ impl RoutingTable {
             ));
         }
         check_counts(&config)?;
+        crate::seal::check(&mut config)?;
         let apiservers = compile_apiservers(&config.apiservers)?;
         let mut clusters: HashMap<String, String> = HashMap::new();
         for (i, a) in config.apiservers.iter().enumerate() {

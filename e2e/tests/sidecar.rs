@@ -73,6 +73,16 @@ impl Cluster {
         Ok(addr)
     }
 
+    /// Stops `id` at once, the way a killed process stops: a graceful stop lets keep-alive
+    /// connections answer a last probe, and the apiserver then counts (correctly) as back for a
+    /// moment, which would make the exclusion counts below depend on timing.
+    async fn kill_standin(&mut self, id: &str) -> Result<SocketAddr> {
+        let standin = self.standins.remove(id).with_context(|| format!("no stand-in {id}"))?;
+        let addr = standin.addr;
+        standin.kill().await;
+        Ok(addr)
+    }
+
     async fn stop_standin(&mut self, id: &str) -> Result<SocketAddr> {
         let standin = self.standins.remove(id).with_context(|| format!("no stand-in {id}"))?;
         let addr = standin.addr;
@@ -283,7 +293,7 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
     assert!(draining(&envoy_dir)?.is_empty());
 
     let stopped = Instant::now();
-    cluster.stop_standin("c").await?;
+    cluster.kill_standin("c").await?;
     let out = wait_until("c marked DRAINING", Duration::from_secs(5), || {
         draining(&envoy_dir).ok().filter(|d| d.contains("c")).map(|_| stopped.elapsed())
     })
@@ -827,4 +837,209 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
     assert_eq!(envoy.stat("extension_config_discovery.http_filter.skewgate.update_rejected").await?, 0);
     assert_eq!(envoy.stat("cluster_manager.cds.update_rejected").await?, 0);
     running.stop().await
+}
+
+/// Rewrites the table inside an `ecds.json`.
+fn edit_table(ecds: &Value, edit: impl Fn(&mut Value)) -> Result<Value> {
+    let mut ecds = ecds.clone();
+    let pointer = "/resources/0/typed_config/config/configuration/value";
+    let mut table: Value =
+        serde_json::from_str(ecds.pointer(pointer).and_then(Value::as_str).context("table")?)?;
+    edit(&mut table);
+    table["generation"] = json!("hostile");
+    *ecds.pointer_mut(pointer).context("table")? = Value::String(serde_json::to_string(&table)?);
+    Ok(ecds)
+}
+
+/// Issue 14 F3: each of five files that parse but do not match (ECDS naming an unknown pool,
+/// unknown set clusters, resourceclaims sent to a set without c; CDS without the table's
+/// apiserver and set clusters, every endpoint on port 1) written into Envoy's directory under
+/// load. The sidecar puts its own file back (no poll in between: `pollPeriod` is 30 s) and Envoy
+/// serves the good one again: no 404 at all, 503s only until then. Prints the window per fault.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
+    let wasm = paths::filter_wasm()?;
+    paths::envoy_binary()?;
+    let cluster = Cluster::start("tamper", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let settings = Settings {
+        config: Config::Skewgate,
+        dir: cluster.dir.join("envoy"),
+        listen_port: free_port()?,
+        admin_port: free_port()?,
+        serving_cert: cluster.pki.envoy_listener.cert.clone(),
+        serving_key: cluster.pki.envoy_listener.key.clone(),
+        client_ca: cluster.pki.cluster_ca.cert_path.clone(),
+        route_timeout: "10s".into(),
+        concurrency: 2,
+    };
+    let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
+    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
+    let config = cluster.config(
+        &apiservers,
+        &settings.dir,
+        json!({"pollPeriod": "30s", "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
+    )?;
+    sync::sync_once(config.clone()).await?;
+    let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
+    let (cds_path, ecds_path) = (settings.cds_path(), settings.ecds_path());
+    let envoy = Envoy::start(settings.clone(), &read(cds_path.clone())?, &read(ecds_path.clone())?).await?;
+    let running = sync::spawn(config).await?;
+
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cluster.pki.cluster_ca.cert_path)?)?;
+    let alice = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .identity(reqwest::Identity::from_pem(&cluster.pki.alice.identity_pem()?)?)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let base = format!("https://127.0.0.1:{}", settings.listen_port);
+    let load = Load::start(
+        &alice,
+        &base,
+        vec![
+            Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+            Target::list("", "v1", "pods", Some("default")),
+        ],
+        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+    let since = |from: Duration| -> Vec<Record> {
+        load.snapshot().into_iter().filter(|r| r.started >= from).collect()
+    };
+    // Healthy: 50 answers in a row, all 200, after `from`.
+    let healthy_after = |from: Duration| {
+        let all = since(from);
+        all.len() >= 50 && all[all.len() - 50..].iter().all(|r| r.status == Some(200))
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !healthy_after(Duration::ZERO) {
+        if Instant::now() > deadline {
+            bail!("not serving through Envoy\n{}", envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let (good_cds, good_ecds) = (std::fs::read(&cds_path)?, std::fs::read(&ecds_path)?);
+    let (cds, ecds): (Value, Value) =
+        (serde_json::from_slice(&good_cds)?, serde_json::from_slice(&good_ecds)?);
+    let table = table_on_disk(&settings.dir)?;
+    let named: BTreeSet<String> = table
+        .apiservers()
+        .iter()
+        .map(|a| a.cluster.clone())
+        .chain(table.sets().iter().map(|s| s.cluster.clone()))
+        .collect();
+    let without_c = table
+        .sets()
+        .iter()
+        .find(|s| !s.members.iter().any(|m| m == "c"))
+        .map(|s| s.members.clone())
+        .context("no set without c")?;
+
+    let faults: Vec<(&str, &PathBuf, Value)> = vec![
+        ("ECDS naming an unknown pool", &ecds_path, edit_table(&ecds, |t| t["poolCluster"] = json!("nope"))?),
+        (
+            "ECDS with unknown set clusters",
+            &ecds_path,
+            edit_table(&ecds, |t| {
+                for (i, set) in t["sets"].as_array_mut().into_iter().flatten().enumerate() {
+                    set["cluster"] = json!(format!("nope-{i}"));
+                }
+            })?,
+        ),
+        (
+            "ECDS sending resourceclaims to a set without c",
+            &ecds_path,
+            edit_table(&ecds, |t| {
+                for gv in t["groupVersions"].as_array_mut().into_iter().flatten() {
+                    if gv["group"] == "resource.k8s.io" && gv["version"] == "v1" {
+                        gv["servedBy"] = json!(without_c);
+                        gv["resources"]["resourceclaims"] = json!(without_c);
+                    }
+                }
+            })?,
+        ),
+        ("CDS without the table's apiserver and set clusters", &cds_path, {
+            let mut bad = cds.clone();
+            if let Some(list) = bad["resources"].as_array_mut() {
+                list.retain(|c| !c["name"].as_str().is_some_and(|n| named.contains(n)));
+            }
+            bad
+        }),
+        ("CDS with every endpoint on port 1", &cds_path, {
+            let text = serde_json::to_string(&cds)?;
+            let mut bad: Value = serde_json::from_str(&text)?;
+            fn ports(v: &mut Value) {
+                match v {
+                    Value::Object(map) => {
+                        for (k, v) in map.iter_mut() {
+                            if k == "port_value" {
+                                *v = json!(1);
+                            } else {
+                                ports(v);
+                            }
+                        }
+                    }
+                    Value::Array(items) => items.iter_mut().for_each(ports),
+                    _ => {}
+                }
+            }
+            ports(&mut bad);
+            bad
+        }),
+    ];
+
+    let mut report = Vec::new();
+    for (name, path, bad) in faults {
+        let bad = serde_json::to_vec(&bad)?;
+        let written_at = load.now();
+        skewgate::envoy::write_atomic(path, &bad)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        // Only the sidecar writes here besides the test (its eligibility overlay may change
+        // meanwhile, so not necessarily the bytes of before).
+        let restored_at = loop {
+            if std::fs::read(path)? != bad {
+                break load.now();
+            }
+            if Instant::now() > deadline {
+                let text = metrics(&running).await?;
+                let restores: Vec<&str> = text.lines().filter(|l| l.contains("restores")).collect();
+                bail!("{name}: not put back ({restores:?})\n{}", envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !healthy_after(restored_at) {
+            if Instant::now() > deadline {
+                bail!(
+                    "{name}: Envoy does not serve again: {:?}\n{}",
+                    since(restored_at).last().map(|r| r.describe(load.targets())),
+                    envoy.log()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let during = since(written_at);
+        let failed: Vec<&Record> = during.iter().filter(|r| r.status != Some(200)).collect();
+        let count = |status: u16| failed.iter().filter(|r| r.status == Some(status)).count();
+        let last_failure = failed.last().map(|r| r.started.saturating_sub(written_at));
+        let shown = || failed.iter().map(|r| r.describe(load.targets())).collect::<Vec<_>>();
+        assert_eq!(count(404), 0, "{name}: wrong 404s: {:?}", shown());
+        assert_eq!(count(503), failed.len(), "{name}: {:?}", shown());
+        report.push(format!(
+            "{name}: put back after {:.0} ms; {} × 503 of {} answers, last {:?} after the write",
+            (restored_at - written_at).as_secs_f64() * 1000.0,
+            count(503),
+            during.len(),
+            last_failure.map(|d| format!("{:.0} ms", d.as_secs_f64() * 1000.0)),
+        ));
+    }
+    let text = metrics(&running).await?;
+    let restores = metric(&text, "skewgate_envoy_restores_total{kind=\"file\"}").unwrap_or(0.0);
+    assert!(restores >= 5.0, "{text}");
+    println!("F3 windows:\n  {}", report.join("\n  "));
+    load.finish().await;
+    running.stop().await?;
+    drop(envoy);
+    Ok(())
 }

@@ -9,6 +9,7 @@ pub mod envoy;
 pub mod envoy_path;
 pub mod explain;
 pub mod fetch;
+pub mod guard;
 pub mod metrics;
 pub mod offline;
 pub mod openapi;

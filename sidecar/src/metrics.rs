@@ -42,6 +42,9 @@ pub struct Metrics {
     pub push_errors: Family<KindLabel, Counter>,
     /// Tables written to Envoy (a change of cds.json and/or ecds.json).
     pub table_pushes: Counter,
+    /// Envoy's files put back ([`crate::guard`]): `kind="file"` replaced on disk, `kind="live"`
+    /// Envoy running something else than the files say.
+    pub envoy_restores: Family<KindLabel, Counter>,
     pub gvrs: Gauge,
     pub rerouted_gvrs: Gauge,
     /// 1 while the apiserver's documents are current, 0 while the last good ones stand in.
@@ -85,6 +88,16 @@ impl Metrics {
             "push_errors",
             "Tables that could not be built or pushed, by kind",
             push_errors.clone(),
+        );
+        let envoy_restores = Family::<KindLabel, Counter>::default();
+        // At zero from the start: "nothing put back" is an answer too.
+        for kind in ["file", "live"] {
+            let _ = envoy_restores.get_or_create(&KindLabel { kind: kind.to_owned() });
+        }
+        registry.register(
+            "envoy_restores",
+            "Envoy's files put back after someone else changed them or Envoy ran something else, by kind",
+            envoy_restores.clone(),
         );
         let table_pushes = Counter::default();
         registry.register("table_pushes", "Routing tables written to Envoy", table_pushes.clone());
@@ -137,6 +150,7 @@ impl Metrics {
             sync_errors,
             push_errors,
             table_pushes,
+            envoy_restores,
             gvrs,
             rerouted_gvrs,
             apiserver_current,
@@ -223,6 +237,8 @@ mod tests {
             "skewgate_gvrs 112",
             "skewgate_rerouted_gvrs 41",
             "skewgate_table_pushes_total 1",
+            "skewgate_envoy_restores_total{kind=\"file\"} 0",
+            "skewgate_envoy_restores_total{kind=\"live\"} 0",
             "skewgate_apiserver_current{apiserver=\"b\"} 0",
             "skewgate_apiserver_eligible{apiserver=\"b\"} 0",
             "skewgate_apiserver_exclusions_total{apiserver=\"b\",reason=\"unready\"} 1",

@@ -642,14 +642,15 @@ impl Sidecar {
     fn prepare(&self) -> Result<Resources, SyncError> {
         let mut table = self.table()?;
         table.openapi_cluster = Some(crate::openapi::CLUSTER.into());
-        let mut resources = crate::envoy::render(
-            &table,
+        let socket = self.config.envoy.dir.join(crate::openapi::SOCKET);
+        let resources = crate::envoy::render(
+            &mut table,
             &self.config.apiservers,
             &self.upstream,
             self.config.health,
             &self.config.envoy.wasm,
+            |cds| crate::openapi::add_cluster(cds, &socket),
         )?;
-        crate::openapi::add_cluster(&mut resources.cds, &self.config.envoy.dir.join(crate::openapi::SOCKET));
         Ok(resources)
     }
 
@@ -918,7 +919,9 @@ pub async fn sync_once_with_table(config: SyncConfig) -> anyhow::Result<(SyncRep
 pub async fn fetch_table(config: SyncConfig) -> anyhow::Result<(TableConfig, Vec<ApiserverReport>)> {
     let mut sidecar = Sidecar::new(config)?;
     let reports = sidecar.collect().await;
-    Ok((sidecar.table()?, reports))
+    // As it would be written: sealed with its clusters, the generation Envoy would show.
+    let table = sidecar.prepare()?.table;
+    Ok((table, reports))
 }
 
 /// Runs the sidecar until `shutdown` completes: the HTTP endpoints, a full sync every poll
@@ -1020,6 +1023,8 @@ async fn run_with(
         poll_period,
         std::future::pending(),
     )));
+    // Puts back Envoy's files when someone else changes them (issue 14 F3).
+    let _guard = AbortOnDrop(tokio::spawn(crate::guard::run(sidecar.pusher.clone(), sidecar.shared())));
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(poll_period);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);

@@ -710,9 +710,10 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                     documents: vec![&p.api, &p.apis],
                 })
                 .collect();
-            let table = build_table(&servers, &ClusterNames::default())?;
+            let mut table = build_table(&servers, &ClusterNames::default())?;
+            let wasm = paths::filter_wasm()?;
             let rendered =
-                resources::render(&table, &endpoints, &upstream_tls(&pki), health(), &paths::filter_wasm()?)?;
+                resources::render(&mut table, &endpoints, &upstream_tls(&pki), health(), &wasm, |_| {})?;
             Files::new(&envoy_dir).write_first(&rendered.cds, &rendered.ecds)?;
             rendered.table
         }

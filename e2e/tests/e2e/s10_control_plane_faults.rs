@@ -60,16 +60,31 @@ async fn control_plane_faults() -> Result<Row> {
     // A file Envoy cannot even parse counts as an update failure, not a rejection.
     skewgate::envoy::write_atomic(&ecds, b"{\"resources\": [ this is not JSON")?;
     envoy.wait_stat(unparsable, unparsable_before + 1, Duration::from_secs(10)).await?;
-    // Valid JSON, but a table the filter's validation refuses (on_configure → false).
-    let mut bad: Value = serde_json::from_slice(&good)?;
+    // Valid JSON, but tables the filter's validation refuses (on_configure → false), one fault
+    // each: a schema this build does not read, and a pool cluster that is not one of the
+    // clusters the table was sealed with (issue 14 F3), each refused for its own reason.
     let table_path = "/resources/0/typed_config/config/configuration/value";
-    let mut table: Value =
-        serde_json::from_str(bad.pointer(table_path).and_then(Value::as_str).context("no table")?)?;
-    table["poolCluster"] = json!("no-such-cluster");
-    table["schema"] = json!(99);
-    *bad.pointer_mut(table_path).context("no table")? = json!(table.to_string());
-    skewgate::envoy::write_atomic(&ecds, bad.to_string().as_bytes())?;
-    envoy.wait_stat(rejected, rejected_before + 1, Duration::from_secs(10)).await?;
+    let faults: [(&str, Value, &str); 2] = [
+        ("schema", json!(99), "unsupported schema 99"),
+        (
+            "poolCluster",
+            json!("no-such-cluster"),
+            "names cluster \"no-such-cluster\", not one of the clusters",
+        ),
+    ];
+    for (i, (field, value, reason)) in faults.into_iter().enumerate() {
+        let mut bad: Value = serde_json::from_slice(&good)?;
+        let mut table: Value =
+            serde_json::from_str(bad.pointer(table_path).and_then(Value::as_str).context("no table")?)?;
+        table[field] = value;
+        *bad.pointer_mut(table_path).context("no table")? = json!(table.to_string());
+        skewgate::envoy::write_atomic(&ecds, bad.to_string().as_bytes())?;
+        envoy.wait_stat(rejected, rejected_before + 1 + i as u64, Duration::from_secs(10)).await?;
+        until(&format!("Envoy logs why the {field} table was refused"), Duration::from_secs(10), || {
+            Ok(envoy.log().contains(reason).then_some(()))
+        })
+        .await?;
+    }
     let corrupted = load.now();
     successes_after(&load, &names, corrupted, 10, Duration::from_secs(20)).await?;
     let live = skewgate::envoy::HttpAdmin::new(&envoy.admin_url(""), Duration::from_secs(5))?;

@@ -97,6 +97,33 @@ pub struct Pusher<A> {
     settle_delay: Duration,
     /// Apiservers marked `DRAINING` in every `cds.json` written; the lock of every CDS write.
     draining: Arc<Mutex<BTreeSet<String>>>,
+    /// What this sidecar last wrote to each file, for [`Pusher::restore_replaced_files`]; the
+    /// lock of every file write.
+    written: Arc<Mutex<Written>>,
+}
+
+/// The files as this sidecar wrote them.
+#[derive(Debug, Default)]
+pub(crate) struct Written {
+    pub(crate) files: std::collections::BTreeMap<PathBuf, (Arc<[u8]>, Option<Stamp>)>,
+    /// Counts every write: a check that saw the same count twice saw no write in between.
+    pub(crate) writes: u64,
+}
+
+/// Enough of a file's metadata to notice that it was replaced or edited since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stamp {
+    ino: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self { ino: m.ino(), len: m.len(), modified: m.modified().ok() })
+    }
 }
 
 impl<A: EnvoyAdmin> Pusher<A> {
@@ -108,6 +135,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
             confirm_timeout,
             settle_delay,
             draining: Arc::default(),
+            written: Arc::default(),
         }
     }
 
@@ -134,7 +162,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
         if *current == *draining {
             return Ok(false);
         }
-        if let Some(bytes) = read_optional(&self.cds_path)? {
+        if let Some(bytes) = self.ours(&self.cds_path)? {
             // A file that does not parse is left for the next push to replace.
             if let Ok(cds) = serde_json::from_slice::<Value>(&bytes) {
                 let new = to_bytes(&with_draining(&cds, draining));
@@ -163,9 +191,12 @@ impl<A: EnvoyAdmin> Pusher<A> {
     pub async fn push(&self, resources: &Resources) -> Result<PushOutcome, PushError> {
         let new_cds = self.overlaid(&resources.cds);
         let new_ecds = to_bytes(&resources.ecds);
-        let disk_cds = read_optional(&self.cds_path)?;
-        let disk_ecds = read_optional(&self.ecds_path)?;
+        let disk_cds = self.ours(&self.cds_path)?;
+        let disk_ecds = self.ours(&self.ecds_path)?;
         if disk_cds.as_deref() == Some(&new_cds[..]) && disk_ecds.as_deref() == Some(&new_ecds[..]) {
+            // Written by an earlier process: guarded from now on as if this one had written them.
+            self.adopt(&self.cds_path, &new_cds);
+            self.adopt(&self.ecds_path, &new_ecds);
             return Ok(PushOutcome::Unchanged);
         }
         for path in [&self.cds_path, &self.ecds_path] {
@@ -228,7 +259,90 @@ impl<A: EnvoyAdmin> Pusher<A> {
     }
 
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), PushError> {
-        write_atomic(path, bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        write_atomic(path, bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })?;
+        written.files.insert(path.to_path_buf(), (Arc::from(bytes), Stamp::of(path)));
+        written.writes += 1;
+        Ok(())
+    }
+
+    /// The file as this process last wrote it, else as it is on disk: a file someone else
+    /// wrote meanwhile is never built upon (the guard puts ours back).
+    fn ours(&self, path: &Path) -> Result<Option<Vec<u8>>, PushError> {
+        let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        match written.files.get(path) {
+            Some((bytes, _)) => Ok(Some(bytes.to_vec())),
+            None => read_optional(path),
+        }
+    }
+
+    /// Takes a file found on disk with these bytes as written by this process, unless it wrote
+    /// one itself: the stamp of whatever is on disk now must never replace the one of its own
+    /// write (a file someone else put there meanwhile would then never be put back).
+    fn adopt(&self, path: &Path, bytes: &[u8]) {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if !written.files.contains_key(path) {
+            written.files.insert(path.to_path_buf(), (Arc::from(bytes), Stamp::of(path)));
+        }
+    }
+
+    /// F3 (issue 14): puts back at once each of Envoy's files that someone else replaced or
+    /// edited since this sidecar wrote it (Envoy acts on any file that parses). Unless `read_all`,
+    /// a file is only read when its inode, length or mtime moved: inodes are reused and mtimes
+    /// are coarse (a few ms), so a caller reads everything now and then too. Returns the files
+    /// put back.
+    pub fn restore_replaced_files(&self, read_all: bool) -> Result<Vec<PathBuf>, PushError> {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut restored = Vec::new();
+        let mut rewrites = 0;
+        for (path, (bytes, stamp)) in written.files.iter_mut() {
+            let now = Stamp::of(path);
+            if !read_all && now.is_some() && now == *stamp {
+                continue;
+            }
+            if read_optional(path)?.as_deref() != Some(&bytes[..]) {
+                write_atomic(path, bytes).map_err(|error| PushError::Io { path: path.clone(), error })?;
+                restored.push(path.clone());
+                rewrites += 1;
+            }
+            *stamp = Stamp::of(path);
+        }
+        written.writes += rewrites;
+        Ok(restored)
+    }
+
+    /// Writes `path` again with the bytes this sidecar last wrote there (a fresh inode, so Envoy
+    /// loads it again), if they are still what it last wrote at write count `writes`.
+    pub fn rewrite_if_unchanged_since(&self, path: &Path, writes: u64) -> Result<bool, PushError> {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if written.writes != writes {
+            return Ok(false);
+        }
+        let Some((bytes, _)) = written.files.get(path).cloned() else { return Ok(false) };
+        write_atomic(path, &bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })?;
+        written.files.insert(path.to_path_buf(), (bytes, Stamp::of(path)));
+        written.writes += 1;
+        Ok(true)
+    }
+
+    /// What Envoy should be running now by the files this sidecar wrote: the table's generation
+    /// and the clusters of `cds.json`, with the write count they go with.
+    pub fn expected(&self) -> (u64, Option<String>, BTreeSet<String>) {
+        let written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        let parse = |path: &Path| -> Option<Value> {
+            written.files.get(path).and_then(|(b, _)| serde_json::from_slice(b).ok())
+        };
+        let generation = parse(&self.ecds_path).as_ref().and_then(table_summary_of).map(|t| t.generation);
+        let clusters = cluster_names(parse(&self.cds_path).as_ref());
+        (written.writes, generation, clusters)
+    }
+
+    pub fn paths(&self) -> (&Path, &Path) {
+        (&self.cds_path, &self.ecds_path)
+    }
+
+    pub fn admin(&self) -> Option<&A> {
+        self.admin.as_ref()
     }
 
     /// Every cluster of the new CDS present (else the table must not go out), and each one the
@@ -347,6 +461,11 @@ pub fn union_cds(new: &Value, old: Option<&Value>) -> Value {
     json!({ "resources": resources })
 }
 
+/// The generation and clusters of the table an `ecds.json` this sidecar wrote carries.
+fn table_summary_of(ecds: &Value) -> Option<super::admin::LiveTable> {
+    super::admin::table_summary(super::resources::table_from_ecds(ecds)?)
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -357,8 +476,7 @@ mod tests {
     use skewgate_core::table::TableConfig;
 
     use super::*;
-    use crate::envoy::admin::{ClusterHealth, table_summary};
-    use crate::envoy::render::render;
+    use crate::envoy::admin::{ClusterHealth, LiveTable, table_summary};
     use crate::envoy::resources::{Endpoint, Health, UpstreamTls, table_from_ecds};
 
     /// Envoy as far as the pusher can tell: it picks up the files when asked (ECDS before CDS,
@@ -519,7 +637,10 @@ mod tests {
             health_user: "system:apiserver".into(),
             health_groups: vec!["system:authenticated".into()],
         };
-        render(&t, &endpoints, &tls, Health::default(), Path::new("/f.wasm")).unwrap()
+        // Unsealed, so that the generation stays the label the tests follow.
+        let cds = crate::envoy::resources::cds(&t, &endpoints, &tls, Health::default()).unwrap();
+        let ecds = crate::envoy::resources::ecds(&serde_json::to_string(&t).unwrap(), Path::new("/f.wasm"));
+        Resources { table: t.clone(), generation: t.generation.clone(), cds, ecds }
     }
 
     fn dir(name: &str) -> PathBuf {
@@ -538,6 +659,40 @@ mod tests {
 
     fn inode(path: &Path) -> u64 {
         std::fs::metadata(path).unwrap().ino()
+    }
+
+    /// F3: a file someone else wrote is put back; one this sidecar wrote, or the same bytes
+    /// written again, is left alone; a restarted sidecar guards files it did not write itself.
+    #[tokio::test]
+    async fn files_written_by_someone_else_are_put_back() {
+        let d = dir("restore");
+        let p = pusher(&d, None);
+        let r1 = resources("g1", &["c"], &["a", "b"]);
+        p.push(&r1).await.unwrap();
+        let (cds, ecds) = (d.join("cds/cds.json"), d.join("ecds/ecds.json"));
+        let good = std::fs::read(&ecds).unwrap();
+        assert!(p.restore_replaced_files(false).unwrap().is_empty());
+        write_atomic(&ecds, b"{\"resources\": []}").unwrap();
+        assert_eq!(p.restore_replaced_files(false).unwrap(), std::slice::from_ref(&ecds));
+        assert_eq!(std::fs::read(&ecds).unwrap(), good);
+        write_atomic(&ecds, &good).unwrap();
+        assert!(p.restore_replaced_files(false).unwrap().is_empty(), "the same bytes");
+        // A push of the same table while a foreign file is there changes nothing about it.
+        write_atomic(&ecds, b"{}").unwrap();
+        assert_eq!(p.push(&r1).await.unwrap(), PushOutcome::Unchanged);
+        assert_eq!(p.restore_replaced_files(false).unwrap(), std::slice::from_ref(&ecds));
+        // In place, same length: the mtime or inode tells.
+        let text = std::fs::read_to_string(&cds).unwrap().replace("\"skewgate-pool\"", "\"skewgate-nope\"");
+        std::fs::write(&cds, text).unwrap();
+        assert_eq!(p.restore_replaced_files(false).unwrap(), std::slice::from_ref(&cds));
+        // A new process adopts what it finds when it would write the same.
+        let restarted = pusher(&d, None);
+        assert_eq!(restarted.push(&r1).await.unwrap(), PushOutcome::Unchanged);
+        write_atomic(&cds, b"{}").unwrap();
+        assert_eq!(restarted.restore_replaced_files(false).unwrap(), [cds]);
+        let (writes, generation, clusters) = restarted.expected();
+        assert_eq!((writes, generation.as_deref()), (1, Some("g1")));
+        assert!(clusters.contains("skewgate-pool"));
     }
 
     #[tokio::test]

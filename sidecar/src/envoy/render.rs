@@ -29,18 +29,23 @@ pub enum RenderError {
     Cds(CdsError),
 }
 
-/// `cds.json` and `ecds.json` for `table`. The table JSON is compiled exactly as the filter's
-/// `on_configure` will compile it, so a table Envoy would reject never leaves this function.
+/// `cds.json` and `ecds.json` for `table`, `more` adding clusters of the sidecar's own. The
+/// table is sealed with the clusters of that `cds.json` ([`skewgate_core::seal`]: its
+/// generation becomes its content hash), then compiled exactly as the filter's `on_configure`
+/// will compile it, so a table Envoy would reject never leaves this function.
 pub fn render(
-    table: &TableConfig,
+    table: &mut TableConfig,
     endpoints: &[Endpoint],
     tls: &UpstreamTls,
     health: Health,
     wasm: &Path,
+    more: impl FnOnce(&mut Value),
 ) -> Result<Resources, RenderError> {
+    let mut cds = resources::cds(table, endpoints, tls, health).map_err(RenderError::Cds)?;
+    more(&mut cds);
+    skewgate_core::seal::seal(table, super::push::cluster_names(Some(&cds)));
     let json = serde_json::to_string(table).map_err(|e| RenderError::Serialize(e.to_string()))?;
     RoutingTable::from_json(json.as_bytes()).map_err(RenderError::Invalid)?;
-    let cds = resources::cds(table, endpoints, tls, health).map_err(RenderError::Cds)?;
     let ecds = resources::ecds(&json, wasm);
     Ok(Resources { table: table.clone(), generation: table.generation.clone(), cds, ecds })
 }

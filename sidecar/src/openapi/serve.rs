@@ -259,6 +259,7 @@ pub async fn run(
     tokio::pin!(shutdown);
     let mut composer = Composer::default();
     let mut last: HashMap<String, Fetched> = HashMap::new();
+    let mut failing: std::collections::HashSet<String> = std::collections::HashSet::new();
     let mut poll = tokio::time::interval(period);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -273,6 +274,7 @@ pub async fn run(
         // A departed apiserver's documents leave the composition with it.
         let held_before = last.len();
         last.retain(|id, _| current_members.iter().any(|(member, _)| member == id));
+        failing.retain(|id| current_members.iter().any(|(member, _)| member == id));
         let mut changed = last.len() != held_before;
         let mut tasks = JoinSet::new();
         for (index, (id, fetcher)) in current_members.iter().enumerate() {
@@ -290,6 +292,9 @@ pub async fn run(
             match result {
                 None => tracing::error!(apiserver = %id, "OpenAPI fetch task lost"),
                 Some(Ok(f)) => {
+                    if failing.remove(id) {
+                        tracing::info!(apiserver = %id, "OpenAPI fetch answers again");
+                    }
                     changed |= last.get(id) != Some(&f);
                     last.insert(id.clone(), f);
                 }
@@ -299,7 +304,12 @@ pub async fn run(
                         kind: error.kind.label().to_string(),
                     };
                     metrics.fetch_errors.get_or_create(&labels).inc();
-                    tracing::warn!(apiserver = %id, %error, "OpenAPI fetch failed; its last documents stay")
+                    // Once per outage, not at every poll; the counter has every failure.
+                    if failing.insert(id.clone()) {
+                        tracing::warn!(apiserver = %id, %error, "OpenAPI fetch failed; its last documents stay")
+                    } else {
+                        tracing::debug!(apiserver = %id, %error, "OpenAPI fetch still failing")
+                    }
                 }
             }
         }
