@@ -11,6 +11,7 @@ pub mod extensions;
 pub mod identity;
 pub mod legacy_build;
 pub mod legacy_documents;
+pub mod native;
 pub mod openapi;
 pub mod request_info;
 pub mod status;

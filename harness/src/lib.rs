@@ -10,6 +10,7 @@ pub mod envoy;
 pub mod kubectl;
 pub mod load;
 pub mod mvp;
+pub mod native;
 pub mod paths;
 pub mod pki;
 pub mod probe;

@@ -15,8 +15,8 @@ use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::table::TableConfig;
 use skewgate_harness::echo::{self, Echo, SERVED_BY};
 use skewgate_harness::envoy::{Config, Envoy, Settings, free_port};
-use skewgate_harness::paths;
 use skewgate_harness::pki::{APISERVER_NAME, Pki};
+use skewgate_harness::{native, paths};
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const NOPEER: &str =
@@ -65,6 +65,12 @@ struct Fixture {
 
 impl Fixture {
     async fn start(name: &str) -> Result<Self> {
+        Self::start_with(name, false).await
+    }
+
+    /// With `native`, the dynamic module (crate `skewgate-module`) runs ahead of the filter and
+    /// routes every request that needs no composed answer itself.
+    async fn start_with(name: &str, native: bool) -> Result<Self> {
         let wasm = paths::filter_wasm()?;
         paths::envoy_binary()?;
         let dir = std::env::temp_dir().join(format!("skewgate-it-{name}-{}", std::process::id()));
@@ -89,8 +95,15 @@ impl Fixture {
             health_user: "system:apiserver".into(),
             health_groups: vec!["system:authenticated".into()],
         };
+        let t = table(&["c"]);
         let settings = Settings {
-            config: Config::Skewgate,
+            config: match native {
+                true => Config::Native {
+                    module_ecds: native::module_ecds(&serde_json::to_string(&t)?),
+                    wasm: true,
+                },
+                false => Config::Skewgate,
+            },
             dir: dir.join("envoy"),
             listen_port: free_port()?,
             admin_port: free_port()?,
@@ -100,7 +113,6 @@ impl Fixture {
             route_timeout: "2s".into(),
             concurrency: 2,
         };
-        let t = table(&["c"]);
         let cds = test_cds(&t, &endpoints, &tls)?;
         let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
@@ -286,7 +298,45 @@ async fn rerouted_claims(f: &Fixture) -> Result<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_comes_from_the_client_certificate_only() -> Result<()> {
-    let f = Fixture::start("identity").await?;
+    identity(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_maps_identity_and_strips_spoofed_headers() -> Result<()> {
+    identity(true).await
+}
+
+/// Turns Envoy's access log on for every request: it names the route each one took.
+async fn log_every_request(f: &Fixture) -> Result<()> {
+    let on = reqwest::Client::new()
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .send()
+        .await?;
+    if !on.status().is_success() {
+        bail!("runtime_modify: {}", on.status());
+    }
+    Ok(())
+}
+
+/// Waits until Envoy's access log has `n` lines taking a route named `route=...`.
+async fn wait_routes_logged(f: &Fixture, route: &str, n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let needle = format!(" route={route} ");
+    loop {
+        let seen = f.envoy.log().lines().filter(|l| l.contains(&needle)).count();
+        if seen >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{seen} of {n} requests took route {route}:\n{}", f.envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn identity(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "identity-native" } else { "identity" }, native).await?;
+    log_every_request(&f).await?;
     let spoof = [
         ("X-Remote-User", "admin"),
         ("X-Remote-Group", "system:masters"),
@@ -310,6 +360,10 @@ async fn identity_comes_from_the_client_certificate_only() -> Result<()> {
             assert!(header_values(&echo, h).is_empty(), "{path}: {h} reached upstream without a certificate");
         }
         assert_eq!(header_values(&echo, "authorization"), ["Bearer token-1"], "{path}");
+    }
+    if native {
+        // The module routed all four (the proxy-wasm filter's routes are named read, ...).
+        wait_routes_logged(&f, "native-read", 4).await?;
     }
     Ok(())
 }

@@ -24,7 +24,7 @@ use skewgate_harness::envoy::{Config, Envoy, Settings, free_port};
 use skewgate_harness::paths;
 use skewgate_harness::pki::{APISERVER_NAME, Pki};
 
-const CONFIGS: [&str; 3] = ["plain", "skewgate", "native"];
+const CONFIGS: [&str; 5] = ["plain", "skewgate", "native", "module", "module-only"];
 const PROBE_GROUP: &str = "probe.bench.skewgate.io";
 
 #[derive(Debug, Serialize)]
@@ -167,6 +167,10 @@ async fn main() -> Result<()> {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
                     "skewgate" => Config::Skewgate,
+                    "module" | "module-only" => Config::Native {
+                        module_ecds: skewgate_harness::native::module_ecds(&serde_json::to_string(&table)?),
+                        wasm: config == "module",
+                    },
                     _ => Config::NativeRoutes {
                         pool_cluster: table.pool_cluster.clone(),
                         routes: bench::native_routes(&table),
