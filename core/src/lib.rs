@@ -5,6 +5,7 @@
 
 pub mod accept;
 pub mod build;
+pub mod bypass;
 pub mod decision;
 pub mod discovery;
 pub mod extensions;
