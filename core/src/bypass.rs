@@ -1,8 +1,8 @@
-//! Idea (a) of issue 17, kept for measuring: an Envoy route that sends requests for group/versions
-//! every apiserver serves alike straight to the pool, without any filter. Envoy can only match
+//! Idea (a) of issue 17, kept for measuring: an Envoy route that sends requests for resources
+//! every apiserver serves straight to the pool, without any filter. Envoy can only match
 //! such requests by their `:path` and by the presence of headers, so the route is narrow: a GET
 //! with a token and without a client certificate (which needs the CN/O → X-Remote-* mapping no
-//! Envoy route can do), for a uniform group/version's resource by exact name, without `%`, without
+//! Envoy route can do), for such a resource (or one object of it by name), without `%`, without
 //! `w` in the query (so never a watch), and without subresources (exec, log, ...).
 //!
 //! [`path_regex`] is that match (RE2 syntax, for Envoy's `safe_regex` on `:path`); the property
@@ -13,19 +13,13 @@ use std::collections::BTreeMap;
 
 use crate::table::{RoutingTable, Serving};
 
-/// Group/versions whose every listed resource is served by every apiserver, with those resources.
+/// Resources every apiserver serves, by group/version.
 pub fn uniform_group_versions(table: &RoutingTable) -> BTreeMap<(String, String), Vec<String>> {
-    let mut gvs: BTreeMap<(String, String), Option<Vec<String>>> = BTreeMap::new();
-    for gvr in table.gvrs() {
-        let entry = gvs.entry((gvr.group.clone(), gvr.version.clone())).or_insert_with(|| Some(Vec::new()));
-        let uniform = gvr.serving == Serving::All
-            && table.group_version(&gvr.group, &gvr.version) == Some(Serving::All);
-        match (entry.as_mut(), uniform) {
-            (Some(resources), true) => resources.push(gvr.resource.clone()),
-            _ => *entry = None,
-        }
+    let mut gvs: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+    for gvr in table.gvrs().iter().filter(|g| g.serving == Serving::All) {
+        gvs.entry((gvr.group.clone(), gvr.version.clone())).or_default().push(gvr.resource.clone());
     }
-    gvs.into_iter().filter_map(|(gv, r)| Some((gv, r?))).filter(|(_, r)| !r.is_empty()).collect()
+    gvs
 }
 
 /// The `:path` (path and query) regex of requests the bypass route takes, or `None` when no
@@ -69,6 +63,7 @@ mod tests {
     use crate::table::tests::sample;
     use proptest::prelude::*;
 
+    #[allow(clippy::unwrap_used)] // a test helper: the sample table always compiles
     fn table() -> RoutingTable {
         RoutingTable::from_json(sample().to_string().as_bytes()).unwrap()
     }

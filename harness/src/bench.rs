@@ -325,3 +325,93 @@ mod tests {
         }
     }
 }
+
+/// One request of a wrk script: path and query, and extra headers.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+}
+
+const TOKEN: (&str, &str) = ("authorization", "Bearer bench-token");
+const V2_ACCEPT: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+
+/// Request classes of a control plane's traffic, each a wrk script of its own so that Envoy's CPU
+/// per request is known per class, all with a bearer token (wrk cannot present client
+/// certificates: the identity path is tested for function, not measured):
+/// - `uniform`: resources every apiserver serves (pods, nodes, leases, configmaps, events), gets,
+///   lists and one watch;
+/// - `rerouted`: GVRs a subset serves;
+/// - `discovery`: merged /apis, its nopeer profile, legacy group and group/version documents;
+/// - `realistic`: 8 uniform : 1 rerouted : 1 discovery.
+pub fn class_mixes(table: &TableConfig) -> Vec<(&'static str, Vec<Request>)> {
+    let token = |path: &str| Request { path: path.into(), headers: vec![(TOKEN.0.into(), TOKEN.1.into())] };
+    let with = |path: &str, extra: (&str, &str)| Request {
+        path: path.into(),
+        headers: vec![(TOKEN.0.into(), TOKEN.1.into()), (extra.0.into(), extra.1.into())],
+    };
+    let uniform: Vec<Request> = [
+        "/api/v1/namespaces/kube-system/pods/coredns-5d78c9869d-abcde",
+        "/api/v1/nodes/node-1",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-1",
+        "/api/v1/namespaces/default/configmaps/kube-root-ca.crt",
+        "/api/v1/namespaces/default/pods?limit=500",
+        "/api/v1/namespaces/default/events?limit=500",
+        "/apis/apps/v1/namespaces/default/deployments/web",
+        "/api/v1/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true",
+    ]
+    .iter()
+    .map(|p| token(p))
+    .collect();
+    let mut rerouted: Vec<Request> = [
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim-1",
+        "/apis/resource.k8s.io/v1/resourceslices?limit=500",
+    ]
+    .iter()
+    .map(|p| token(p))
+    .collect();
+    let synthetic_subset = table
+        .group_versions
+        .iter()
+        .find(|gv| gv.group.ends_with(".bench.skewgate.io") && gv.served_by.len() < table.apiservers.len());
+    if let Some(gv) = synthetic_subset {
+        let resource = gv.resources.keys().next().cloned().unwrap_or_default();
+        rerouted.push(token(&format!("/apis/{}/{}/namespaces/team-a/{resource}/w-1", gv.group, gv.version)));
+    }
+    let discovery = vec![
+        with("/apis", ("accept", V2_ACCEPT)),
+        with(
+            "/apis",
+            ("accept", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer"),
+        ),
+        with("/apis/resource.k8s.io", ("accept", "application/json")),
+        with("/apis/resource.k8s.io/v1", ("accept", "application/json")),
+        with("/api", ("accept", "application/json")),
+    ];
+    let mut realistic = Vec::new();
+    for i in 0..8 {
+        realistic.extend(uniform.iter().cloned());
+        realistic.push(rerouted[i % rerouted.len()].clone());
+        realistic.push(discovery[i % discovery.len()].clone());
+    }
+    // 64 uniform : 8 rerouted : 8 discovery.
+    vec![("uniform", uniform), ("rerouted", rerouted), ("discovery", discovery), ("realistic", realistic)]
+}
+
+/// Writes a wrk Lua script cycling through `requests`, with their headers.
+pub fn write_wrk_requests(path: &Path, requests: &[Request]) -> Result<()> {
+    let list: Vec<String> = requests
+        .iter()
+        .map(|r| {
+            let headers: Vec<String> = r.headers.iter().map(|(k, v)| format!("[{k:?}] = {v:?}")).collect();
+            format!("  {{ {:?}, {{ {} }} }}", r.path, headers.join(", "))
+        })
+        .collect();
+    let script = format!(
+        "local requests = {{\n{}\n}}\nlocal i = 0\nrequest = function()\n  i = i % #requests + 1\n  return wrk.format(\"GET\", requests[i][1], requests[i][2])\nend\n",
+        list.join(",\n")
+    );
+    std::fs::write(path, script)?;
+    Ok(())
+}

@@ -165,3 +165,63 @@ fn native_routes(timeout: &str) -> Vec<Value> {
                "route": {"cluster_header": "x-skewgate-cluster", "timeout": timeout}}),
     ]
 }
+
+/// Idea (a) of issue 17, for measuring: `bootstrap` (a rendered bootstrap.yaml) with a route ahead
+/// of the shipped ones that sends what [`skewgate_core::bypass::path_regex`] matches, for a GET
+/// with a token and without a client certificate, to the pool with the proxy-wasm filter
+/// disabled; identity headers are removed on that route and, for the `X-Remote-Extra-` prefix
+/// no route can name, by a header-mutation filter ahead of everything.
+pub fn with_bypass(bootstrap: &str, regex: &str, pool_cluster: &str) -> Result<String> {
+    const WASM_FILTER: &str = "          - name: skewgate\n";
+    let at = bootstrap.find(WASM_FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let strip_extra = json!({
+        "name": "strip-remote-extra",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": [{"remove_on_match": {"key_matcher": {"prefix": "x-remote-extra-"}}}]}
+        }
+    });
+    let with_filter = format!("{}          - {strip_extra}\n{}", &bootstrap[..at], &bootstrap[at..]);
+    // One regex over every uniform resource: far past RE2's default program-size limit (100).
+    const STATIC_LAYER: &str = "static_layer: {}";
+    if !with_filter.contains(STATIC_LAYER) {
+        bail!("bootstrap.yaml has no empty static runtime layer");
+    }
+    let with_filter = with_filter.replacen(
+        STATIC_LAYER,
+        "static_layer: {re2.max_program_size.error_level: 100000000, re2.max_program_size.warn_level: 100000000}",
+        1,
+    );
+    // The route names the pool itself, a cluster that arrives by CDS after the listener.
+    const ROUTE_CONFIG: &str = "            name: apiservers\n";
+    let with_filter = with_filter.replacen(
+        ROUTE_CONFIG,
+        "            name: apiservers\n            validate_clusters: false\n",
+        1,
+    );
+    const ROUTES: &str = "              routes:\n";
+    let at = with_filter.find(ROUTES).context("bootstrap.yaml has no routes list")? + ROUTES.len();
+    let timeout = route_timeout(bootstrap)?;
+    let header = |name: &str, m: Value| {
+        let mut h = json!({"name": name});
+        for (k, v) in m.as_object().into_iter().flatten() {
+            h[k] = v.clone();
+        }
+        h
+    };
+    let route = json!({
+        "name": "bypass",
+        "match": {"prefix": "/", "headers": [
+            header(":path", json!({"string_match": {"safe_regex": {"regex": regex}}})),
+            header(":method", json!({"string_match": {"exact": "GET"}})),
+            header("authorization", json!({"present_match": true})),
+            header("x-forwarded-client-cert", json!({"present_match": true, "invert_match": true})),
+        ]},
+        "route": {"cluster": pool_cluster, "timeout": timeout, "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset-before-request,reset", "num_retries": 2
+        }},
+        "request_headers_to_remove": ["x-remote-user", "x-remote-group", "x-remote-uid", "x-kubernetes-peer-proxied"],
+        "typed_per_filter_config": {"skewgate": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true}}
+    });
+    Ok(format!("{}              - {route}\n{}", &with_filter[..at], &with_filter[at..]))
+}
