@@ -203,10 +203,6 @@ impl Envoy {
         std::fs::create_dir_all(settings.dir.join("cds"))?;
         std::fs::create_dir_all(settings.dir.join("ecds"))?;
         write_atomic(&settings.cds_path(), cds.to_string().as_bytes())?;
-        let ecds = match settings.config {
-            Config::Native { .. } => crate::native::wrap_wasm_ecds(ecds),
-            _ => ecds.clone(),
-        };
         write_atomic(&settings.ecds_path(), ecds.to_string().as_bytes())?;
         if let Config::Native { module_ecds, .. } = &settings.config {
             let path = crate::native::module_ecds_path(&settings.dir.join("ecds"));
@@ -317,8 +313,7 @@ impl Envoy {
             let module = crate::native::module_ecds(table.context("ECDS without a table")?);
             let path = crate::native::module_ecds_path(&self.settings.dir.join("ecds"));
             write_atomic(&path, module.to_string().as_bytes())?;
-            let wrapped = crate::native::wrap_wasm_ecds(ecds);
-            return Ok(write_atomic(&self.settings.ecds_path(), wrapped.to_string().as_bytes())?);
+            return Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?);
         }
         Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?)
     }

@@ -4,8 +4,8 @@
 //!
 //! The variant is `envoy-config/bootstrap.yaml` with three changes: the module's filter ahead of
 //! the proxy-wasm filter (its table from `{{ECDS_DIR}}/module/ecds.json`); the proxy-wasm filter
-//! wrapped in a matcher that skips it for the route classes the module sets (`native`,
-//! `native-long-running`); and routes for those classes. Requests the module leaves alone
+//! moved into a composite filter that creates it only for requests without the route classes the
+//! module sets (`native`, `native-long-running`); and routes for those classes. Requests the module leaves alone
 //! (composed discovery and OpenAPI answers) meet the proxy-wasm filter and its routes as before.
 
 use std::path::{Path, PathBuf};
@@ -56,34 +56,58 @@ const EXTENSION_WITH_MATCHER: &str =
     "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher";
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 
-/// The proxy-wasm filter's ECDS file (`skewgate::envoy::ecds`) for a chain with the module in
-/// front: each filter wrapped in a matcher that skips it when the module routed the request.
-/// Route-level `FilterConfig.disabled` cannot do this: Envoy reads it from the route picked before
-/// any filter ran, not from the one the module's headers select.
-pub fn wrap_wasm_ecds(ecds: &Value) -> Value {
-    let mut ecds = ecds.clone();
-    let resources = ecds.get_mut("resources").and_then(Value::as_array_mut);
-    for resource in resources.into_iter().flatten() {
-        let name = resource["name"].clone();
-        let inner = resource["typed_config"].take();
-        resource["typed_config"] = json!({
+/// The proxy-wasm filter behind the module: inside Envoy's composite filter, created for a
+/// request only when the module did not route it (no `native*` route class). A skipped filter
+/// (ExtensionWithMatcher's SkipFilter, or route-level FilterConfig.disabled, which Envoy reads
+/// from the route picked before any filter ran) would still create and destroy a wasm context
+/// per request. Its configuration still arrives by ECDS, the shipped file unchanged.
+fn composite_wasm_filter(bootstrap: &str) -> Result<Value> {
+    let ecds_path = yaml_value(bootstrap, "                  path: ")?;
+    let ecds_dir = yaml_value(bootstrap, "                  watched_directory: {path: ")?
+        .trim_end_matches('}')
+        .to_string();
+    Ok(json!({
+        "name": "skewgate-composite",
+        "typed_config": {
             "@type": EXTENSION_WITH_MATCHER,
             "xds_matcher": {"matcher_list": {"matchers": [{
-                "predicate": {"single_predicate": {
+                "predicate": {"not_matcher": {"single_predicate": {
                     "input": {"name": "route-class", "typed_config": {
                         "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
                         "header_name": "x-skewgate-route"
                     }},
                     "value_match": {"prefix": "native"}
-                }},
-                "on_match": {"action": {"name": "skip", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.common.matcher.action.v3.SkipFilter"
+                }}},
+                "on_match": {"action": {"name": "skewgate", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.composite.v3.ExecuteFilterAction",
+                    "dynamic_config": {
+                        "name": "skewgate",
+                        "config_discovery": {
+                            "config_source": {"path_config_source": {
+                                "path": ecds_path,
+                                "watched_directory": {"path": ecds_dir}
+                            }},
+                            "type_urls": [WASM_TYPE]
+                        }
+                    }
                 }}}
             }]}},
-            "extension_config": {"name": name, "typed_config": inner}
-        });
-    }
-    ecds
+            "extension_config": {"name": "composite", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.composite.v3.Composite"
+            }}
+        }
+    }))
+}
+
+/// The value after `key` on the first line, below the skewgate filter, that starts with it.
+fn yaml_value(bootstrap: &str, key: &str) -> Result<String> {
+    let at =
+        bootstrap.find("          - name: skewgate\n").context("bootstrap.yaml has no skewgate filter")?;
+    bootstrap[at..]
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("skewgate filter without {key:?}"))
 }
 
 /// `bootstrap` (a rendered bootstrap.yaml) with the module ahead of the proxy-wasm filter and
@@ -92,17 +116,16 @@ pub fn wrap_wasm_ecds(ecds: &Value) -> Value {
 pub fn with_module(bootstrap: &str, ecds_dir: &Path, wasm: bool) -> Result<String> {
     const WASM_FILTER: &str = "          - name: skewgate\n";
     let at = bootstrap.find(WASM_FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let end =
+        at + bootstrap[at..].find("          - name: envoy.filters.http.router").context("no router")?;
     let bootstrap = match wasm {
-        true => bootstrap.replacen(
-            &format!("type_urls: [{WASM_TYPE}]"),
-            &format!("type_urls: [{EXTENSION_WITH_MATCHER}]"),
-            1,
+        true => format!(
+            "{}          - {}\n{}",
+            &bootstrap[..at],
+            composite_wasm_filter(bootstrap)?,
+            &bootstrap[end..]
         ),
-        false => {
-            let end = at
-                + bootstrap[at..].find("          - name: envoy.filters.http.router").context("no router")?;
-            format!("{}{}", &bootstrap[..at], &bootstrap[end..])
-        }
+        false => format!("{}{}", &bootstrap[..at], &bootstrap[end..]),
     };
     let bootstrap = bootstrap.as_str();
     let module_dir = module_ecds_path(ecds_dir).parent().map(Path::to_path_buf).unwrap_or_default();

@@ -154,6 +154,7 @@ async fn main() -> Result<()> {
     let mut cells = Vec::new();
     let mut reloads = Vec::new();
     let mut memory = Vec::new();
+    let mut coverage = Vec::new();
     for &concurrency in &args.concurrencies {
         for (name, size) in &args.sizes {
             let table = with_probes(
@@ -207,6 +208,12 @@ async fn main() -> Result<()> {
             let mut scripts = vec![("mix".to_string(), script.clone())];
             if concurrency == 1 {
                 for (class, requests) in bench::class_mixes(&table) {
+                    let (by_route, by_module) = bench::coverage(&compiled, &requests);
+                    println!(
+                        "{name:>5} {class:<9}: of {} requests the bypass route takes {by_route} (token clients; none from certificate clients), the module {by_module} (either)",
+                        requests.len()
+                    );
+                    coverage.push(json!({"table": name, "class": class, "requests": requests.len(), "bypass_route": by_route, "module": by_module}));
                     let path = case.join(format!("{class}.lua"));
                     bench::write_wrk_requests(&path, &requests)?;
                     scripts.push((class.to_string(), path));
@@ -280,6 +287,7 @@ async fn main() -> Result<()> {
         "took_s": started.elapsed().as_secs_f64(),
         "summary": summary,
         "reloads": reloads,
+        "coverage": coverage,
         "wasm_memory": memory,
         "cells": cells,
     });
