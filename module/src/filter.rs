@@ -66,23 +66,23 @@ impl Filter {
 
     pub fn on_request_headers(&mut self, stream: &mut Stream) -> Next {
         let table = self.table.clone();
-        // Owned copies: Envoy's header buffers may move once a header is set, and the decision
-        // borrows from what it read.
-        let headers: Vec<(Vec<u8>, Vec<u8>)> =
-            stream.request_headers().into_iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect();
+        // Owned copies of what the decision reads and of the names it may strip (all `x-...`):
+        // Envoy's header buffers may move once a header is set, and the decision borrows from
+        // what it read. Everything else is looked at in place.
         let mut head = RequestHead::default();
         let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
         let mut client_cert = false;
-        for (name, value) in &headers {
-            match name.as_slice() {
-                b":method" => method = Some(String::from_utf8_lossy(value)),
-                b":path" => target = Some(String::from_utf8_lossy(value)),
-                b"accept" => accept = Some(String::from_utf8_lossy(value)),
-                b"if-none-match" => if_none_match = Some(String::from_utf8_lossy(value)),
+        let mut candidates: Vec<String> = Vec::new();
+        for (name, value) in stream.request_headers() {
+            let owned = || Some(String::from_utf8_lossy(value).into_owned());
+            match name {
+                b":method" => method = owned(),
+                b":path" => target = owned(),
+                b"accept" => accept = owned(),
+                b"if-none-match" => if_none_match = owned(),
                 n if n == XFCC.as_bytes() => client_cert = true,
-                other => {
-                    head.token |= std::str::from_utf8(other).is_ok_and(|n| identity::carries_token(n, value))
-                }
+                n if n.starts_with(b"x-") => candidates.extend(std::str::from_utf8(n).ok().map(String::from)),
+                n => head.token |= std::str::from_utf8(n).is_ok_and(|n| identity::carries_token(n, value)),
             }
         }
         head.method = method.as_deref().unwrap_or("");
@@ -105,18 +105,14 @@ impl Filter {
         };
 
         let decision = decision::decide(&table, &head);
-        let strip: Vec<&[u8]> = headers
-            .iter()
-            .filter(|(name, _)| std::str::from_utf8(name).is_ok_and(|n| decision.strips(n)))
-            .map(|(name, _)| name.as_slice())
-            .collect();
+        let strip: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
         if !request_path_only(&decision) {
             // A composed answer: the proxy-wasm filter decides it again and does all of it. A
             // client's own x-skewgate-route must not pick a route that skips it, so what the
             // decision strips goes here already.
             if !strip.is_empty() {
                 for name in &strip {
-                    stream.set_request_header(name, None);
+                    stream.set_request_header(name.as_bytes(), None);
                 }
                 stream.clear_route_cache();
             }
@@ -131,7 +127,7 @@ impl Filter {
         };
         let unlisted = (decision.reason == decision::Reason::ServedByNone).then(|| head.target.to_owned());
         for name in &strip {
-            stream.set_request_header(name, None);
+            stream.set_request_header(name.as_bytes(), None);
         }
         self.serving = decision.serving;
         self.gvr_id = decision.gvr.map(|g| g.id);

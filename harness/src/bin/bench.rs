@@ -67,6 +67,8 @@ struct Args {
     concurrencies: Vec<u32>,
     /// Write results and BENCHMARKS.md (off for experiments).
     write: bool,
+    /// Request mixes to run (`mix` and the classes of `bench::class_mixes`); all when empty.
+    mixes: Vec<String>,
 }
 
 fn args() -> Result<Args> {
@@ -76,6 +78,7 @@ fn args() -> Result<Args> {
         sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
         concurrencies: vec![1, 2],
         write: true,
+        mixes: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -96,13 +99,21 @@ fn args() -> Result<Args> {
                     .collect::<Result<_, _>>()?;
             }
             "--no-write" => a.write = false,
+            "--mixes" => {
+                a.mixes = it
+                    .next()
+                    .context("--mixes mix,uniform,rerouted,discovery,realistic")?
+                    .split(',')
+                    .map(String::from)
+                    .collect();
+            }
             "--quick" => {
                 a.seconds = 2;
                 a.rounds = 1;
                 a.concurrencies = vec![1];
             }
             other => bail!(
-                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --no-write, --quick)"
+                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --no-write, --quick)"
             ),
         }
     }
@@ -219,6 +230,7 @@ async fn main() -> Result<()> {
                     scripts.push((class.to_string(), path));
                 }
             }
+            scripts.retain(|(mix, _)| args.mixes.is_empty() || args.mixes.contains(mix));
             let (threads, connections) = if concurrency == 1 { (1, 16) } else { (2, 32) };
             for round in 1..=args.rounds {
                 for (mix_name, script) in &scripts {
