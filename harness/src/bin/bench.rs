@@ -2,13 +2,17 @@
 //! Envoy answering at once), same request mix, three configurations run interleaved:
 //!   (a) plain LB: no filter, one route to the pool (envoy-config/plain-lb.yaml) — the floor;
 //!   (b) skewgate: the filter with the routing table (envoy-config/bootstrap.yaml);
-//!   (c) native: one Envoy route per GVR generated from the same table, no filter.
+//!   (c) native: one Envoy route per GVR generated from the same table, no filter;
+//!   and for issue 17: module (the dynamic module ahead of the filter), bypass (a route that skips
+//!   the filter for resources every apiserver serves), module-only (the module, no filter).
+//! At --concurrency 1 also per request class (uniform, rerouted, discovery, realistic), with a token.
 //! For table sizes real (~110 GVRs), 1,000 and 10,000, at --concurrency 1 (Envoy pinned to a core
 //! of its own) and 2. Also the table reload latency and the errors during reloads under load.
 //! Writes bench/results/latest.json, bench/results/cpu-per-request.svg and the results section
 //! of BENCHMARKS.md.
 //!
-//! Usage: bench [--seconds N] [--rounds N] [--quick]
+//! Usage: bench [--seconds N] [--rounds N] [--sizes real,1000,10000] [--concurrency 1,2]
+//!   [--mixes mix,uniform,rerouted,discovery,realistic] [--no-write] [--quick]
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,9 +28,10 @@ use skewgate_harness::envoy::{Config, Envoy, Settings, free_port};
 use skewgate_harness::paths;
 use skewgate_harness::pki::{APISERVER_NAME, Pki};
 
-/// plain, the filter, generated routes, the native module ahead of the filter (issue 17 (b)), and
-/// a route that skips the filter for uniform resources (issue 17 (a), token requests only).
-const CONFIGS: [&str; 5] = ["plain", "skewgate", "native", "module", "bypass"];
+/// plain, the filter, generated routes, the native module ahead of the filter (issue 17 (b)), a
+/// route that skips the filter for uniform resources (issue 17 (a), token requests only), and the
+/// module alone (no filter behind it: no discovery composition; to see what the chain costs).
+const CONFIGS: [&str; 6] = ["plain", "skewgate", "native", "module", "bypass", "module-only"];
 const PROBE_GROUP: &str = "probe.bench.skewgate.io";
 
 #[derive(Debug, Serialize)]
@@ -187,9 +192,9 @@ async fn main() -> Result<()> {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
                     "skewgate" | "bypass" => Config::Skewgate,
-                    "module" => Config::Native {
+                    "module" | "module-only" => Config::Native {
                         module_ecds: skewgate_harness::native::module_ecds(&serde_json::to_string(&table)?),
-                        wasm: true,
+                        wasm: config == "module",
                     },
                     _ => Config::NativeRoutes {
                         pool_cluster: table.pool_cluster.clone(),
