@@ -1,16 +1,15 @@
-//! Which decisions a native fast path (the Envoy dynamic module) may apply on its own: those
-//! complete once the request headers are rewritten. A composed answer (merged or legacy
-//! discovery, an OpenAPI document) needs the response path and a callout, which stay with the
-//! proxy-wasm filter.
+//! Which decisions the native fast path (the Envoy dynamic module) applies on its own: all but
+//! those that need an OpenAPI document composed from every apiserver's, which takes HTTP callouts
+//! and stays with the proxy-wasm filter. Composed discovery (merged `/apis`, legacy documents) the
+//! module answers itself from the table, as the filter does.
 
 use crate::decision::{Action, Decision};
 
-/// Whether `d` is fully applied by rewriting the request headers (or refusing the request): no
-/// composed reply and no OpenAPI callout follow.
-pub fn request_path_only(d: &Decision<'_, '_>) -> bool {
+/// Whether the module applies `d` itself: anything but an OpenAPI composition.
+pub fn module_handles(d: &Decision<'_, '_>) -> bool {
     match &d.action {
         Action::Refuse(_) => true,
-        Action::Route(route) => route.compose.is_none() && d.openapi.is_none(),
+        Action::Route(_) => d.openapi.is_none(),
     }
 }
 
@@ -23,10 +22,10 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
-        /// The module hands a request to the proxy-wasm filter exactly when the answer is
-        /// composed at the edge; everything else it applies alone.
+        /// The module hands a request to the proxy-wasm filter exactly when an OpenAPI document
+        /// is composed at the edge; everything else, composed discovery included, it applies alone.
         #[test]
-        fn only_composed_answers_need_the_wasm_filter(
+        fn only_openapi_composition_needs_the_wasm_filter(
             method in "(GET|POST|HEAD|DELETE)",
             path in "(/(api|apis|openapi|v2|v3|v1|v1beta1|resource\\.k8s\\.io|apps|namespaces|default|watch|pods|resourceclaims|log|%2F|\\.\\.|)){0,6}",
             query in "(watch=1|profile=nopeer|hash=x|limit=5|){0,2}",
@@ -38,10 +37,9 @@ mod tests {
             let target = format!("{path}?{query}");
             let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), token };
             let d = decide(&t, &h);
-            let composed = matches!(d.reason, Reason::MergedDiscovery | Reason::MergedDiscoveryNotModified | Reason::ComposedLegacyDiscovery | Reason::ComposedLegacyNotAcceptable)
-                || (matches!(d.reason, Reason::OpenApiGroupVersion | Reason::OpenApiDocument) && method == "GET" && t.openapi_cluster().is_some());
+            let openapi = matches!(d.reason, Reason::OpenApiGroupVersion | Reason::OpenApiDocument) && method == "GET" && t.openapi_cluster().is_some();
             let refused = matches!(d.action, Action::Refuse(_));
-            prop_assert_eq!(request_path_only(&d), refused || !composed, "{} {}: {:?}", method, target, d.reason);
+            prop_assert_eq!(module_handles(&d), refused || !openapi, "{} {}: {:?}", method, target, d.reason);
         }
 
         /// A client's own route class or cluster header never survives the module: otherwise

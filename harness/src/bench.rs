@@ -436,7 +436,7 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
             client_subject: None,
             token: true,
         };
-        by_module += usize::from(skewgate_core::native::request_path_only(&decide(table, &head)));
+        by_module += usize::from(skewgate_core::native::module_handles(&decide(table, &head)));
         by_route += usize::from(bypass(&r.path));
     }
     (by_route, by_module)

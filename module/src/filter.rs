@@ -1,6 +1,6 @@
-//! The module's filter: the proxy-wasm filter's request path (filter/src/http.rs) over the same
-//! `skewgate_core::decision::decide`, natively. Requests whose decision needs a composed answer
-//! (merged or legacy discovery, OpenAPI) are left untouched for the proxy-wasm filter behind it;
+//! The module's filter: the proxy-wasm filter (filter/src/http.rs) over the same
+//! `skewgate_core::decision::decide`, natively, composed discovery included. Requests whose
+//! decision needs an OpenAPI document composed at the edge are left to the proxy-wasm filter behind it;
 //! every other request is routed here, marked with the `native` route class, and the routes for
 //! that class disable the proxy-wasm filter (envoy-config/bootstrap-native.yaml).
 
@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
-use skewgate_core::native::request_path_only;
+use skewgate_core::native::module_handles;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::{RoutingTable, Serving};
@@ -47,6 +47,8 @@ pub struct Filter {
     /// The module routed the request (else the proxy-wasm filter does, or did not need to).
     routed: bool,
     replied: bool,
+    /// The composed answer (its status and document) that replaces an authorized upstream one.
+    compose: Option<(u16, decision::Composed)>,
     serving: Option<Serving>,
     gvr_id: Option<usize>,
     unlisted_target: Option<String>,
@@ -58,6 +60,7 @@ impl Filter {
             table: config.table.clone(),
             routed: false,
             replied: false,
+            compose: None,
             serving: None,
             gvr_id: None,
             unlisted_target: None,
@@ -106,8 +109,8 @@ impl Filter {
 
         let decision = decision::decide(&table, &head);
         let strip: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
-        if !request_path_only(&decision) {
-            // A composed answer: the proxy-wasm filter decides it again and does all of it. A
+        if !module_handles(&decision) {
+            // An OpenAPI composition: the proxy-wasm filter decides it again and does all of it. A
             // client's own x-skewgate-route must not pick a route that skips it, so what the
             // decision strips goes here already.
             if !strip.is_empty() {
@@ -147,6 +150,12 @@ impl Filter {
             decision::Action::Route(route) => {
                 self.routed = true;
                 stream.set_request_header(CLUSTER_HEADER.as_bytes(), Some(route.cluster.as_bytes()));
+                if let Some(reply) = route.compose {
+                    // As in the filter: the apiserver must answer 200 (authorized) or 401/403,
+                    // not 304 for an ETag of its own document.
+                    stream.set_request_header(b"if-none-match", None);
+                    self.compose = Some((reply.status, reply.source));
+                }
                 let class = if route.long_running { NATIVE_LONG_RUNNING } else { NATIVE };
                 stream.set_request_header(ROUTE_HEADER.as_bytes(), Some(class.as_bytes()));
                 if route.rerouted {
@@ -177,6 +186,22 @@ impl Filter {
             .response_header(":status")
             .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
             .unwrap_or(0);
+        if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
+        {
+            let Some(reply) = decision::composed_reply(&self.table, source, compose) else {
+                return Next::Continue;
+            };
+            let headers: Vec<(&str, &str)> =
+                reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
+            self.replied = true;
+            stream.send_response(
+                u32::from(reply.status),
+                &headers,
+                reply.body.as_bytes(),
+                "skewgate_composed",
+            );
+            return Next::Stop;
+        }
         if status < 500 {
             return Next::Continue;
         }
