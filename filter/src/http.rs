@@ -12,9 +12,9 @@ use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
 
-use crate::host;
+use crate::active::Active;
+use crate::host::Host;
 use crate::openapi::Pending;
-use crate::root::Active;
 
 /// Read by the route's `cluster_header`.
 pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
@@ -24,8 +24,9 @@ pub const LONG_RUNNING: &str = "long-running";
 /// Envoy's record of the verified downstream client certificate.
 const XFCC: &str = "x-forwarded-client-cert";
 
-pub struct Http {
-    active: Option<Rc<Active>>,
+pub struct Http<H: Host> {
+    host: H,
+    active: Option<Rc<Active<H>>>,
     /// Where the request went, for the 503 body if Envoy cannot get it there.
     serving: Option<Serving>,
     gvr_id: Option<usize>,
@@ -40,9 +41,10 @@ pub struct Http {
     openapi: Option<Pending>,
 }
 
-impl Http {
-    pub fn new(active: Option<Rc<Active>>) -> Self {
+impl<H: Host> Http<H> {
+    pub fn new(host: H, active: Option<Rc<Active<H>>>) -> Self {
         Self {
+            host,
             active,
             serving: None,
             gvr_id: None,
@@ -55,28 +57,28 @@ impl Http {
 
     fn reply(&mut self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) -> Action {
         self.replied = true;
-        host::send_response(status, headers, body);
+        self.host.send_response(status, headers, body);
         Action::Pause
     }
 }
 
-impl Context for Http {
+impl<H: Host> Context for Http<H> {
     fn on_http_call_response(&mut self, _token: u32, _headers: usize, body_size: usize, _trailers: usize) {
         let Some(pending) = self.openapi.take() else { return };
-        let (status, headers, body) = pending.answer(body_size);
+        let (status, headers, body) = pending.answer(&self.host, body_size);
         let headers = headers.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
         self.reply(status, headers, (!body.is_empty()).then_some(&body[..]));
     }
 }
 
-impl HttpContext for Http {
+impl<H: Host> HttpContext for Http<H> {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let Some(active) = self.active.clone() else {
             let body = unavailable_body(None, "skewgate-unconfigured", &[], "skewgate has no routing table");
             return self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()));
         };
         let table = &active.table;
-        let headers = host::request_headers();
+        let headers = self.host.request_headers();
         let mut head = RequestHead::default();
         let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
         let mut client_cert = false;
@@ -101,7 +103,7 @@ impl HttpContext for Http {
         // read is passed on empty: the decision refuses it rather than treating the client as
         // one without a certificate.
         let subject = match table.policy().client_cert_identity && client_cert {
-            true => Some(host::property(&["connection", "subject_peer_certificate"]).unwrap_or_default()),
+            true => Some(self.host.property(&["connection", "subject_peer_certificate"]).unwrap_or_default()),
             false => None,
         };
         let subject = subject.as_deref().map(String::from_utf8_lossy);
@@ -115,7 +117,7 @@ impl HttpContext for Http {
         let decision = decision::decide(table, &head);
         for (name, _) in &headers {
             if decision.strips(name) {
-                host::set_request_header(name, None);
+                self.host.set_request_header(name, None);
             }
         }
         self.serving = decision.serving;
@@ -130,43 +132,48 @@ impl HttpContext for Http {
                 self.reply(401, vec![("content-type", "application/json")], Some(body.as_bytes()))
             }
             decision::Action::Route(route) => {
-                host::set_request_header(CLUSTER_HEADER, Some(route.cluster));
+                self.host.set_request_header(CLUSTER_HEADER, Some(route.cluster));
                 if let Some(reply) = route.compose {
                     // The apiserver must answer 200 (authorized) or 401/403, not 304 for an
                     // ETag of its own document.
-                    host::set_request_header("if-none-match", None);
+                    self.host.set_request_header("if-none-match", None);
                     self.compose = Some((reply.status, reply.source));
                 }
                 // Every host call costs a few µs: only long-running requests get the route header
                 // (a client's own x-skewgate-* headers were stripped above).
                 if route.long_running {
-                    host::set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
+                    self.host.set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
                 }
                 if let Some(cluster) = decision.openapi {
-                    self.openapi =
-                        Some(Pending::start(cluster, head.target, head.accept, head.if_none_match));
+                    self.openapi = Some(Pending::start(
+                        &self.host,
+                        cluster,
+                        head.target,
+                        head.accept,
+                        head.if_none_match,
+                    ));
                 }
                 if route.rerouted {
-                    host::set_request_header(PEER_PROXIED, Some("true"));
+                    self.host.set_request_header(PEER_PROXIED, Some("true"));
                     if let Some(id) = self.gvr_id {
                         active.metrics.rerouted(id);
                     }
                 }
                 if let Some(identity) = &decision.identity {
-                    host::set_request_header(REMOTE_USER, Some(&identity.user));
+                    self.host.set_request_header(REMOTE_USER, Some(&identity.user));
                     for group in &identity.groups {
-                        host::add_request_header(REMOTE_GROUP, group);
+                        self.host.add_request_header(REMOTE_GROUP, group);
                     }
                     if table.policy().x509_credential_id {
                         // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER,
                         // which is what kube-apiserver's x509 authenticator records.
-                        let digest = host::property(&["connection", "sha256_peer_certificate_digest"]);
+                        let digest = self.host.property(&["connection", "sha256_peer_certificate_digest"]);
                         let id = digest
                             .as_deref()
                             .and_then(|d| std::str::from_utf8(d).ok())
                             .and_then(identity::x509_credential_id);
                         if let Some(id) = id {
-                            host::set_request_header(CREDENTIAL_ID_HEADER, Some(&id));
+                            self.host.set_request_header(CREDENTIAL_ID_HEADER, Some(&id));
                         }
                     }
                 }
@@ -183,11 +190,13 @@ impl HttpContext for Http {
         if self.replied {
             return Action::Continue;
         }
-        let status = host::response_header(":status")
+        let status = self
+            .host
+            .response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
             .unwrap_or(0);
         if let Some(pending) = self.openapi.as_mut().filter(|_| skewgate_core::openapi::authorized(status)) {
-            return match pending.dispatch() {
+            return match pending.dispatch(&self.host) {
                 Ok(()) => Action::Pause,
                 Err(body) => {
                     self.openapi = None;
@@ -202,7 +211,7 @@ impl HttpContext for Http {
         if status < 500 {
             return Action::Continue;
         }
-        let details = host::property(&["response", "code_details"]).unwrap_or_default();
+        let details = self.host.property(&["response", "code_details"]).unwrap_or_default();
         if details == b"via_upstream" {
             // The apiserver's own answer: never rewritten.
             return Action::Continue;
@@ -236,14 +245,14 @@ impl HttpContext for Http {
     }
 }
 
-impl Http {
+impl<H: Host> Http<H> {
     /// The apiserver's body while the composed answer is on its way: dropped chunk by chunk, so
     /// that a multi-megabyte document never fills Envoy's buffer.
     fn on_openapi_body(&mut self, body_size: usize) -> Option<Action> {
         if self.replied || !self.openapi.as_ref().is_some_and(|p| p.dispatched) {
             return None;
         }
-        host::drop_response_body(body_size);
+        self.host.drop_response_body(body_size);
         Some(Action::Pause)
     }
 

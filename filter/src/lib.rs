@@ -4,11 +4,14 @@
 //! ECDS); each HTTP context reads the request head, asks `core::decision::decide`, and applies
 //! the answer with as few host calls as the decision needs.
 
+mod active;
 mod host;
 mod http;
 mod metrics;
 mod openapi;
 mod root;
+#[cfg(test)]
+mod tests;
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
@@ -17,5 +20,5 @@ proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     // A panic traps the VM; leave a line in Envoy's log saying where before it does.
     std::panic::set_hook(Box::new(|info| log::error!("skewgate filter panicked: {info}")));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::default()) });
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::new(host::ProxyWasm)) });
 }}

@@ -3,14 +3,15 @@
 
 use std::cell::Cell;
 
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::MetricType;
 use skewgate_core::table::{RoutingTable, Serving};
+
+use crate::host::Host;
 
 /// Metric ids for one table. Envoy returns the same id for the same name, so redefining them on
 /// every `on_configure` keeps counting where the previous table left off.
-#[derive(Debug, Default)]
-pub struct Metrics {
+#[derive(Debug)]
+pub struct Metrics<H: Host> {
+    host: H,
     /// Indexed by `Gvr::id`; only GVRs served by a subset get one. Counted in the VM and handed
     /// to Envoy by [`Metrics::flush`] (every tick, and when the table is retired): a host call
     /// per rerouted request cost more than the rest of the counting.
@@ -22,39 +23,28 @@ pub struct Metrics {
     refused: Option<u32>,
 }
 
-pub fn counter(name: &str) -> Option<u32> {
-    match hostcalls::define_metric(MetricType::Counter, name) {
-        Ok(id) => Some(id),
-        Err(e) => {
-            log::warn!("skewgate: defining metric {name}: {e:?}");
-            None
-        }
-    }
-}
-
-pub fn increment(id: Option<u32>) {
+fn increment(host: &impl Host, id: Option<u32>) {
     if let Some(id) = id {
-        if let Err(e) = hostcalls::increment_metric(id, 1) {
-            log::warn!("skewgate: incrementing metric {id}: {e:?}");
-        }
+        host.increment_metric(id, 1);
     }
 }
 
 /// Counts configurations, by outcome, on each VM (the main thread's and every worker's).
-pub fn count_config(accepted: bool) {
+pub fn count_config(host: &impl Host, accepted: bool) {
     let result = if accepted { "accepted" } else { "rejected" };
-    increment(counter(&format!("skewgate.configs_total.result={result};")));
+    increment(host, host.define_counter(&format!("skewgate.configs_total.result={result};")));
 }
 
-impl Drop for Metrics {
+impl<H: Host> Drop for Metrics<H> {
     /// The last stream of a retired table ends here; its counts must not be lost with it.
     fn drop(&mut self) {
         self.flush();
     }
 }
 
-impl Metrics {
-    pub fn define(table: &RoutingTable) -> Self {
+impl<H: Host> Metrics<H> {
+    pub fn define(host: H, table: &RoutingTable) -> Self {
+        let counter = |name: &str| host.define_counter(name);
         let rerouted = table
             .gvrs()
             .iter()
@@ -75,11 +65,12 @@ impl Metrics {
             .map(|c| counter(&format!("skewgate.unavailable_replies_total.cluster={c};")))
             .collect();
         Self {
-            rerouted,
-            unavailable,
             merged_ok: counter("skewgate.merged_discovery_total.code=200;"),
             merged_not_modified: counter("skewgate.merged_discovery_total.code=304;"),
             refused: counter("skewgate.refused_certificates_total"),
+            host,
+            rerouted,
+            unavailable,
         }
     }
 
@@ -96,9 +87,7 @@ impl Metrics {
             if n == 0 {
                 continue;
             }
-            if let Err(e) = hostcalls::increment_metric(*id, n as i64) {
-                log::warn!("skewgate: incrementing metric {id}: {e:?}");
-            }
+            self.host.increment_metric(*id, n);
         }
     }
 
@@ -107,15 +96,15 @@ impl Metrics {
             Some(Serving::Set(i)) => i,
             _ => self.unavailable.len().saturating_sub(1),
         };
-        increment(self.unavailable.get(index).copied().flatten());
+        increment(&self.host, self.unavailable.get(index).copied().flatten());
     }
 
     /// A client certificate whose identity cannot be forwarded unchanged got a 401.
     pub fn refused(&self) {
-        increment(self.refused);
+        increment(&self.host, self.refused);
     }
 
     pub fn merged_discovery(&self, status: u16) {
-        increment(if status == 304 { self.merged_not_modified } else { self.merged_ok });
+        increment(&self.host, if status == 304 { self.merged_not_modified } else { self.merged_ok });
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use skewgate_core::openapi::{AUTHORIZE_ACCEPT, AUTHORIZE_RANGE, PASSED_HEADERS, authorize_target};
 use skewgate_core::status;
 
-use crate::host;
+use crate::host::Host;
 
 /// The composer answers from memory; a slow answer means it is stuck.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -25,15 +25,21 @@ pub struct Pending {
 
 impl Pending {
     /// Rewrites the request for the authorizing apiserver and remembers the client's.
-    pub fn start(cluster: &str, target: &str, accept: Option<&str>, if_none_match: Option<&str>) -> Pending {
-        host::set_request_header(":path", Some(authorize_target(target)));
-        host::set_request_header("accept", Some(AUTHORIZE_ACCEPT));
-        host::remove_request_header("if-none-match");
-        host::remove_request_header("if-modified-since");
-        host::remove_request_header("if-range");
+    pub fn start(
+        host: &impl Host,
+        cluster: &str,
+        target: &str,
+        accept: Option<&str>,
+        if_none_match: Option<&str>,
+    ) -> Pending {
+        host.set_request_header(":path", Some(authorize_target(target)));
+        host.set_request_header("accept", Some(AUTHORIZE_ACCEPT));
+        host.remove_request_header("if-none-match");
+        host.remove_request_header("if-modified-since");
+        host.remove_request_header("if-range");
         // The apiserver's body is dropped: one byte of it is enough (kube-openapi serves
         // documents with Go's ServeContent, which answers a range with 206).
-        host::set_request_header("range", Some(AUTHORIZE_RANGE));
+        host.set_request_header("range", Some(AUTHORIZE_RANGE));
         Pending {
             cluster: cluster.to_string(),
             target: target.to_string(),
@@ -44,7 +50,7 @@ impl Pending {
     }
 
     /// Asks the composer; Err carries the 503 body to answer instead.
-    pub fn dispatch(&mut self) -> Result<(), String> {
+    pub fn dispatch(&mut self, host: &impl Host) -> Result<(), String> {
         let mut headers =
             vec![(":method", "GET"), (":path", self.target.as_str()), (":authority", "skewgate-openapi")];
         if let Some(accept) = &self.accept {
@@ -53,7 +59,7 @@ impl Pending {
         if let Some(tag) = &self.if_none_match {
             headers.push(("if-none-match", tag));
         }
-        match host::dispatch_call(&self.cluster, headers, CALL_TIMEOUT) {
+        match host.dispatch_call(&self.cluster, headers, CALL_TIMEOUT) {
             Ok(_) => {
                 self.dispatched = true;
                 Ok(())
@@ -63,14 +69,14 @@ impl Pending {
     }
 
     /// The composer's answer as (status, headers, body), or the 503 to send instead.
-    pub fn answer(&self, body_size: usize) -> (u32, Vec<(String, String)>, Vec<u8>) {
-        let headers = host::call_response_headers();
+    pub fn answer(&self, host: &impl Host, body_size: usize) -> (u32, Vec<(String, String)>, Vec<u8>) {
+        let headers = host.call_response_headers();
         let status = headers
             .iter()
             .find(|(n, _)| n == ":status")
             .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u32>().ok());
         let json = headers.iter().any(|(n, v)| n == "content-type" && v.starts_with(b"application/json"));
-        let body = host::call_response_body(body_size).unwrap_or_default();
+        let body = host.call_response_body(body_size).unwrap_or_default();
         match status {
             // Envoy's own failure (socket gone, timeout): not the composer's answer.
             None => self.failed("no answer"),

@@ -4,36 +4,41 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use skewgate_core::table::RoutingTable;
+use skewgate_core::table::{self, RoutingTable};
 
-use crate::host;
+use crate::active::Active;
+use crate::host::Host;
 use crate::http::Http;
 use crate::metrics::{self, Metrics};
 
 const FLUSH_PERIOD: Duration = Duration::from_secs(1);
 
-/// A compiled table and the metric ids that go with it; shared by every HTTP context that
-/// started while it was current.
-pub struct Active {
-    pub table: RoutingTable,
-    pub metrics: Metrics,
+pub struct Root<H: Host> {
+    host: H,
+    active: Option<Rc<Active<H>>>,
 }
 
-#[derive(Default)]
-pub struct Root {
-    active: Option<Rc<Active>>,
+impl<H: Host> Root<H> {
+    pub fn new(host: H) -> Self {
+        Self { host, active: None }
+    }
 }
 
-impl Context for Root {}
+impl<H: Host> Context for Root<H> {}
 
-impl RootContext for Root {
-    fn on_configure(&mut self, _size: usize) -> bool {
-        let Some(bytes) = host::plugin_configuration() else {
+impl<H: Host> RootContext for Root<H> {
+    fn on_configure(&mut self, size: usize) -> bool {
+        // Before the configuration is copied into the VM, whose memory never shrinks again.
+        if let Err(e) = table::check_table_bytes(size) {
+            log::error!("skewgate: {e}; keeping the previous table");
+            metrics::count_config(&self.host, false);
+            return false;
+        }
+        let Some(bytes) = self.host.plugin_configuration() else {
             log::error!("skewgate: no plugin configuration: a routing table is required");
-            metrics::count_config(false);
+            metrics::count_config(&self.host, false);
             return false;
         };
         match RoutingTable::from_json(&bytes) {
@@ -45,20 +50,18 @@ impl RootContext for Root {
                     table.sets().len(),
                     table.gvrs().len()
                 );
-                let metrics = Metrics::define(&table);
+                let metrics = Metrics::define(self.host.clone(), &table);
                 if let Some(previous) = self.active.replace(Rc::new(Active { table, metrics })) {
                     previous.metrics.flush();
                 }
                 // Counts kept in the VM reach Envoy's stats at most this late.
-                if let Err(e) = hostcalls::set_tick_period(FLUSH_PERIOD) {
-                    log::warn!("skewgate: setting the metrics flush period: {e:?}");
-                }
-                metrics::count_config(true);
+                self.host.set_tick_period(FLUSH_PERIOD);
+                metrics::count_config(&self.host, true);
                 true
             }
             Err(e) => {
                 log::error!("skewgate: {e}; keeping the previous table");
-                metrics::count_config(false);
+                metrics::count_config(&self.host, false);
                 false
             }
         }
@@ -71,7 +74,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http::new(self.active.clone())))
+        Some(Box::new(Http::new(self.host.clone(), self.active.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

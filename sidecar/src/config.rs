@@ -11,9 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use skewgate_core::table::{MAX_GROUP_VERSIONS, MAX_GVRS};
 
 use crate::duration;
-use crate::envoy::{Endpoint, Health};
+use crate::envoy::{Endpoint, Files, Health};
 
 pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
 /// The identity kube-apiserver itself asserts when it fetches a peer's discovery (docs/upstream-facts.md, "Peer discovery fetch").
@@ -44,9 +45,14 @@ adminUrl = "http://127.0.0.1:9901"     # optional: confirm each step of a table 
 confirmTimeout = "10s"
 settleDelay = "2s"                     # the wait per step without adminUrl
 
-[limits]
+[limits]                               # per apiserver: a fetch over one fails (kind "limit")
 requestTimeout = "5s"                  # per request, connect to last byte
-maxBodyBytes = 16777216
+maxBodyBytes = 16777216                # per discovery document (16 MiB)
+maxGroups = 5000                       # API groups in /api + /apis
+maxGroupVersions = 10000
+maxResources = 50000                   # top-level resources over all group/versions
+# The routing table has fixed bounds the filter enforces (core/src/table.rs): 16 MiB,
+# 10,000 group/versions, 50,000 GVRs, 256 set clusters.
 
 [health]                               # Envoy's active health checks of the apiservers
 interval = "2s"
@@ -134,25 +140,48 @@ pub struct EnvoyOutput {
 }
 
 impl EnvoyOutput {
+    pub fn files(&self) -> Files {
+        Files::new(&self.dir)
+    }
+
     pub fn cds_path(&self) -> PathBuf {
-        self.dir.join("cds").join("cds.json")
+        self.files().cds_path()
     }
 
     pub fn ecds_path(&self) -> PathBuf {
-        self.dir.join("ecds").join("ecds.json")
+        self.files().ecds_path()
     }
 }
 
+/// Bounds on what one apiserver's discovery may hold. Past one, that apiserver's fetch fails
+/// with [`crate::fetch::ErrorKind::Limit`] and its last good documents stay in the table. The
+/// defaults are those of the routing table (`skewgate_core::table::MAX_*`), which also bounds
+/// the union over all apiservers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Whole request, connect to last body byte.
     pub request_timeout: Duration,
+    /// Per document.
     pub max_body_bytes: u64,
+    /// Groups in `/api` and `/apis` together.
+    pub max_groups: usize,
+    pub max_group_versions: usize,
+    /// Top-level resources (GVRs) over all group/versions.
+    pub max_resources: usize,
 }
+
+/// A control plane of a few thousand CRDs has about as many groups at most.
+pub const DEFAULT_MAX_GROUPS: usize = 5_000;
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { request_timeout: Duration::from_secs(5), max_body_bytes: 16 * 1024 * 1024 }
+        Self {
+            request_timeout: Duration::from_secs(5),
+            max_body_bytes: 16 * 1024 * 1024,
+            max_groups: DEFAULT_MAX_GROUPS,
+            max_group_versions: MAX_GROUP_VERSIONS,
+            max_resources: MAX_GVRS,
+        }
     }
 }
 
@@ -633,7 +662,8 @@ impl Reader {
 
     fn limits(&mut self, value: Option<&Value>) -> Limits {
         let mut limits = Limits::default();
-        let Some(map) = self.object(value, "limits", &["requestTimeout", "maxBodyBytes"]) else {
+        let keys = ["requestTimeout", "maxBodyBytes", "maxGroups", "maxGroupVersions", "maxResources"];
+        let Some(map) = self.object(value, "limits", &keys) else {
             return limits;
         };
         limits.request_timeout =
@@ -641,6 +671,16 @@ impl Reader {
         if let Some(max) = self.integer(map.get("maxBodyBytes"), "limits.maxBodyBytes", 1024, 1 << 32) {
             limits.max_body_bytes = max;
         }
+        // Above the table's own bounds a per-apiserver limit would never be reached first.
+        let mut count = |key: &str, max: usize, slot: &mut usize| {
+            let field = format!("limits.{key}");
+            if let Some(n) = self.integer(map.get(key), &field, 1, max as u64) {
+                *slot = usize::try_from(n).unwrap_or(max);
+            }
+        };
+        count("maxGroups", MAX_GROUP_VERSIONS, &mut limits.max_groups);
+        count("maxGroupVersions", MAX_GROUP_VERSIONS, &mut limits.max_group_versions);
+        count("maxResources", MAX_GVRS, &mut limits.max_resources);
         limits
     }
 
@@ -755,7 +795,8 @@ mod tests {
             "serverName": "apiserver.internal",
             "identity": {"user": "skewgate", "groups": ["system:authenticated", "skewgate:sidecars"]},
             "pollPeriod": "500ms", "probePeriod": "100ms", "listen": "0.0.0.0:9191",
-            "limits": {"requestTimeout": "2s", "maxBodyBytes": 4096},
+            "limits": {"requestTimeout": "2s", "maxBodyBytes": 4096, "maxGroups": 10, "maxGroupVersions": 20,
+                       "maxResources": 30},
             "health": {"interval": "1s", "timeout": "250ms", "connectTimeout": "300ms"}
         });
         for (k, v) in extra.as_object().unwrap() {
@@ -769,7 +810,16 @@ mod tests {
         assert_eq!(c.identity.groups.len(), 2);
         assert_eq!(c.poll_period, Duration::from_millis(500));
         assert_eq!(c.probe_period, Duration::from_millis(100));
-        assert_eq!(c.limits, Limits { request_timeout: Duration::from_secs(2), max_body_bytes: 4096 });
+        assert_eq!(
+            c.limits,
+            Limits {
+                request_timeout: Duration::from_secs(2),
+                max_body_bytes: 4096,
+                max_groups: 10,
+                max_group_versions: 20,
+                max_resources: 30
+            }
+        );
         assert_eq!(c.health, Health { interval_ms: 1000, timeout_ms: 250, connect_timeout_ms: 300 });
         assert_eq!(c.envoy.admin_url.as_deref(), Some("http://127.0.0.1:9901"));
         assert_eq!(c.envoy.confirm_timeout, Duration::from_secs(3));
@@ -812,6 +862,9 @@ mod tests {
             ("probePeriod", |d| d["probePeriod"] = json!("0s")),
             ("limits.requestTimeout", |d| d["limits"] = json!({"requestTimeout": "1w"})),
             ("limits.maxBodyBytes", |d| d["limits"] = json!({"maxBodyBytes": -1})),
+            ("limits.maxGroups", |d| d["limits"] = json!({"maxGroups": 0})),
+            ("limits.maxGroupVersions", |d| d["limits"] = json!({"maxGroupVersions": 10001})),
+            ("limits.maxResources", |d| d["limits"] = json!({"maxResources": "many"})),
             ("health.interval", |d| d["health"] = json!({"interval": "0s"})),
             ("health.timeout", |d| d["health"] = json!({"timeout": true})),
             ("health.connectTimeout", |d| d["health"] = json!({"connectTimeout": "x"})),

@@ -9,7 +9,7 @@
 //! Envoy's `normalize_path` is Chromium's URL path canonicalisation (`PathUtil::canonicalPath`
 //! → `url::CanonicalizePath`), in the flavour Envoy 1.40 ships, which still decodes percent-encoded
 //! unreserved characters. Each rule below was checked against the real Envoy 1.40
-//! (`harness/tests/envoy_filter.rs`, `explain_predicts_what_envoy_does_with_odd_paths`):
+//! (`e2e/tests/envoy_filter.rs`, `explain_predicts_what_envoy_does_with_odd_paths`):
 //! - dot segments (`.`, `..`, also spelled `%2e`/`%2E`, ended by `/`, `\` or the end of the path)
 //!   are resolved; `..` never climbs above the first `/`; a dot that is not a whole segment
 //!   stays, `%2e` decoded to `.`;

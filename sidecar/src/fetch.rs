@@ -22,6 +22,7 @@ use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::legacy_build::LegacySet;
 
 use crate::config::{Identity, Limits, TlsFiles};
+use crate::counts::{self, Counts};
 use crate::envoy::Endpoint;
 
 /// Legacy documents are plain JSON.
@@ -84,6 +85,9 @@ pub enum ErrorKind {
     HttpStatus,
     /// A body over the size limit.
     TooLarge,
+    /// A discovery that parses but lists more groups, group/versions or resources than
+    /// `[limits]` allows.
+    Limit,
     /// The body ended early, on the wire or as JSON.
     Truncated,
     Empty,
@@ -107,6 +111,7 @@ impl ErrorKind {
             ErrorKind::Timeout => "timeout",
             ErrorKind::HttpStatus => "http_status",
             ErrorKind::TooLarge => "too_large",
+            ErrorKind::Limit => "limit",
             ErrorKind::Truncated => "truncated",
             ErrorKind::Empty => "empty",
             ErrorKind::NotJson => "not_json",
@@ -234,7 +239,7 @@ pub struct Fetcher {
     pub id: String,
     client: reqwest::Client,
     base: String,
-    max_body: u64,
+    limits: Limits,
     /// Sent with every request; not as the client's default headers, which keep only one
     /// value of a repeated header (and there is one `X-Remote-Group` per group).
     identity: HeaderMap,
@@ -349,7 +354,7 @@ impl Fetcher {
             id: endpoint.id.clone(),
             client,
             base: format!("https://{server_name}:{}", endpoint.port),
-            max_body: limits.max_body_bytes,
+            limits,
             identity: headers,
             legacy_cache: Arc::default(),
         })
@@ -369,7 +374,12 @@ impl Fetcher {
             }
         };
         let ((api, api_etag), (apis, apis_etag)) = (body(api?, "/api")?, body(apis?, "/apis")?);
+        // Counted before they are parsed: bodies over the limits are dropped as bytes.
+        let counted = counts::count(&api).unwrap_or_default() + counts::count(&apis).unwrap_or_default();
+        self.check_counts(counted)?;
         let ((core, legacy_core), (apis, legacy_apis)) = tokio::try_join!(self.core(api), self.groups(apis))?;
+        // Again for what a legacy walk brought in.
+        self.check_counts(documents_counts(&[&core, &apis]))?;
         let legacy = legacy_core || legacy_apis;
         // A legacy document's ETag (if any) says nothing about the resource lists behind it.
         let etags = match legacy {
@@ -420,6 +430,8 @@ impl Fetcher {
         let (api, apis) = tokio::try_join!(self.get("/api", ACCEPT_JSON), self.get("/apis", ACCEPT_JSON))?;
         let api = ApiVersions::from_json(&api).map_err(|e| FetchError::discovery("/api", &e))?;
         let apis = ApiGroupList::from_json(&apis).map_err(|e| FetchError::discovery("/apis", &e))?;
+        // The composed legacy documents are held as long as the aggregated ones: same bounds.
+        self.check_group_list(&apis)?;
         let core = api.versions.iter().filter(|v| is_segment(v)).map(|v| format!("/api/{v}"));
         let groups = apis.groups.iter().filter(|g| is_segment(&g.name)).flat_map(|g| {
             g.versions
@@ -430,7 +442,42 @@ impl Fetcher {
         let mut paths: Vec<String> = core.chain(groups).collect();
         paths.dedup();
         let resource_lists = self.resource_lists(paths).await?;
+        let resources = resource_lists.iter().map(|list| list.resources.len()).sum();
+        if resources > self.limits.max_resources {
+            let max = self.limits.max_resources;
+            return Err(over_limit("(legacy walk)", resources, "resources", "maxResources", max));
+        }
         Ok(LegacySet { api, apis, resource_lists })
+    }
+
+    /// Refuses a discovery over `[limits]`.
+    fn check_counts(&self, counted: Counts) -> Result<(), FetchError> {
+        let counts = [
+            (counted.groups, self.limits.max_groups, "groups", "maxGroups"),
+            (counted.group_versions, self.limits.max_group_versions, "group/versions", "maxGroupVersions"),
+            (counted.resources, self.limits.max_resources, "resources", "maxResources"),
+        ];
+        for (count, max, what, key) in counts {
+            if count > max {
+                return Err(over_limit("/api + /apis", count, what, key, max));
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a legacy `APIGroupList` over `[limits]` before it is walked: each group/version
+    /// would be one more request and document.
+    fn check_group_list(&self, list: &ApiGroupList) -> Result<(), FetchError> {
+        let listed = list.groups.len();
+        if listed > self.limits.max_groups {
+            return Err(over_limit("/apis", listed, "groups", "maxGroups", self.limits.max_groups));
+        }
+        let versions: usize = list.groups.iter().map(|g| g.versions.len()).sum();
+        if versions > self.limits.max_group_versions {
+            let max = self.limits.max_group_versions;
+            return Err(over_limit("/apis", versions, "group/versions", "maxGroupVersions", max));
+        }
+        Ok(())
     }
 
     /// `/version` as a label; a failure only costs the label.
@@ -465,6 +512,7 @@ impl Fetcher {
             let list = ApiGroupList::from_json(&body).map_err(|e| FetchError::discovery("/apis", &e))?;
             // Group and version names go into paths: anything that is not one plain segment
             // could not be a real group anyway.
+            self.check_group_list(&list)?;
             let wanted: Vec<(&str, Vec<&str>)> = list
                 .groups
                 .iter()
@@ -559,27 +607,40 @@ impl Fetcher {
             let text = String::from_utf8_lossy(&preview);
             return Err(FetchError::new(path, ErrorKind::HttpStatus, format!("{status}: {}", text.trim())));
         }
-        if response.content_length().is_some_and(|len| len > self.max_body) {
+        let max_body = self.limits.max_body_bytes;
+        if response.content_length().is_some_and(|len| len > max_body) {
             return Err(FetchError::new(
                 path,
                 ErrorKind::TooLarge,
                 format!(
                     "Content-Length {} over the limit of {} bytes",
                     response.content_length().unwrap_or_default(),
-                    self.max_body
+                    max_body
                 ),
             ));
         }
-        let body = read_capped(&mut response, self.max_body, false).await.map_err(|e| match e {
-            ReadError::TooLarge => FetchError::new(
-                path,
-                ErrorKind::TooLarge,
-                format!("body over the limit of {} bytes", self.max_body),
-            ),
+        let body = read_capped(&mut response, max_body, false).await.map_err(|e| match e {
+            ReadError::TooLarge => {
+                FetchError::new(path, ErrorKind::TooLarge, format!("body over the limit of {max_body} bytes"))
+            }
             ReadError::Client(e) => FetchError::new(path, classify(&e), describe(&e)),
         })?;
         Ok(Answer::Body(body, etag))
     }
+}
+
+fn documents_counts(lists: &[&ApiGroupDiscoveryList]) -> Counts {
+    let groups = || lists.iter().flat_map(|l| &l.items);
+    let versions = || groups().flat_map(|g| &g.versions);
+    Counts {
+        groups: groups().count(),
+        group_versions: versions().count(),
+        resources: versions().map(|v| v.resources.len()).sum(),
+    }
+}
+
+fn over_limit(path: &str, count: usize, what: &str, key: &str, max: usize) -> FetchError {
+    FetchError::new(path, ErrorKind::Limit, format!("{count} {what}, over limits.{key} = {max}"))
 }
 
 enum ReadError {
@@ -590,7 +651,9 @@ enum ReadError {
 /// Reads the body chunk by chunk so that an oversized one is never held whole; `truncate`
 /// keeps the first `max` bytes instead of failing (for error previews).
 async fn read_capped(response: &mut reqwest::Response, max: u64, truncate: bool) -> Result<Bytes, ReadError> {
-    let mut body: Vec<u8> = Vec::new();
+    // Sized once when the length is announced: growing by doubling would hold up to twice the body.
+    let announced = response.content_length().unwrap_or(0).min(max);
+    let mut body: Vec<u8> = Vec::with_capacity(usize::try_from(announced).unwrap_or(0));
     while let Some(chunk) = response.chunk().await.map_err(ReadError::Client)? {
         let room = usize::try_from(max).unwrap_or(usize::MAX).saturating_sub(body.len());
         if chunk.len() > room {
@@ -665,7 +728,11 @@ mod tests {
     const API_VERSIONS: &str = include_str!("../../testdata/discovery/legacy_core-v1/api.json");
 
     fn limits() -> Limits {
-        Limits { request_timeout: Duration::from_millis(700), max_body_bytes: 256 * 1024 }
+        Limits {
+            request_timeout: Duration::from_millis(700),
+            max_body_bytes: 256 * 1024,
+            ..Limits::default()
+        }
     }
 
     fn aggregated_core() -> Vec<u8> {
@@ -823,7 +890,10 @@ mod tests {
         assert_eq!(certs.fetcher(closed, limits()).fetch().await.unwrap_err().kind, ErrorKind::Connect);
         // A certificate for another name, one from an untrusted CA, and no TLS at all: never
         // accepted, never downgraded.
-        let rogue = certs.rogue_ca.leaf(&certs.dir, "rogue-apiserver", &["kubernetes.default.svc"], true);
+        let rogue = certs
+            .rogue_ca
+            .server(&certs.dir, "rogue-apiserver", "rogue-apiserver", &["kubernetes.default.svc"])
+            .unwrap();
         for (leaf, tls) in [(&certs.wrong_name, true), (&rogue, true), (&certs.serving, false)] {
             let (addr, seen, _task) = serve(leaf, tls, handler.clone()).await;
             let error = certs.fetcher(addr, limits()).fetch().await.unwrap_err();
@@ -843,6 +913,65 @@ mod tests {
             "v1.30.1-eks"
         );
         assert_eq!(version_label(b"not json"), "");
+    }
+
+    /// Each `[limits]` count refuses a discovery one past it, by name; at the limit it passes.
+    #[tokio::test]
+    async fn discovery_over_a_limit_is_refused() {
+        let certs = Certs::new("fetch-limits");
+        let (addr, _, _task) = serve(&certs.serving, true, with_apis(json(APIS_133))).await;
+        let docs = certs.fetcher(addr, limits()).fetch().await.unwrap();
+        let lists = [&docs.core, &docs.apis];
+        let groups = lists.iter().map(|l| l.items.len()).sum::<usize>();
+        let versions = lists.iter().flat_map(|l| &l.items).map(|g| g.versions.len()).sum::<usize>();
+        let resources = docs.core.gvrs().count() + docs.apis.gvrs().count();
+        type Set = fn(&mut Limits, usize);
+        let cases: [(usize, Set, &str); 3] = [
+            (groups, |l, n| l.max_groups = n, "groups, over limits.maxGroups"),
+            (versions, |l, n| l.max_group_versions = n, "group/versions, over limits.maxGroupVersions"),
+            (resources, |l, n| l.max_resources = n, "resources, over limits.maxResources"),
+        ];
+        for (count, set, named) in cases {
+            let mut at = limits();
+            set(&mut at, count);
+            certs.fetcher(addr, at).fetch().await.unwrap();
+            let mut under = limits();
+            set(&mut under, count - 1);
+            let error = certs.fetcher(addr, under).fetch().await.unwrap_err();
+            assert_eq!(error.kind, ErrorKind::Limit, "{error}");
+            assert!(
+                error.to_string().contains(&format!("limit: {count} {named} = {}", count - 1)),
+                "{error}"
+            );
+        }
+    }
+
+    /// A legacy server listing too many groups is refused before one group/version is fetched.
+    #[tokio::test]
+    async fn a_legacy_walk_over_a_limit_never_starts() {
+        let certs = Certs::new("fetch-legacy-limits");
+        let groups: Vec<String> = (0..3)
+            .map(|g| format!(r#"{{"name":"g{g}.example.com","versions":[{{"groupVersion":"g{g}.example.com/v1","version":"v1"}}]}}"#))
+            .collect();
+        let group_list = format!(r#"{{"kind":"APIGroupList","groups":[{}]}}"#, groups.join(","));
+        let handler: crate::testing::Handler = Arc::new(move |path: &str| match path {
+            "/api" => json(API_VERSIONS),
+            "/api/v1" => json(API_V1),
+            "/apis" => json(group_list.clone()),
+            other => {
+                let gv = other.trim_start_matches("/apis/");
+                json(format!(r#"{{"kind":"APIResourceList","groupVersion":"{gv}","resources":[]}}"#))
+            }
+        });
+        let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
+        for set in [|l: &mut Limits| l.max_groups = 2, |l: &mut Limits| l.max_group_versions = 2] {
+            let mut small = limits();
+            set(&mut small);
+            let error = certs.fetcher(addr, small).fetch().await.unwrap_err();
+            assert_eq!((error.kind, error.path.as_str()), (ErrorKind::Limit, "/apis"), "{error}");
+        }
+        assert!(!seen.lock().unwrap().iter().any(|(p, _)| p.starts_with("/apis/")), "the walk started");
+        certs.fetcher(addr, limits()).fetch().await.unwrap();
     }
 
     #[tokio::test]

@@ -1,8 +1,8 @@
 //! The `skewgate` command and library: `explain` a routing decision, build and show routing
 //! tables, and `sync` — the discovery sidecar that keeps Envoy's table current.
 
-pub mod admin;
 pub mod config;
+pub mod counts;
 pub mod duration;
 pub mod eligibility;
 pub mod envoy;
@@ -13,7 +13,6 @@ pub mod metrics;
 pub mod offline;
 pub mod openapi;
 pub mod peers;
-pub mod push;
 pub mod routing;
 pub mod serve;
 pub mod skew;

@@ -1,17 +1,12 @@
-//! From discovery documents to what Envoy reads: the routing table (built by
-//! `core::build::build_table`, the one way to build one), `cds.json` and `ecds.json`. Shared by
+//! From discovery documents to the routing table (built by `core::build::build_table`, the one
+//! way to build one); [`crate::envoy::render`] turns it into what Envoy reads. Shared by
 //! `skewgate sync` and the offline `skewgate table --discovery`.
 
-use std::path::Path;
-
-use serde_json::Value;
 use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
 use skewgate_core::extensions::Extensions;
 use skewgate_core::legacy_build::LegacySet;
-use skewgate_core::table::{RoutingTable, TableConfig, TableError};
-
-use crate::envoy::{self, CdsError, Endpoint, Health, UpstreamTls};
+use skewgate_core::table::TableConfig;
 
 /// One apiserver as the table sees it: documents `None` means it serves nothing (it failed
 /// past its grace period, or never answered) but stays in the table and in the pool.
@@ -56,40 +51,6 @@ pub fn counts(table: &TableConfig) -> Counts {
     let resources = table.group_versions.iter().flat_map(|gv| gv.resources.values());
     let (gvrs, rerouted) = resources.fold((0, 0), |(n, r), ids| (n + 1, r + usize::from(ids.len() != all)));
     Counts { gvrs, rerouted }
-}
-
-/// The two files, ready to write.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Resources {
-    pub generation: String,
-    pub cds: Value,
-    pub ecds: Value,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RenderError {
-    #[error("cannot serialise the table: {0}")]
-    Serialize(String),
-    /// The filter would refuse it; never written.
-    #[error("{0}")]
-    Invalid(TableError),
-    #[error("cds: {0}")]
-    Cds(CdsError),
-}
-
-/// `cds.json` and `ecds.json` for `table`. The table JSON is compiled exactly as the filter's
-/// `on_configure` will compile it, so a table Envoy would reject never leaves this function.
-pub fn render(
-    table: &TableConfig,
-    endpoints: &[Endpoint],
-    tls: &UpstreamTls,
-    health: Health,
-    wasm: &Path,
-) -> Result<Resources, RenderError> {
-    let json = serde_json::to_string(table).map_err(|e| RenderError::Serialize(e.to_string()))?;
-    RoutingTable::from_json(json.as_bytes()).map_err(RenderError::Invalid)?;
-    let cds = envoy::cds(table, endpoints, tls, health).map_err(RenderError::Cds)?;
-    Ok(Resources { generation: table.generation.clone(), cds, ecds: envoy::ecds(&json, wasm) })
 }
 
 #[cfg(test)]

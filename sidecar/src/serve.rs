@@ -22,12 +22,15 @@ use crate::metrics::Metrics;
 pub struct Shared {
     /// Envoy has had a complete table.
     pub ready: AtomicBool,
+    /// The OpenAPI composer has had its first round: until then every OpenAPI request through
+    /// the edge would get a 503.
+    pub openapi_ready: AtomicBool,
     pub metrics: Metrics,
 }
 
 impl Shared {
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst)
+        self.ready.load(Ordering::SeqCst) && self.openapi_ready.load(Ordering::SeqCst)
     }
 }
 
@@ -74,7 +77,10 @@ fn respond(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/healthz" | "/livez" => text(StatusCode::OK, "ok\n"),
         "/readyz" if shared.is_ready() => text(StatusCode::OK, "ok\n"),
-        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "no complete sync yet\n"),
+        "/readyz" if !shared.ready.load(Ordering::SeqCst) => {
+            text(StatusCode::SERVICE_UNAVAILABLE, "no complete sync yet\n")
+        }
+        "/readyz" => text(StatusCode::SERVICE_UNAVAILABLE, "no OpenAPI composed yet\n"),
         "/metrics" => match shared.metrics.encode() {
             Ok(body) => {
                 let mut resp = Response::new(Full::new(Bytes::from(body)));
@@ -120,6 +126,9 @@ mod tests {
         assert_eq!(get("/healthz").await.0, 200);
         assert_eq!(get("/readyz").await.0, 503);
         shared.ready.store(true, Ordering::SeqCst);
+        let (status, _, body) = get("/readyz").await;
+        assert_eq!((status, body.as_str()), (503, "no OpenAPI composed yet\n"));
+        shared.openapi_ready.store(true, Ordering::SeqCst);
         assert_eq!(get("/readyz").await.0, 200);
         let (status, ct, body) = get("/metrics").await;
         assert_eq!((status, ct.as_deref()), (200, Some(OPENMETRICS)));

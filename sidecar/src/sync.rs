@@ -16,7 +16,7 @@
 //!
 //! Eligibility ([`crate::eligibility`]): from the first look that finds an apiserver unreachable,
 //! unready or changed, its endpoints are marked `DRAINING` in every Envoy cluster (an overlay on
-//! `cds.json`, [`crate::push`]) until a table built from its current discovery is live. A table
+//! `cds.json`, [`crate::envoy::push`]) until a table built from its current discovery is live. A table
 //! is pushed by a task of its own, so that probes go on (and can take an apiserver out) while
 //! Envoy confirms a push.
 //!
@@ -39,14 +39,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use crate::admin::HttpAdmin;
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
-use crate::envoy::Endpoint;
-use crate::envoy::{UpstreamTls, table_from_ecds, write_atomic};
+use crate::envoy::{
+    Endpoint, HttpAdmin, PushError, PushOutcome, Pusher, RenderError, Resources, Step, UpstreamTls,
+    table_from_ecds, write_atomic,
+};
 use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::peers::{self, Asker, Published, Source};
-use crate::push::{PushError, PushOutcome, Pusher, Step};
-use crate::routing::{self, Counts, RenderError, Resources, Server};
+use crate::routing::{self, Counts, Server};
 use crate::serve::{self, Shared};
 use crate::tether::{self, Probe, Tether};
 use skewgate_core::extensions::Extensions;
@@ -111,6 +111,11 @@ impl SyncError {
     pub fn label(&self) -> &'static str {
         match self {
             SyncError::NoDocuments => "no_documents",
+            SyncError::Build(BuildError::Table(e)) | SyncError::Render(RenderError::Invalid(e))
+                if e.over_limit =>
+            {
+                "table_limit"
+            }
             SyncError::Build(_) => "build",
             SyncError::Render(RenderError::Invalid(_)) => "invalid_table",
             SyncError::Render(_) => "render",
@@ -234,7 +239,10 @@ impl Memory {
             tracing::debug!(apiserver = id, %error, "discovery still failing");
         }
         self.failing = true;
-        self.reachable = false;
+        // Over a `[limits]` bound the apiserver still answers, and what it serves in the table
+        // (its last good documents) is unchanged: it keeps its requests. Anything else counts
+        // as unreachable.
+        self.reachable = error.kind == ErrorKind::Limit;
         self.error = Some(error);
     }
 
@@ -299,8 +307,7 @@ impl Sidecar {
             None => None,
         };
         let pusher = Pusher::new(
-            config.envoy.cds_path(),
-            config.envoy.ecds_path(),
+            &config.envoy.files(),
             admin,
             config.envoy.confirm_timeout,
             config.envoy.settle_delay,
@@ -632,10 +639,10 @@ impl Sidecar {
         Ok(routing::build_with(&servers, &self.extensions)?)
     }
 
-    fn prepare(&self) -> Result<(TableConfig, Resources), SyncError> {
+    fn prepare(&self) -> Result<Resources, SyncError> {
         let mut table = self.table()?;
         table.openapi_cluster = Some(crate::openapi::CLUSTER.into());
-        let mut resources = routing::render(
+        let mut resources = crate::envoy::render(
             &table,
             &self.config.apiservers,
             &self.upstream,
@@ -643,7 +650,7 @@ impl Sidecar {
             &self.config.envoy.wasm,
         )?;
         crate::openapi::add_cluster(&mut resources.cds, &self.config.envoy.dir.join(crate::openapi::SOCKET));
-        Ok((table, resources))
+        Ok(resources)
     }
 
     /// Marks `DRAINING` in `cds.json` exactly the apiservers that must not get new requests
@@ -758,7 +765,7 @@ impl Sidecar {
         self.collect().await;
         self.save();
         self.apply_eligibility();
-        let (table, resources) = match self.prepare() {
+        let resources = match self.prepare() {
             Ok(prepared) => prepared,
             Err(error) => {
                 self.shared.metrics.push_error(error.label());
@@ -767,7 +774,7 @@ impl Sidecar {
             }
         };
         let result = self.pusher.push(&resources).await;
-        self.pushed(table, result, started)
+        self.pushed(resources.table, result, started)
     }
 }
 
@@ -896,8 +903,15 @@ async fn tether_task(
 /// One sync and done (`skewgate sync --once`). An apiserver that fails now keeps the last good
 /// discovery a previous sidecar saved of it; without one it serves nothing in the table.
 pub async fn sync_once(config: SyncConfig) -> anyhow::Result<SyncReport> {
+    Ok(sync_once_with_table(config).await?.0)
+}
+
+/// [`sync_once`], with the table it handed to Envoy.
+pub async fn sync_once_with_table(config: SyncConfig) -> anyhow::Result<(SyncReport, TableConfig)> {
     let mut sidecar = Sidecar::new(config)?;
-    Ok(sidecar.sync().await?)
+    let report = sidecar.sync().await?;
+    let table = sidecar.live.take().map(|live| live.table).context("a sync that succeeded left no table")?;
+    Ok((report, table))
 }
 
 /// Fetches once and builds the table without writing anything (`skewgate table --config`).
@@ -992,10 +1006,16 @@ async fn run_with(
     // The OpenAPI composer: its own loop and socket, so that a slow or huge document never holds
     // a table change back. Aborted with this future.
     let (openapi_members, members) = watch::channel(sidecar.openapi_members());
+    // Bound here, before the first push has created Envoy's directory: a composer that cannot
+    // bind would leave every OpenAPI request at the edge a 503 while the sidecar reported ready.
     let socket = sidecar.config.envoy.dir.join(crate::openapi::SOCKET);
+    let openapi_listener = std::fs::create_dir_all(&sidecar.config.envoy.dir)
+        .and_then(|()| crate::openapi::serve::bind(&socket))
+        .with_context(|| format!("cannot serve OpenAPI on {}", socket.display()))?;
     let _openapi = AbortOnDrop(tokio::spawn(crate::openapi::serve::run(
         sidecar.shared(),
         members,
+        openapi_listener,
         socket,
         poll_period,
         std::future::pending(),
@@ -1144,12 +1164,12 @@ async fn run_with(
         if push_wanted && pushes.is_empty() && extensions_wanted.is_none() {
             push_wanted = false;
             match sidecar.prepare() {
-                Ok((table, resources)) => {
+                Ok(resources) => {
                     let pusher = sidecar.pusher.clone();
                     let started = wanted_since;
                     pushes.spawn(async move {
                         let result = pusher.push(&resources).await;
-                        (table, result, started)
+                        (resources.table, result, started)
                     });
                 }
                 Err(error) => {
@@ -1177,8 +1197,8 @@ impl<T> Drop for AbortOnDrop<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fetch::ErrorKind;
     use skewgate_core::discovery::ApiGroupDiscoveryList;
+    use skewgate_core::table::TableError;
 
     fn docs(version: &str) -> Documents {
         Documents {
@@ -1228,9 +1248,31 @@ mod tests {
         assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
     }
 
+    /// Over a limit the last good documents stay and the apiserver stays reachable (it
+    /// answers); any other failure makes it unreachable, with the same documents.
+    #[test]
+    fn over_a_limit_the_last_good_documents_stay() {
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let over = || FetchError { path: "/apis".into(), kind: ErrorKind::Limit, detail: "x".into() };
+        let mut m = Memory::default();
+        m.failed("a", over());
+        assert_eq!(m.standing(at(0)), Standing::Missing);
+        assert!(m.answered("a", docs("v1.33.0"), at(1)));
+        m.failed("a", over());
+        assert_eq!(m.standing(at(100)), Standing::Stale { age: Duration::from_secs(99) });
+        assert!(m.good.is_some() && m.reachable);
+        m.failed("a", FetchError { path: "/apis".into(), kind: ErrorKind::Connect, detail: "x".into() });
+        assert!(m.good.is_some() && !m.reachable);
+    }
+
     #[test]
     fn error_labels() {
         assert_eq!(SyncError::NoDocuments.label(), "no_documents");
+        let table = |over_limit| TableError { field: "groupVersions".into(), reason: "x".into(), over_limit };
+        assert_eq!(SyncError::Render(RenderError::Invalid(table(true))).label(), "table_limit");
+        assert_eq!(SyncError::Build(BuildError::Table(table(true))).label(), "table_limit");
+        assert_eq!(SyncError::Render(RenderError::Invalid(table(false))).label(), "invalid_table");
         assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
     }
 

@@ -1,13 +1,13 @@
-//! Test-only: certificates and a tiny TLS server that answers raw bytes, so that fetch tests
-//! can produce every kind of broken answer (garbage, truncation, hangs, wrong certificates).
+//! Test-only: certificates (skewgate-pki's, the same as the stand-ins' and Envoy tests') and a
+//! tiny TLS server that answers raw bytes, so that fetch tests can produce every kind of broken
+//! answer (garbage, truncation, hangs, wrong certificates).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use skewgate_pki::{Ca, Pair, load_certs, load_key};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -15,59 +15,14 @@ use crate::config::{Identity, Limits, TlsFiles};
 use crate::envoy::Endpoint;
 use crate::fetch::{ClientTls, Fetcher};
 
-pub struct Ca {
-    cert: rcgen::Certificate,
-    key: KeyPair,
-    pub path: PathBuf,
-}
-
-impl Ca {
-    pub fn new(dir: &Path, name: &str) -> Self {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let cert = params.self_signed(&key).unwrap();
-        let path = dir.join(format!("{name}.crt"));
-        std::fs::write(&path, cert.pem()).unwrap();
-        Self { cert, key, path }
-    }
-
-    /// (cert PEM path, key PEM path, DER cert, DER key)
-    pub fn leaf(&self, dir: &Path, name: &str, sans: &[&str], server: bool) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        let mut params =
-            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.extended_key_usages = vec![if server {
-            ExtendedKeyUsagePurpose::ServerAuth
-        } else {
-            ExtendedKeyUsagePurpose::ClientAuth
-        }];
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        let cert_path = dir.join(format!("{name}.crt"));
-        let key_path = dir.join(format!("{name}.key"));
-        std::fs::write(&cert_path, cert.pem()).unwrap();
-        std::fs::write(&key_path, key.serialize_pem()).unwrap();
-        Leaf { cert_path, key_path, der: cert.der().to_vec(), key_der: key.serialize_der() }
-    }
-}
-
-pub struct Leaf {
-    pub cert_path: PathBuf,
-    pub key_path: PathBuf,
-    der: Vec<u8>,
-    key_der: Vec<u8>,
-}
-
 /// Everything a fetch test needs on disk.
 pub struct Certs {
     pub dir: PathBuf,
     pub peer_ca: Ca,
     pub rogue_ca: Ca,
-    pub serving: Leaf,
-    pub wrong_name: Leaf,
-    pub client: Leaf,
+    pub serving: Pair,
+    pub wrong_name: Pair,
+    pub client: Pair,
 }
 
 impl Certs {
@@ -75,19 +30,19 @@ impl Certs {
         let dir = std::env::temp_dir().join(format!("skewgate-unit-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let peer_ca = Ca::new(&dir, "peer-ca");
-        let rogue_ca = Ca::new(&dir, "rogue-ca");
-        let serving = peer_ca.leaf(&dir, "apiserver", &["kubernetes.default.svc"], true);
-        let wrong_name = peer_ca.leaf(&dir, "other", &["other.example"], true);
-        let client = rogue_ca.leaf(&dir, "front-proxy", &[], false);
+        let peer_ca = Ca::new(&dir, "peer-ca").unwrap();
+        let rogue_ca = Ca::new(&dir, "rogue-ca").unwrap();
+        let serving = peer_ca.server(&dir, "apiserver", "apiserver", &["kubernetes.default.svc"]).unwrap();
+        let wrong_name = peer_ca.server(&dir, "other", "other", &["other.example"]).unwrap();
+        let client = rogue_ca.client(&dir, "front-proxy", "front-proxy", &[]).unwrap();
         Self { dir, peer_ca, rogue_ca, serving, wrong_name, client }
     }
 
     pub fn tls_files(&self) -> TlsFiles {
         TlsFiles {
-            peer_ca: self.peer_ca.path.clone(),
-            client_cert: self.client.cert_path.clone(),
-            client_key: self.client.key_path.clone(),
+            peer_ca: self.peer_ca.cert_path.clone(),
+            client_cert: self.client.cert.clone(),
+            client_key: self.client.key.clone(),
         }
     }
 
@@ -124,22 +79,19 @@ pub type Seen = Arc<Mutex<Vec<(String, HashMap<String, String>)>>>;
 /// A TLS server on 127.0.0.1 speaking just enough HTTP/1.1; `tls: false` is a plaintext
 /// server that answers 400 to whatever arrives.
 /// A TLS server configuration with `leaf` as its certificate.
-pub fn server_config(leaf: &Leaf) -> Arc<rustls::ServerConfig> {
+pub fn server_config(leaf: &Pair) -> Arc<rustls::ServerConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
-        .with_single_cert(
-            vec![CertificateDer::from(leaf.der.clone())],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(leaf.key_der.clone())),
-        )
+        .with_single_cert(load_certs(&leaf.cert).unwrap(), load_key(&leaf.key).unwrap())
         .unwrap();
     Arc::new(config)
 }
 
 pub async fn serve(
-    leaf: &Leaf,
+    leaf: &Pair,
     tls: bool,
     handler: Handler,
 ) -> (SocketAddr, Seen, tokio::task::JoinHandle<()>) {

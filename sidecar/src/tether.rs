@@ -194,10 +194,11 @@ impl Link {
         let response = self.sender.send_request(request).await.map_err(|e| failed(ErrorKind::Closed, &e))?;
         let status = response.status();
         let etag = response.headers().get(ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        Limited::new(response.into_body(), MAX_BODY)
-            .collect()
-            .await
-            .map_err(|e| failed(ErrorKind::Truncated, &e))?;
+        // Drained frame by frame: a changed document is never held whole.
+        let mut body = Limited::new(response.into_body(), MAX_BODY);
+        while let Some(frame) = body.frame().await {
+            frame.map_err(|e| failed(ErrorKind::Truncated, &e))?;
+        }
         Ok((status, etag))
     }
 }
@@ -273,7 +274,10 @@ mod tests {
 
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
         assert_eq!(tether(&certs, closed).connect().await.err().map(|e| e.kind), Some(ErrorKind::Connect));
-        let rogue = certs.rogue_ca.leaf(&certs.dir, "rogue-apiserver", &["kubernetes.default.svc"], true);
+        let rogue = certs
+            .rogue_ca
+            .server(&certs.dir, "rogue-apiserver", "rogue-apiserver", &["kubernetes.default.svc"])
+            .unwrap();
         let (addr, _, _task) = serve(&rogue, true, Arc::new(|_: &str| json("{}"))).await;
         assert_eq!(tether(&certs, addr).connect().await.err().map(|e| e.kind), Some(ErrorKind::Tls));
     }

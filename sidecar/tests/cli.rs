@@ -111,19 +111,11 @@ fn table_modes_do_not_mix() {
 #[test]
 fn sync_names_bad_config_fields_and_fails_without_apiservers() {
     let d = dir("sync");
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["kubernetes.default.svc".to_string()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
-    let write = |name: &str, text: String| {
-        std::fs::write(d.join(name), text).unwrap();
-        d.join(name)
-    };
-    let (ca, cert, key) =
-        (write("ca.crt", cert.pem()), write("c.crt", cert.pem()), write("c.key", key.serialize_pem()));
+    let ca = skewgate_pki::Ca::new(&d, "ca").unwrap();
+    let pair = ca.server(&d, "c", "c", &["kubernetes.default.svc"]).unwrap();
+    let (ca, cert, key) = (ca.cert_path, pair.cert, pair.key);
     // A key of another pair: refused before any request, naming the files.
-    let other = write("other.key", rcgen::KeyPair::generate().unwrap().serialize_pem());
+    let other = skewgate_pki::Ca::new(&d, "other-ca").unwrap().client(&d, "other", "other", &[]).unwrap().key;
     std::fs::write(d.join("f.wasm"), b"\0asm").unwrap();
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = json!({

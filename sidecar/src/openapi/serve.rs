@@ -232,16 +232,25 @@ pub async fn serve(listener: UnixListener, current: Current, shutdown: impl Futu
 
 /// Fetches every apiserver each `period` and recomposes when something changed. An apiserver
 /// that fails keeps its last good documents until it answers again, as discovery does.
+/// Marks the composer ready (for the sidecar's `/readyz`) when a round ends, by whatever path.
+struct FirstRound<'a>(&'a crate::serve::Shared);
+
+impl Drop for FirstRound<'_> {
+    fn drop(&mut self) {
+        self.0.openapi_ready.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Composes from the apiservers in `members` (id and fetcher, in the configured order), which
 /// the sync loop updates as apiservers join and leave.
 pub async fn run(
     shared: Arc<crate::serve::Shared>,
     mut members: tokio::sync::watch::Receiver<Vec<(String, Fetcher)>>,
+    listener: UnixListener,
     socket: PathBuf,
     period: Duration,
     shutdown: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    let listener = bind(&socket)?;
+) {
     let socket_dir = socket.parent().map(Path::to_path_buf);
     let current: Current = Arc::default();
     // Dropped with this future (the sidecar stopped or killed): nothing answers for a dead sidecar.
@@ -294,6 +303,9 @@ pub async fn run(
                 }
             }
         }
+        // However this round ends (composed, nothing fetched, over budget), the edge has its
+        // answer for OpenAPI now: documents or a clear 503.
+        let _first_round = FirstRound(&shared);
         let have_none = current.read().unwrap_or_else(PoisonError::into_inner).is_none();
         if !changed && !have_none {
             continue;
@@ -332,7 +344,6 @@ pub async fn run(
         metrics.merged_documents.set(composed.v3.values().filter(|c| c.verbatim.is_none()).count() as i64);
         *current.write().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(composed));
     }
-    Ok(())
 }
 
 /// Stops the server and removes its socket when dropped.

@@ -1,0 +1,700 @@
+//! `make bench`: what skewgate costs per request. Same Envoy 1.40 binary, same upstream (a second
+//! Envoy answering at once), same request mix, three configurations run interleaved:
+//!   (a) plain LB: no filter, one route to the pool (envoy-config/plain-lb.yaml) — the floor;
+//!   (b) skewgate: the filter with the routing table (envoy-config/bootstrap.yaml);
+//!   (c) native: one Envoy route per GVR generated from the same table, no filter;
+//!   and for issue 17: module (the dynamic module ahead of the filter), bypass (a route that skips
+//!   the filter for resources every apiserver serves), module-only (the module, no filter).
+//! At --concurrency 1 also per request class (uniform, rerouted, discovery, realistic), with a token.
+//! For table sizes real (~110 GVRs), 1,000 and 10,000, at --concurrency 1 (Envoy pinned to a core
+//! of its own) and 2. Also the table reload latency and the errors during reloads under load.
+//! Writes bench/results/latest.json, bench/results/cpu-per-request.svg and the results section
+//! of BENCHMARKS.md.
+//!
+//! Usage: bench [--seconds N] [--rounds N] [--sizes real,1000,10000] [--concurrency 1,2]
+//!   [--mixes mix,uniform,rerouted,discovery,realistic] [--no-write] [--quick]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use serde_json::{Value, json};
+use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate_bench::{self as bench, WrkRun};
+use skewgate_core::table::{GroupVersionConfig, TableConfig};
+use skewgate_pki::{APISERVER_NAME, Pki};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::paths;
+
+/// plain, the filter, generated routes, the native module ahead of the filter (issue 17 (b)), a
+/// route that skips the filter for uniform resources (issue 17 (a), token requests only), and the
+/// module alone (no filter behind it: no discovery composition; to see what the chain costs).
+const CONFIGS: [&str; 6] = ["plain", "skewgate", "native", "module", "bypass", "module-only"];
+const PROBE_GROUP: &str = "probe.bench.skewgate.io";
+
+#[derive(Debug, Serialize)]
+struct Cell {
+    concurrency: u32,
+    table: String,
+    gvrs: usize,
+    config: &'static str,
+    /// `mix` (the original anonymous mix) or a request class of [`bench::class_mixes`].
+    mix: String,
+    round: usize,
+    #[serde(flatten)]
+    wrk: WrkRun,
+    cpu_us_per_request: f64,
+    rss_kib: u64,
+    /// This cell's CPU per request over plain's in the same round.
+    cpu_ratio_to_plain: f64,
+    rps_ratio_to_plain: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct Reload {
+    config: &'static str,
+    table: String,
+    gvrs: usize,
+    ecds_bytes: usize,
+    latencies_ms: Vec<f64>,
+    median_ms: f64,
+    reloads_under_load: usize,
+    requests_under_load: u64,
+    errors_under_load: u64,
+}
+
+struct Args {
+    seconds: u64,
+    rounds: usize,
+    sizes: Vec<(String, Option<usize>)>,
+    concurrencies: Vec<u32>,
+    /// Write results and BENCHMARKS.md (off for experiments).
+    write: bool,
+    /// Request mixes to run (`mix` and the classes of `bench::class_mixes`); all when empty.
+    mixes: Vec<String>,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        seconds: 5,
+        rounds: 2,
+        sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
+        concurrencies: vec![1, 2],
+        write: true,
+        mixes: Vec::new(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--seconds" => a.seconds = it.next().context("--seconds N")?.parse()?,
+            "--rounds" => a.rounds = it.next().context("--rounds N")?.parse()?,
+            "--sizes" => {
+                let wanted: Vec<String> =
+                    it.next().context("--sizes real,1000,10000")?.split(',').map(String::from).collect();
+                a.sizes.retain(|(name, _)| wanted.contains(name));
+            }
+            "--concurrency" => {
+                a.concurrencies = it
+                    .next()
+                    .context("--concurrency 1,2")?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?;
+            }
+            "--no-write" => a.write = false,
+            "--mixes" => {
+                a.mixes = it
+                    .next()
+                    .context("--mixes mix,uniform,rerouted,discovery,realistic")?
+                    .split(',')
+                    .map(String::from)
+                    .collect();
+            }
+            "--quick" => {
+                a.seconds = 2;
+                a.rounds = 1;
+                a.concurrencies = vec![1];
+            }
+            other => bail!(
+                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --no-write, --quick)"
+            ),
+        }
+    }
+    Ok(a)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> Result<()> {
+    let args = args()?;
+    let started = Instant::now();
+    let machine = machine()?;
+    // The benchmark driver, wrk and the upstream share core 0; Envoy under test gets core 1 at
+    // --concurrency 1. Without pinning, runs move by ±10 µs/request on this 2-core VM.
+    bench::pin(std::process::id(), "0")?;
+    let dir = std::env::temp_dir().join(format!("skewgate-bench-{}", std::process::id()));
+    let pki = Pki::generate(&dir.join("pki"))?;
+    let wasm = paths::filter_wasm()?;
+
+    let ids = ["a", "b", "c"];
+    let upstream_ports: Vec<(String, u16)> =
+        ids.iter().map(|id| Ok((id.to_string(), free_port()?))).collect::<Result<_>>()?;
+    let upstream_admin = free_port()?;
+    let mut upstream_settings = settings(
+        &dir.join("upstream"),
+        &pki,
+        Config::Custom(bench::upstream_bootstrap(&pki, &upstream_ports, upstream_admin).to_string()),
+        1,
+    )?;
+    upstream_settings.admin_port = upstream_admin;
+    let upstream =
+        Envoy::start(upstream_settings, &json!({"resources": []}), &json!({"resources": []})).await?;
+    bench::pin(upstream.child.id(), "0")?;
+    let endpoints: Vec<Endpoint> = upstream_ports
+        .iter()
+        .map(|(id, port)| Endpoint { id: id.clone(), address: "127.0.0.1".into(), port: *port })
+        .collect();
+    let tls = UpstreamTls {
+        peer_ca: pki.peer_ca.cert_path.display().to_string(),
+        client_cert: pki.front_proxy.cert.display().to_string(),
+        client_key: pki.front_proxy.key.display().to_string(),
+        server_name: APISERVER_NAME.into(),
+        health_user: "system:apiserver".into(),
+        health_groups: vec!["system:authenticated".into()],
+    };
+    let base: TableConfig = serde_json::from_slice(&std::fs::read(
+        paths::workspace_root().join("envoy-config/examples/table.json"),
+    )?)?;
+
+    let mut cells = Vec::new();
+    let mut reloads = Vec::new();
+    let mut memory = Vec::new();
+    let mut coverage = Vec::new();
+    for &concurrency in &args.concurrencies {
+        for (name, size) in &args.sizes {
+            let table = with_probes(
+                &match size {
+                    Some(n) => bench::synthetic_table(&base, *n),
+                    None => base.clone(),
+                },
+                false,
+            );
+            let gvrs = bench::gvr_count(&table);
+            let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
+            let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
+            let case = dir.join(format!("c{concurrency}-{name}"));
+            let compiled = skewgate_core::table::RoutingTable::compile(table.clone())?;
+            let bypass_regex =
+                skewgate_core::bypass::path_regex(&compiled).context("no uniform resources")?;
+            let mut envoys = Vec::new();
+            for config in CONFIGS {
+                let c = match config {
+                    "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
+                    "skewgate" | "bypass" => Config::Skewgate,
+                    "module" | "module-only" => Config::Native {
+                        module_ecds: skewgate_testkit::native::module_ecds(&serde_json::to_string(&table)?),
+                        wasm: config == "module",
+                    },
+                    _ => Config::NativeRoutes {
+                        pool_cluster: table.pool_cluster.clone(),
+                        routes: bench::native_routes(&table),
+                    },
+                };
+                let mut s = settings(&case.join(config), &pki, c, concurrency)?;
+                if config == "bypass" {
+                    let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
+                    s.config = Config::Custom(skewgate_testkit::native::with_bypass(
+                        &shipped,
+                        &bypass_regex,
+                        &table.pool_cluster,
+                    )?);
+                }
+                let envoy = Envoy::start(s, &cds, &ecds).await?;
+                bench::pin(envoy.child.id(), if concurrency == 1 { "1" } else { "0,1" })?;
+                envoys.push(envoy);
+            }
+            let mix = bench::request_mix(&table);
+            let script = case.join("mix.lua");
+            bench::write_wrk_script(&script, &mix)?;
+            for envoy in &envoys {
+                wait_routable(envoy, &mix).await?;
+            }
+            // The request classes at --concurrency 1 only: they multiply the runs.
+            let mut scripts = vec![("mix".to_string(), script.clone())];
+            if concurrency == 1 {
+                for (class, requests) in bench::class_mixes(&table) {
+                    let (by_route, by_module) = bench::coverage(&compiled, &requests);
+                    println!(
+                        "{name:>5} {class:<9}: of {} requests the bypass route takes {by_route} (token clients; none from certificate clients), the module {by_module} (either)",
+                        requests.len()
+                    );
+                    coverage.push(json!({"table": name, "class": class, "requests": requests.len(), "bypass_route": by_route, "module": by_module}));
+                    let path = case.join(format!("{class}.lua"));
+                    bench::write_wrk_requests(&path, &requests)?;
+                    scripts.push((class.to_string(), path));
+                }
+            }
+            scripts.retain(|(mix, _)| args.mixes.is_empty() || args.mixes.contains(mix));
+            let (threads, connections) = if concurrency == 1 { (1, 16) } else { (2, 32) };
+            for round in 1..=args.rounds {
+                for (mix_name, script) in &scripts {
+                    let mut plain: Option<(f64, f64)> = None;
+                    for (config, envoy) in CONFIGS.iter().zip(&envoys) {
+                        let pid = envoy.child.id();
+                        let url = format!("https://127.0.0.1:{}", envoy.settings.listen_port);
+                        let cpu_before = bench::cpu_micros(pid)?;
+                        let script = script.clone();
+                        let seconds = args.seconds;
+                        let wrk = tokio::task::spawn_blocking(move || {
+                            bench::wrk(&url, &script, threads, connections, seconds)
+                        })
+                        .await??;
+                        let cpu = (bench::cpu_micros(pid)? - cpu_before) / wrk.requests.max(1) as f64;
+                        let (base_cpu, base_rps) = *plain.get_or_insert((cpu, wrk.requests_per_second));
+                        let cell = Cell {
+                            concurrency,
+                            table: name.clone(),
+                            gvrs,
+                            config,
+                            mix: mix_name.clone(),
+                            round,
+                            cpu_us_per_request: cpu,
+                            rss_kib: bench::rss_kib(pid)?,
+                            cpu_ratio_to_plain: cpu / base_cpu,
+                            rps_ratio_to_plain: wrk.requests_per_second / base_rps,
+                            wrk,
+                        };
+                        println!(
+                            "c{concurrency} {name:>5} {mix_name:<9} {config:<8} round {round}: {:>7.0} req/s  p50 {:.2} ms  p99 {:.2} ms  {:>6.1} µs CPU/req ({:.2}× plain)  RSS {} MiB  errors {}",
+                            cell.wrk.requests_per_second,
+                            cell.wrk.p50_ms,
+                            cell.wrk.p99_ms,
+                            cell.cpu_us_per_request,
+                            cell.cpu_ratio_to_plain,
+                            cell.rss_kib / 1024,
+                            cell.wrk.errors
+                        );
+                        cells.push(cell);
+                    }
+                }
+            }
+            memory.push(json!({
+                "concurrency": concurrency,
+                "table": name,
+                "gvrs": gvrs,
+                "wasm_stats": wasm_memory_stats(&envoys[1]).await?,
+            }));
+            if concurrency == 1 {
+                reloads.push(reload(&envoys[1], "skewgate", &table, name, gvrs, &wasm, &script).await?);
+                reloads.push(reload(&envoys[3], "module", &table, name, gvrs, &wasm, &script).await?);
+            }
+        }
+    }
+    drop(upstream);
+
+    let summary = summarize(&cells);
+    let result = json!({
+        "machine": machine,
+        "envoy": envoy_version()?,
+        "commit": commit(),
+        "seconds_per_run": args.seconds,
+        "rounds": args.rounds,
+        "wrk": "1 thread, 16 connections at --concurrency 1; 2 threads, 32 connections at --concurrency 2; TLS in, mTLS out",
+        "took_s": started.elapsed().as_secs_f64(),
+        "summary": summary,
+        "reloads": reloads,
+        "coverage": coverage,
+        "wasm_memory": memory,
+        "cells": cells,
+    });
+    println!("\n{}", markdown_tables(&result));
+    if !args.write {
+        return Ok(());
+    }
+    let out = paths::workspace_root().join("bench/results");
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(out.join("latest.json"), serde_json::to_string_pretty(&result)? + "\n")?;
+    std::fs::write(out.join("cpu-per-request.svg"), plot(&summary))?;
+    write_markdown(&result)?;
+    println!(
+        "bench took {:.0} s; wrote bench/results/latest.json, bench/results/cpu-per-request.svg, BENCHMARKS.md",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn settings(dir: &Path, pki: &Pki, config: Config, concurrency: u32) -> Result<Settings> {
+    Ok(Settings {
+        config,
+        dir: dir.to_path_buf(),
+        listen_port: free_port()?,
+        admin_port: free_port()?,
+        serving_cert: pki.envoy_listener.cert.clone(),
+        serving_key: pki.envoy_listener.key.clone(),
+        client_ca: pki.cluster_ca.cert_path.clone(),
+        route_timeout: "65s".into(),
+        concurrency,
+    })
+}
+
+/// Two probe GVRs whose serving apiserver swaps between `a` and `b` when `swapped` flips: the
+/// reload test watches for the swap.
+fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
+    let mut t = table.clone();
+    t.group_versions.retain(|gv| gv.group != PROBE_GROUP);
+    let (first, second) = if swapped { ("b", "a") } else { ("a", "b") };
+    let one = |id: &str| vec![id.to_string()];
+    t.group_versions.push(GroupVersionConfig {
+        group: PROBE_GROUP.into(),
+        version: "v1".into(),
+        served_by: vec!["a".into(), "b".into()],
+        resources: BTreeMap::from([("probes".into(), one(first)), ("probes2".into(), one(second))]),
+        extension: false,
+    });
+    let names = skewgate_core::build::ClusterNames::default();
+    t.assign_sets(|m| names.set_cluster(m));
+    t.generation = format!("{}-{}", table.generation, if swapped { "swapped" } else { "plain" });
+    t
+}
+
+fn client() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(5))
+        .build()?)
+}
+
+async fn wait_routable(envoy: &Envoy, mix: &[String]) -> Result<()> {
+    let client = client()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for path in mix {
+        let url = format!("https://127.0.0.1:{}{path}", envoy.settings.listen_port);
+        loop {
+            let status = client.get(&url).send().await.map(|r| r.status().as_u16());
+            if matches!(status, Ok(200)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{path} not routable: {status:?}\n{}", envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+async fn served_by(client: &reqwest::Client, url: &str) -> Option<String> {
+    let r = client.get(url).send().await.ok()?;
+    r.headers().get("x-skewgate-served-by")?.to_str().ok().map(String::from)
+}
+
+/// Rename of ecds.json → first response routed by the new table, five times; then ten reloads
+/// during a wrk run, counting failed requests.
+async fn reload(
+    envoy: &Envoy,
+    config: &'static str,
+    table: &TableConfig,
+    name: &str,
+    gvrs: usize,
+    wasm: &Path,
+    script: &Path,
+) -> Result<Reload> {
+    let tables = [with_probes(table, false), with_probes(table, true)];
+    let ecds: Vec<Value> = tables
+        .iter()
+        .map(|t| Ok(resources::ecds(&serde_json::to_string(t)?, wasm)))
+        .collect::<Result<_>>()?;
+    let client = client()?;
+    let url = format!("https://127.0.0.1:{}/apis/{PROBE_GROUP}/v1/probes", envoy.settings.listen_port);
+    let mut latencies = Vec::new();
+    let mut current = 0;
+    for _ in 0..5 {
+        let next = 1 - current;
+        let want = if next == 1 { "b" } else { "a" };
+        let start = Instant::now();
+        // With the module, its ECDS file first, then the filter's (Envoy::write_ecds).
+        envoy.write_ecds(&ecds[next])?;
+        loop {
+            if served_by(&client, &url).await.as_deref() == Some(want) {
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                bail!("table {next} not live 20 s after the rename:\n{}", envoy.log());
+            }
+        }
+        latencies.push(start.elapsed().as_secs_f64() * 1000.0);
+        current = next;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    let url = format!("https://127.0.0.1:{}", envoy.settings.listen_port);
+    let script = script.to_path_buf();
+    let load = tokio::task::spawn_blocking(move || bench::wrk(&url, &script, 1, 16, 12));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..10 {
+        current = 1 - current;
+        envoy.write_ecds(&ecds[current])?;
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+    }
+    let run = load.await??;
+    let mut sorted = latencies.clone();
+    sorted.sort_by(f64::total_cmp);
+    let r = Reload {
+        config,
+        table: name.into(),
+        gvrs,
+        ecds_bytes: ecds[0].to_string().len(),
+        median_ms: sorted[sorted.len() / 2],
+        latencies_ms: latencies,
+        reloads_under_load: 10,
+        requests_under_load: run.requests,
+        errors_under_load: run.errors,
+    };
+    println!(
+        "reload {config} {name:>5} ({gvrs} GVRs, ecds {} KiB): median {:.1} ms {:?}; 10 reloads under load: {} requests, {} errors",
+        r.ecds_bytes / 1024,
+        r.median_ms,
+        r.latencies_ms.iter().map(|l| format!("{l:.1}")).collect::<Vec<_>>(),
+        r.requests_under_load,
+        r.errors_under_load
+    );
+    Ok(r)
+}
+
+/// Envoy 1.40 exposes no per-VM memory gauge for V8; report what the admin API has on wasm.
+async fn wasm_memory_stats(envoy: &Envoy) -> Result<Value> {
+    let stats = envoy.stats().await?;
+    let wasm: BTreeMap<&String, &u64> = stats.iter().filter(|(k, _)| k.starts_with("wasm")).collect();
+    Ok(json!(wasm))
+}
+
+/// Medians over rounds, per (concurrency, table, config).
+fn summarize(cells: &[Cell]) -> Vec<Value> {
+    let mut groups: BTreeMap<(u32, usize, &str, &str), Vec<&Cell>> = BTreeMap::new();
+    for c in cells {
+        groups.entry((c.concurrency, c.gvrs, c.mix.as_str(), c.config)).or_default().push(c);
+    }
+    groups
+        .into_iter()
+        .map(|((concurrency, gvrs, mix, config), cs)| {
+            let median = |f: &dyn Fn(&Cell) -> f64| {
+                let mut v: Vec<f64> = cs.iter().map(|c| f(c)).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            json!({
+                "concurrency": concurrency,
+                "table": cs[0].table,
+                "gvrs": gvrs,
+                "config": config,
+                "mix": mix,
+                "rps": median(&|c| c.wrk.requests_per_second),
+                "p50_ms": median(&|c| c.wrk.p50_ms),
+                "p99_ms": median(&|c| c.wrk.p99_ms),
+                "cpu_us_per_request": median(&|c| c.cpu_us_per_request),
+                "cpu_ratio_to_plain": median(&|c| c.cpu_ratio_to_plain),
+                "rps_ratio_to_plain": median(&|c| c.rps_ratio_to_plain),
+                "rss_mib": median(&|c| c.rss_kib as f64 / 1024.0),
+                "errors": cs.iter().map(|c| c.wrk.errors).sum::<u64>(),
+            })
+        })
+        .collect()
+}
+
+fn markdown_tables(result: &Value) -> String {
+    let mut md = String::new();
+    md.push_str(&format!(
+        "Measured {} on {} with Envoy {} at commit {} ({} s per run, {} rounds interleaved plain → skewgate → native → module → bypass; medians; requests: `mix` is the anonymous mix, the others are the token request classes at --concurrency 1).\n\n",
+        result["machine"]["date"].as_str().unwrap_or(""),
+        result["machine"]["cpu"].as_str().unwrap_or(""),
+        result["envoy"].as_str().unwrap_or(""),
+        result["commit"].as_str().unwrap_or(""),
+        result["seconds_per_run"],
+        result["rounds"],
+    ));
+    md.push_str("| Envoy concurrency | table | GVRs | requests | config | req/s | p50 ms | p99 ms | CPU µs/req | CPU × plain | req/s × plain | RSS MiB | errors |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for s in result["summary"].as_array().into_iter().flatten() {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {} |\n",
+            s["concurrency"],
+            s["table"].as_str().unwrap_or(""),
+            s["gvrs"],
+            s["mix"].as_str().unwrap_or(""),
+            s["config"].as_str().unwrap_or(""),
+            s["rps"].as_f64().unwrap_or(f64::NAN),
+            s["p50_ms"].as_f64().unwrap_or(f64::NAN),
+            s["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            s["cpu_us_per_request"].as_f64().unwrap_or(f64::NAN),
+            s["cpu_ratio_to_plain"].as_f64().unwrap_or(f64::NAN),
+            s["rps_ratio_to_plain"].as_f64().unwrap_or(f64::NAN),
+            s["rss_mib"].as_f64().unwrap_or(f64::NAN),
+            s["errors"],
+        ));
+    }
+    md.push_str("\n| config | table | GVRs | ecds.json KiB | reload: rename → new table answers (median of 5) | requests during 10 reloads | failed |\n|---|---|---|---|---|---|---|\n");
+    for r in result["reloads"].as_array().into_iter().flatten() {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {:.1} ms | {} | {} |\n",
+            r["config"].as_str().unwrap_or(""),
+            r["table"].as_str().unwrap_or(""),
+            r["gvrs"],
+            r["ecds_bytes"].as_u64().unwrap_or(0) / 1024,
+            r["median_ms"].as_f64().unwrap_or(f64::NAN),
+            r["requests_under_load"],
+            r["errors_under_load"],
+        ));
+    }
+    md
+}
+
+const BEGIN: &str = "<!-- bench:begin (generated by `make bench`) -->";
+const END: &str = "<!-- bench:end -->";
+
+fn write_markdown(result: &Value) -> Result<()> {
+    let path = paths::workspace_root().join("BENCHMARKS.md");
+    let empty = format!("# Benchmarks\n\n{BEGIN}\n{END}\n");
+    let body = format!(
+        "{}\n![Envoy CPU per request vs table size](bench/results/cpu-per-request.svg)\n",
+        markdown_tables(result)
+    );
+    skewgate_testkit::markdown::update_section(&path, Some(&empty), BEGIN, END, &body)
+}
+
+/// CPU µs/request against table size (log scale), one line per configuration and concurrency.
+fn plot(summary: &[Value]) -> String {
+    let (w, h, left, right, top, bottom) = (720.0, 420.0, 70.0, 190.0, 30.0, 50.0);
+    let points: Vec<(u32, &str, f64, f64)> = summary
+        .iter()
+        .filter(|s| s["mix"] == "mix")
+        .filter_map(|s| {
+            Some((
+                s["concurrency"].as_u64()? as u32,
+                s["config"].as_str()?,
+                s["gvrs"].as_f64()?,
+                s["cpu_us_per_request"].as_f64()?,
+            ))
+        })
+        .collect();
+    let max_y = points.iter().map(|p| p.3).fold(0.0, f64::max) * 1.15;
+    let (min_x, max_x) = points.iter().fold((f64::MAX, 0.0f64), |(lo, hi), p| (lo.min(p.2), hi.max(p.2)));
+    let x = |v: f64| {
+        left + (v.log10() - min_x.log10()) / (max_x.log10() - min_x.log10()).max(1e-9) * (w - left - right)
+    };
+    let y = |v: f64| h - bottom - v / max_y.max(1e-9) * (h - top - bottom);
+    let colors = [
+        ("plain", "#888888"),
+        ("skewgate", "#1f77b4"),
+        ("native", "#d62728"),
+        ("module", "#2ca02c"),
+        ("bypass", "#9467bd"),
+    ];
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"14\">Envoy CPU per request vs routing table size</text>\n"
+    );
+    svg += &format!(
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
+        h - bottom,
+        w - right,
+        h - bottom
+    );
+    svg +=
+        &format!("<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>\n", h - bottom);
+    for i in 0..=5 {
+        let v = max_y * i as f64 / 5.0;
+        svg +=
+            &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.0}</text>\n", left - 6.0, y(v) + 4.0);
+    }
+    let mut xs: Vec<f64> = points.iter().map(|p| p.2).collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    for v in xs {
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{v:.0}</text>\n",
+            x(v),
+            h - bottom + 18.0
+        );
+    }
+    svg += &format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GVRs in the table (log scale)</text>\n",
+        (left + w - right) / 2.0,
+        h - 10.0
+    );
+    svg += &format!(
+        "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">Envoy CPU µs / request</text>\n",
+        (top + h - bottom) / 2.0,
+        (top + h - bottom) / 2.0
+    );
+    let mut legend = 0.0;
+    for concurrency in [1u32, 2] {
+        for (config, color) in colors {
+            let mut line: Vec<(f64, f64)> =
+                points.iter().filter(|p| p.0 == concurrency && p.1 == config).map(|p| (p.2, p.3)).collect();
+            if line.is_empty() {
+                continue;
+            }
+            line.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let dash = if concurrency == 2 { " stroke-dasharray=\"6 4\"" } else { "" };
+            let d: Vec<String> = line.iter().map(|(gx, gy)| format!("{:.1},{:.1}", x(*gx), y(*gy))).collect();
+            svg += &format!(
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n",
+                d.join(" ")
+            );
+            for (gx, gy) in &line {
+                svg += &format!(
+                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
+                    x(*gx),
+                    y(*gy)
+                );
+            }
+            let ly = top + 10.0 + legend * 18.0;
+            svg += &format!(
+                "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n",
+                w - right + 15.0,
+                w - right + 45.0
+            );
+            svg += &format!(
+                "<text x=\"{}\" y=\"{}\">({}) {config}, c={concurrency}</text>\n",
+                w - right + 50.0,
+                ly + 4.0,
+                match config {
+                    "plain" => "a",
+                    "skewgate" => "b",
+                    _ => "c",
+                }
+            );
+            legend += 1.0;
+        }
+    }
+    svg + "</svg>\n"
+}
+
+fn machine() -> Result<Value> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string());
+    let date = std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output()?;
+    Ok(json!({
+        "cpu": format!("{} × {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), cpu.unwrap_or_default()),
+        "date": String::from_utf8_lossy(&date.stdout).trim(),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    }))
+}
+
+fn envoy_version() -> Result<String> {
+    let out = std::process::Command::new(paths::envoy_binary()?).arg("--version").output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().last().unwrap_or("").to_string())
+}
+
+fn commit() -> String {
+    std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(paths::workspace_root())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

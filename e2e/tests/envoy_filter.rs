@@ -1,0 +1,926 @@
+//! The filter inside a real Envoy 1.40, in front of loopback apiserver doubles over mTLS.
+//!
+//! Apiservers: a, b, c answer normally; d resets connections for `resets`; e is a closed port;
+//! f fails `/readyz`. Needs `make wasm` and `make setup` (Envoy in .venv): fails, never skips.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate_core::table::TableConfig;
+use skewgate_pki::{APISERVER_NAME, Pki};
+use skewgate_testkit::echo::{self, Echo, SERVED_BY};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
+use skewgate_testkit::scenario::listing;
+use skewgate_testkit::{native, paths};
+
+const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+const NOPEER: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json";
+const MERGED_DOC: &str = r#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"metadata":{"name":"resource.k8s.io"},"versions":[]}]}"#;
+const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+const DEVICECLASSES: &str = "/apis/resource.k8s.io/v1alpha3/deviceclasses";
+const PODS: &str = "/api/v1/namespaces/default/pods";
+
+/// The table the tests start with; `claims_by` serves resourceclaims.v1.resource.k8s.io.
+fn table(claims_by: &[&str]) -> TableConfig {
+    let all = ["a", "b", "c", "d", "e", "f"];
+    let mut t: TableConfig = serde_json::from_value(json!({
+        "schema": 1,
+        "generation": format!("claims-by-{}", claims_by.join("")),
+        "apiservers": all.iter().map(|id| json!({"id": id, "cluster": format!("apiserver-{id}")})).collect::<Vec<_>>(),
+        "poolCluster": "pool",
+        "groupVersions": [
+            {"group": "", "version": "v1", "servedBy": all, "resources": {"pods": all, "configmaps": all}},
+            {"group": "resource.k8s.io", "version": "v1", "servedBy": claims_by, "resources": {"resourceclaims": claims_by}},
+            {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b"], "resources": {"deviceclasses": ["a", "b"]}},
+            {"group": "test.skewgate.io", "version": "v1", "servedBy": ["a", "c", "d", "e", "f"], "resources": {
+                "resets": ["d"], "flaky": ["a", "d"], "refuses": ["e"], "unready": ["f"], "hangs": ["c"], "fails": ["c"], "orphans": ["a", "c"]
+            }}
+        ],
+        "discovery": {"etag": "0123ABCD", "document": MERGED_DOC}
+    }))
+    .unwrap();
+    t.assign_sets(|members| format!("set-{}", members.join("-")));
+    t
+}
+
+struct Fixture {
+    dir: PathBuf,
+    _echoes: Vec<Echo>,
+    endpoints: Vec<Endpoint>,
+    tls: UpstreamTls,
+    wasm: PathBuf,
+    envoy: Envoy,
+    base: String,
+    anonymous: reqwest::Client,
+    alice: reqwest::Client,
+    /// Requests for resourceclaims that reached the filter while waiting for health checks.
+    warmup_claims: u64,
+}
+
+impl Fixture {
+    async fn start(name: &str) -> Result<Self> {
+        Self::start_with(name, false).await
+    }
+
+    /// With `native`, the dynamic module (crate `skewgate-module`) runs ahead of the filter and
+    /// routes every request that needs no composed answer itself.
+    async fn start_with(name: &str, native: bool) -> Result<Self> {
+        let wasm = paths::filter_wasm()?;
+        paths::envoy_binary()?;
+        let dir = std::env::temp_dir().join(format!("skewgate-it-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let pki = Pki::generate(&dir.join("pki"))?;
+        let server_tls = echo::tls_config(&pki.apiserver, &pki.requestheader_ca.cert_path)?;
+        let mut echoes = Vec::new();
+        for id in ["a", "b", "c", "d", "f"] {
+            echoes.push(echo::start(id, server_tls.clone()).await?);
+        }
+        echoes[4].set_ready(false);
+        let mut endpoints: Vec<Endpoint> = echoes
+            .iter()
+            .map(|e| Endpoint { id: e.id.clone(), address: "127.0.0.1".into(), port: e.addr.port() })
+            .collect();
+        endpoints.push(Endpoint { id: "e".into(), address: "127.0.0.1".into(), port: free_port()? });
+        let tls = UpstreamTls {
+            peer_ca: pki.peer_ca.cert_path.display().to_string(),
+            client_cert: pki.front_proxy.cert.display().to_string(),
+            client_key: pki.front_proxy.key.display().to_string(),
+            server_name: APISERVER_NAME.into(),
+            health_user: "system:apiserver".into(),
+            health_groups: vec!["system:authenticated".into()],
+        };
+        let t = table(&["c"]);
+        let settings = Settings {
+            config: match native {
+                true => Config::Native {
+                    module_ecds: native::module_ecds(&serde_json::to_string(&t)?),
+                    wasm: true,
+                },
+                false => Config::Skewgate,
+            },
+            dir: dir.join("envoy"),
+            listen_port: free_port()?,
+            admin_port: free_port()?,
+            serving_cert: pki.envoy_listener.cert.clone(),
+            serving_key: pki.envoy_listener.key.clone(),
+            client_ca: pki.cluster_ca.cert_path.clone(),
+            route_timeout: "2s".into(),
+            concurrency: 2,
+        };
+        let cds = test_cds(&t, &endpoints, &tls)?;
+        let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
+        let base = format!("https://127.0.0.1:{}", settings.listen_port);
+        let envoy = Envoy::start(settings, &cds, &ecds).await?;
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.cluster_ca.cert_path)?)?;
+        let anonymous = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone())
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let alice = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(reqwest::Identity::from_pem(&pki.alice.identity_pem()?)?)
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let mut f = Self {
+            dir,
+            _echoes: echoes,
+            endpoints,
+            tls,
+            wasm,
+            envoy,
+            base,
+            anonymous,
+            alice,
+            warmup_claims: 0,
+        };
+        f.warmup_claims = f.wait_routable().await?;
+        Ok(f)
+    }
+
+    /// Until the first health checks pass, set clusters have no healthy host. Returns how many
+    /// answers for resourceclaims it got (each one was decided, so counted, by the filter).
+    async fn wait_routable(&self) -> Result<u64> {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut claims = 0;
+        for path in [CLAIMS_V1, DEVICECLASSES, PODS] {
+            loop {
+                let r = self.get(path).await;
+                claims += u64::from(path == CLAIMS_V1 && r.is_ok());
+                if matches!(&r, Ok((200, _, _))) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("{path} not routable: {r:?}\n{}", self.envoy.log());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        // A cluster is routable once one host passed; every host of a ready apiserver (a to d)
+        // must have, in every cluster, before the tests look at the spread.
+        let ready: Vec<String> = self
+            .endpoints
+            .iter()
+            .filter(|e| ["a", "b", "c", "d"].contains(&e.id.as_str()))
+            .map(|e| format!("{}:{}::", e.address, e.port))
+            .collect();
+        loop {
+            let clusters = reqwest::get(self.envoy.admin_url("/clusters")).await?.text().await?;
+            let waiting: Vec<&str> = clusters
+                .lines()
+                .filter(|l| l.contains("::health_flags::") && !l.ends_with("::health_flags::healthy"))
+                .filter(|l| ready.iter().any(|r| l.contains(&format!("::{r}"))))
+                .collect();
+            if waiting.is_empty() {
+                return Ok(claims);
+            }
+            if Instant::now() > deadline {
+                bail!("hosts still unhealthy:\n{}", waiting.join("\n"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn send(
+        &self,
+        client: &reqwest::Client,
+        req: reqwest::RequestBuilder,
+    ) -> Result<(u16, reqwest::header::HeaderMap, String)> {
+        let _ = client;
+        let resp = req.send().await?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        Ok((status, headers, resp.text().await?))
+    }
+
+    async fn get(&self, path: &str) -> Result<(u16, reqwest::header::HeaderMap, String)> {
+        self.send(&self.anonymous, self.anonymous.get(format!("{}{path}", self.base))).await
+    }
+
+    /// GET `path` and return who served it and the echo of what arrived upstream.
+    async fn echo(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(String, Value)> {
+        let mut req = client.get(format!("{}{path}", self.base));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let (status, h, body) = self.send(client, req).await?;
+        if status != 200 {
+            bail!("GET {path}: {status} {body}");
+        }
+        let served_by = h.get(SERVED_BY).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
+        Ok((served_by, serde_json::from_str(&body).with_context(|| body.clone())?))
+    }
+}
+
+/// CDS for the test table, with two deliberate defects: `set-e` has no health check (so Envoy
+/// really connects to the closed port) and `set-a-c` is missing (unknown cluster).
+fn test_cds(t: &TableConfig, endpoints: &[Endpoint], tls: &UpstreamTls) -> Result<Value> {
+    // A generous check timeout: on a busy 2-core machine a 500 ms one flapped hosts out of the spread.
+    let health = Health { interval_ms: 500, timeout_ms: 2000, connect_timeout_ms: 500 };
+    let mut cds = resources::cds(t, endpoints, tls, health)?;
+    let clusters = cds["resources"].as_array_mut().context("resources")?;
+    clusters.retain(|c| c["name"] != "set-a-c");
+    for c in clusters.iter_mut().filter(|c| c["name"] == "set-e") {
+        c.as_object_mut().context("cluster")?.remove("health_checks");
+    }
+    Ok(cds)
+}
+
+fn header_values(echo: &Value, name: &str) -> Vec<String> {
+    echo["headers"][name]
+        .as_array()
+        .map(|a| a.iter().filter_map(|v| v.as_str().map(String::from)).collect())
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_each_gvr_to_apiservers_that_serve_it() -> Result<()> {
+    let f = Fixture::start("routing").await?;
+    let mut seen: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for _ in 0..40 {
+        for path in
+            [CLAIMS_V1, DEVICECLASSES, PODS, "/apis/resource.k8s.io/v1/namespaces/x/resourceclaims?watch=1"]
+        {
+            let (by, echo) = f.echo(&f.anonymous, path, &[]).await?;
+            let stamped = header_values(&echo, "x-kubernetes-peer-proxied");
+            let rerouted = path != PODS;
+            assert_eq!(stamped, if rerouted { vec!["true".to_string()] } else { vec![] }, "{path}");
+            assert!(header_values(&echo, "x-skewgate-cluster").is_empty(), "routing header leaked upstream");
+            assert!(header_values(&echo, "x-skewgate-route").is_empty(), "routing header leaked upstream");
+            seen.entry(path).or_default().insert(by);
+        }
+    }
+    assert_eq!(seen[CLAIMS_V1], BTreeSet::from(["c".to_string()]));
+    assert_eq!(seen[DEVICECLASSES], BTreeSet::from(["a".to_string(), "b".to_string()]));
+    // Spread over every healthy apiserver; never the closed port or the unready one.
+    assert_eq!(seen[PODS], BTreeSet::from(["a", "b", "c", "d"].map(String::from)));
+
+    // Legacy discovery and OpenAPI of a group/version only c serves.
+    for path in ["/apis/resource.k8s.io/v1", "/openapi/v3/apis/resource.k8s.io/v1?hash=X"] {
+        for _ in 0..10 {
+            assert_eq!(f.echo(&f.anonymous, path, &[]).await?.0, "c", "{path}");
+        }
+    }
+
+    // The filter hands its per-GVR counts to Envoy once a second: exactly the requests for
+    // resourceclaims, those made while waiting for health checks included.
+    let want = f.warmup_claims + 80;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while rerouted_claims(&f).await? < want && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rerouted_claims(&f).await?, want);
+    Ok(())
+}
+
+/// `skewgate_rerouted_requests_total` for resourceclaims.v1.resource.k8s.io, with its labels.
+async fn rerouted_claims(f: &Fixture) -> Result<u64> {
+    let prom = f.envoy.prometheus().await?;
+    let want = "skewgate_rerouted_requests_total{group=\"resource.k8s.io\",version=\"v1\",resource=\"resourceclaims\"} ";
+    let line = prom.lines().find(|l| l.starts_with(want));
+    let line = line.with_context(|| format!("no labelled counter in:\n{}", grep(&prom, "skewgate")))?;
+    Ok(line.trim_start_matches(want).parse()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_comes_from_the_client_certificate_only() -> Result<()> {
+    identity(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_maps_identity_and_strips_spoofed_headers() -> Result<()> {
+    identity(true).await
+}
+
+/// Turns Envoy's access log on for every request: it names the route each one took.
+async fn log_every_request(f: &Fixture) -> Result<()> {
+    let on = reqwest::Client::new()
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .send()
+        .await?;
+    if !on.status().is_success() {
+        bail!("runtime_modify: {}", on.status());
+    }
+    Ok(())
+}
+
+/// Waits until Envoy's access log has `n` lines taking a route whose name starts with `route`.
+async fn wait_routes_logged(f: &Fixture, route: &str, n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let needle = format!(" route={route}");
+    loop {
+        let seen = f.envoy.log().lines().filter(|l| l.contains(&needle)).count();
+        if seen >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{seen} of {n} requests took route {route}:\n{}", f.envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn identity(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "identity-native" } else { "identity" }, native).await?;
+    log_every_request(&f).await?;
+    let spoof = [
+        ("X-Remote-User", "admin"),
+        ("X-Remote-Group", "system:masters"),
+        ("X-Remote-Uid", "0"),
+        ("X-Remote-Extra-Scopes", "all"),
+        ("x-kubernetes-peer-proxied", "true"),
+        ("Authorization", "Bearer token-1"),
+    ];
+    for path in [PODS, CLAIMS_V1] {
+        let (_, echo) = f.echo(&f.alice, path, &spoof).await?;
+        assert_eq!(header_values(&echo, "x-remote-user"), ["alice"], "{path}");
+        assert_eq!(header_values(&echo, "x-remote-group"), ["devs"], "{path}");
+        assert!(header_values(&echo, "x-remote-uid").is_empty(), "{path}");
+        assert!(header_values(&echo, "x-remote-extra-scopes").is_empty(), "{path}");
+        assert_eq!(header_values(&echo, "authorization"), ["Bearer token-1"], "{path}");
+        let stamped = header_values(&echo, "x-kubernetes-peer-proxied");
+        assert_eq!(stamped, if path == PODS { vec![] } else { vec!["true".to_string()] }, "{path}");
+
+        let (_, echo) = f.echo(&f.anonymous, path, &spoof).await?;
+        for h in ["x-remote-user", "x-remote-group", "x-remote-uid", "x-remote-extra-scopes"] {
+            assert!(header_values(&echo, h).is_empty(), "{path}: {h} reached upstream without a certificate");
+        }
+        assert_eq!(header_values(&echo, "authorization"), ["Bearer token-1"], "{path}");
+    }
+    if native {
+        // The module routed all four (the proxy-wasm filter's routes are named read, ...).
+        wait_routes_logged(&f, "native-read", 4).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_merged_discovery_with_etag() -> Result<()> {
+    merged_discovery(false).await
+}
+
+/// The module composes the merged discovery document itself, from the same table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_serves_merged_discovery_with_etag() -> Result<()> {
+    merged_discovery(true).await
+}
+
+async fn merged_discovery(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "discovery-native" } else { "discovery" }, native).await?;
+    let url = format!("{}/apis", f.base);
+    let mut etags = BTreeSet::new();
+    for _ in 0..2 {
+        let (status, h, body) = f.send(&f.anonymous, f.anonymous.get(&url).header("accept", V2)).await?;
+        assert_eq!(status, 200);
+        assert_eq!(body, MERGED_DOC);
+        assert_eq!(h["content-type"], "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList");
+        assert_eq!(h["vary"], "Accept");
+        assert_eq!(h["cache-control"], "public");
+        assert!(h.get(SERVED_BY).is_none(), "answered by an apiserver, not the filter");
+        etags.insert(h["etag"].to_str()?.to_string());
+    }
+    assert_eq!(etags, BTreeSet::from(["\"0123ABCD\"".to_string()]));
+    let req = f.anonymous.get(&url).header("accept", V2).header("if-none-match", "\"0123ABCD\"");
+    let (status, _, body) = f.send(&f.anonymous, req).await?;
+    assert_eq!((status, body.as_str()), (304, ""));
+
+    for accept in [NOPEER, "application/json"] {
+        let (by, echo) = f.echo(&f.anonymous, "/apis", &[("accept", accept)]).await?;
+        assert!(["a", "b", "c", "d"].contains(&by.as_str()), "{accept}: {by}");
+        assert_eq!(echo["target"], "/apis");
+    }
+    if native {
+        // Routed (and answered) by the module: the proxy-wasm filter, which counts, never saw them.
+        log_every_request(&f).await?;
+        f.send(&f.anonymous, f.anonymous.get(&url).header("accept", V2)).await?;
+        return wait_routes_logged(&f, "native-read", 1).await;
+    }
+    let prom = f.envoy.prometheus().await?;
+    assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"200\"} 2"), "{prom}");
+    assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"304\"} 1"), "{prom}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_failures_become_503_status() -> Result<()> {
+    failures_become_503(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_turns_envoy_failures_into_503_status() -> Result<()> {
+    failures_become_503(true).await
+}
+
+async fn failures_become_503(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "failures-native" } else { "failures" }, native).await?;
+    log_every_request(&f).await?;
+    let cases = [
+        ("resets", "[d]", "connection_termination"),
+        // Connection refused; the retries' failures eject the host, so Envoy's last word can be
+        // either one.
+        ("refuses", "[e]", "remote_connection_failure|no_healthy_upstream"),
+        ("unready", "[f]", "no_healthy_upstream"),
+        ("hangs", "[c]", "response_timeout"),
+        ("orphans", "[a,c]", "cluster_not_found"),
+        // Not in the table: the pool, and the GVR named from the path.
+        ("vanishes", "[a,b,c,d,e,f]", "connection_termination|remote_connection_failure|no_healthy_upstream"),
+    ];
+    for (resource, servers, detail) in cases {
+        let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x");
+        let (status, h, body) = f.get(&path).await?;
+        assert_eq!(status, 503, "{resource}: {body}");
+        assert_eq!(h["content-type"], "application/json", "{resource}");
+        let s: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+        assert_eq!((s["kind"].as_str(), s["apiVersion"].as_str()), (Some("Status"), Some("v1")), "{body}");
+        assert_eq!(
+            (s["status"].as_str(), s["reason"].as_str(), s["code"].as_u64()),
+            (Some("Failure"), Some("ServiceUnavailable"), Some(503)),
+            "{body}"
+        );
+        let message = s["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(&format!("{resource}.v1.test.skewgate.io is served by {servers}")),
+            "{message}"
+        );
+        assert!(detail.split('|').any(|d| message.contains(d)), "{resource}: {message}");
+    }
+    // An apiserver's own error is passed through untouched.
+    let (status, h, body) = f.get("/apis/test.skewgate.io/v1/fails").await?;
+    assert_eq!((status, body.as_str()), (503, "apiserver says no\n"));
+    assert_eq!(h.get(SERVED_BY).map(|v| v.to_str().unwrap_or("")), Some("c"));
+    if native {
+        // The module routed and answered all seven; it keeps no counters of its own yet.
+        wait_routes_logged(&f, "native-read", 7).await?;
+        return Ok(());
+    }
+    let prom = f.envoy.prometheus().await?;
+    for cluster in ["set-d", "set-e", "set-f", "set-c", "set-a-c"] {
+        let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} 1");
+        assert!(prom.lines().any(|l| l == want), "{want} missing:\n{}", grep(&prom, "unavailable"));
+    }
+    assert_eq!(f.envoy.stat("wasm.skewgate.vm_reload_success").await?, 0);
+    Ok(())
+}
+
+/// An apiserver that drops the connection before answering (it is exiting, say): a read is
+/// repeated on another apiserver that serves it; a write is not, as the first one may have
+/// applied it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_retried_after_a_reset_and_writes_are_not() -> Result<()> {
+    let f = Fixture::start("retries").await?;
+    let path = "/apis/test.skewgate.io/v1/namespaces/ns/flaky";
+    for i in 0..10 {
+        let (status, h, body) = f.get(&format!("{path}/x{i}")).await?;
+        assert_eq!(status, 200, "GET {i}: {body}");
+        assert_eq!(h.get(SERVED_BY).map(|v| v.to_str().unwrap_or("")), Some("a"), "GET {i}");
+    }
+    let mut reset = 0;
+    for i in 0..10 {
+        let req = f.anonymous.post(format!("{}{path}", f.base)).body(format!("{{\"n\":{i}}}"));
+        let (status, _, body) = f.send(&f.anonymous, req).await?;
+        match status {
+            200 => {}
+            503 if body.contains("connection_termination") => reset += 1,
+            other => bail!("POST {i}: {other} {body}"),
+        }
+    }
+    // Round robin over a and d: some POSTs land on d and are not repeated.
+    assert!(reset > 0, "every POST was answered: a write was retried after a reset");
+    Ok(())
+}
+
+fn grep(text: &str, needle: &str) -> String {
+    text.lines().filter(|l| l.contains(needle)).collect::<Vec<_>>().join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_reloads_through_ecds_without_failures() -> Result<()> {
+    reloads(false).await
+}
+
+/// The module's table and the filter's arrive by two ECDS files, the module's first
+/// (`Envoy::write_ecds`); either way a request meets one whole table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_reloads_through_ecds_without_failures() -> Result<()> {
+    reloads(true).await
+}
+
+async fn reloads(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "reload-native" } else { "reload" }, native).await?;
+    let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
+    // resourceclaims (target 0) and pods.
+    let targets = vec![
+        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+        Target::list("", "v1", "pods", Some("default")),
+    ];
+    let load = Load::start(
+        &f.anonymous,
+        &f.base,
+        targets,
+        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+    load.wait_for("20 answers", Duration::from_secs(10), |_, records| {
+        records.iter().filter(|r| r.ok()).count() >= 20
+    })
+    .await?;
+
+    // Refused tables: Envoy keeps the previous one serving.
+    let mut bad = serde_json::to_value(table(&["c"]))?;
+    bad["schema"] = json!(2);
+    f.envoy.write_ecds(&resources::ecds(&bad.to_string(), &f.wasm))?;
+    f.envoy.wait_stat(rejected, 1, Duration::from_secs(5)).await?;
+    f.envoy.write_ecds(&resources::ecds("{not json", &f.wasm))?;
+    f.envoy.wait_stat(rejected, 2, Duration::from_secs(5)).await?;
+    let module_stat =
+        |s: &str| format!("extension_config_discovery.http_filter.{}.{s}", native::MODULE_FILTER_NAME);
+    if native {
+        f.envoy.wait_stat(&module_stat("update_rejected"), 2, Duration::from_secs(5)).await?;
+    }
+    for _ in 0..10 {
+        assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
+    }
+    let prom = f.envoy.prometheus().await?;
+    let rejected_configs = prom
+        .lines()
+        .find_map(|l| l.strip_prefix("skewgate_configs_total{result=\"rejected\"} "))
+        .and_then(|v| v.parse::<u64>().ok());
+    // Counted on every VM that saw them: the main thread's and each worker's.
+    assert!(rejected_configs.is_some_and(|n| n >= 2), "{}", grep(&prom, "configs"));
+
+    // A new table where b serves resourceclaims too: its set cluster lands first, then the table.
+    let next = table(&["b", "c"]);
+    let cds_updates = f.envoy.stat("cluster_manager.cds.update_success").await?;
+    f.envoy.write_cds(&test_cds(&next, &f.endpoints, &f.tls)?)?;
+    f.envoy.wait_stat("cluster_manager.cds.update_success", cds_updates + 1, Duration::from_secs(5)).await?;
+    // The new set's first health check must pass before the table points at it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let clusters = reqwest::get(f.envoy.admin_url("/clusters")).await?.text().await?;
+        let healthy = clusters
+            .lines()
+            .filter(|l| l.starts_with("set-b-c::") && l.ends_with("::health_flags::healthy"))
+            .count();
+        if healthy == 2 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("set-b-c not healthy:\n{}", grep(&clusters, "set-b-c"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let successes = f.envoy.stat("extension_config_discovery.http_filter.skewgate.update_success").await?;
+    let module_successes = if native { f.envoy.stat(&module_stat("update_success")).await? } else { 0 };
+    let swapped = Instant::now();
+    f.envoy.write_ecds(&resources::ecds(&serde_json::to_string(&next)?, &f.wasm))?;
+    f.envoy
+        .wait_stat(
+            "extension_config_discovery.http_filter.skewgate.update_success",
+            successes + 1,
+            Duration::from_secs(5),
+        )
+        .await?;
+    if native {
+        f.envoy
+            .wait_stat(&module_stat("update_success"), module_successes + 1, Duration::from_secs(5))
+            .await?;
+    }
+    println!("new table live {:?} after the rename", swapped.elapsed());
+    load.wait_for("20 resourceclaims served by b", Duration::from_secs(10), |_, records| {
+        records.iter().filter(|r| r.target == 0 && r.ok() && r.served_by.as_deref() == Some("b")).count()
+            >= 20
+    })
+    .await?;
+    let report = load.finish().await;
+    let ok = report.records.iter().filter(|r| r.ok()).count();
+    let failed = report.failures();
+    let by = report.tally().remove(&report.targets[0].name()).unwrap_or_default().served_by;
+    println!("load during reloads: {ok} ok, {} failed, resourceclaims served by {by:?}", failed.len());
+    assert!(failed.is_empty(), "failed requests during reloads: {}", listing(&report, &failed));
+    assert!(ok > 100, "too little load to mean anything: {ok}");
+    assert!(by.get("b").copied().unwrap_or(0) > 0, "b never served resourceclaims after the reload: {by:?}");
+    assert_eq!(by.keys().filter(|k| !["b", "c"].contains(&k.as_str())).count(), 0, "{by:?}");
+    Ok(())
+}
+
+/// Every Envoy config the repository ships loads in Envoy 1.40 (`envoy --mode validate`).
+#[test]
+fn shipped_envoy_configs_validate() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("skewgate-validate-{}", std::process::id()));
+    let pki = Pki::generate(&dir.join("pki"))?;
+    let configs = [Config::Skewgate, Config::PlainLb { pool_cluster: "skewgate-pool".into() }];
+    for (i, config) in configs.into_iter().enumerate() {
+        let settings = Settings {
+            config,
+            dir: dir.join(i.to_string()),
+            listen_port: 6443,
+            admin_port: 9901,
+            serving_cert: pki.envoy_listener.cert.clone(),
+            serving_key: pki.envoy_listener.key.clone(),
+            client_ca: pki.cluster_ca.cert_path.clone(),
+            route_timeout: "65s".into(),
+            concurrency: 1,
+        };
+        for sub in ["cds", "ecds"] {
+            std::fs::create_dir_all(settings.dir.join(sub))?;
+        }
+        std::fs::write(settings.cds_path(), "{\"resources\":[]}")?;
+        std::fs::write(settings.ecds_path(), "{\"resources\":[]}")?;
+        let bootstrap = settings.dir.join("bootstrap.yaml");
+        std::fs::write(&bootstrap, skewgate_testkit::envoy::render_bootstrap(&settings)?)?;
+        skewgate_testkit::envoy::validate(&bootstrap)?;
+    }
+    Ok(())
+}
+
+/// One raw HTTP/1.1 exchange over TLS, so that paths reach Envoy exactly as written.
+async fn raw_request(f: &Fixture, request: &[u8]) -> Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ca = f.dir.join("pki/cluster-ca.crt");
+    let mut tls = skewgate_testkit::envoy::connect_tls(&ca, None, f.envoy.settings.listen_port).await?;
+    tls.write_all(request).await?;
+    let mut response = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await;
+    if read.is_err() {
+        bail!("no answer within 10s");
+    }
+    let text = String::from_utf8_lossy(&response).into_owned();
+    let status = text.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Ok((status, body))
+}
+
+/// How many of the hostile requests below Envoy forwards at all: all but the invalid UTF-8 path,
+/// which Envoy answers 400 itself.
+const REACHING: usize = 13;
+
+/// Hostile requests neither trap the filter's VM nor reach an apiserver that does not serve the
+/// GVR the apiserver itself reads out of the path it receives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
+    hostile(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_never_misroutes_hostile_requests() -> Result<()> {
+    hostile(true).await
+}
+
+async fn hostile(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "hostile-native" } else { "hostile" }, native).await?;
+    log_every_request(&f).await?;
+    let t = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
+    let long_path = format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", "n".repeat(16 * 1024));
+    let many_params =
+        format!("{CLAIMS_V1}?{}", (0..1000).map(|i| format!("p{i}=v")).collect::<Vec<_>>().join("&"));
+    let flood: String = (0..90).map(|i| format!("X-Remote-Extra-K{i}: v\r\n")).collect();
+    let paths: Vec<(String, String)> = vec![
+        ("/apis/resource.k8s.io/v1/namespaces/../../../api/v1/pods".into(), String::new()),
+        ("/apis/resource.k8s.io/v1/namespaces/x/../resourceclaims".into(), String::new()),
+        ("/apis/resource.k8s.io%2Fv1/namespaces/default/resourceclaims".into(), String::new()),
+        ("/apis/resource.k8s.io/v1%2Fnamespaces%2Fdefault%2Fresourceclaims".into(), String::new()),
+        ("/apis//resource.k8s.io/v1/resourceclaims".into(), String::new()),
+        ("/apis/resource.k8s.io/v1//resourceclaims".into(), String::new()),
+        ("/api/v1/namespaces/default/pods%zz".into(), String::new()),
+        ("/apis/resource.k8s.io/v1/watch".into(), String::new()),
+        (long_path, String::new()),
+        (many_params, String::new()),
+        (CLAIMS_V1.into(), format!("X-Remote-User: admin\r\n{flood}")),
+        (
+            "/apis/resource.k8s.io/v1/resourceclaims?watch=true&watch=false&fieldSelector=metadata.name%3D.."
+                .into(),
+            String::new(),
+        ),
+    ];
+    let mut requests: Vec<Vec<u8>> = paths
+        .iter()
+        .map(|(p, extra)| {
+            format!("GET {p} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n").into_bytes()
+        })
+        .collect();
+    requests.push(b"GET /apis/resource.k8s.io/v1/\xff\xfe/resourceclaims HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".to_vec());
+    requests.push(
+        b"GET /api/v1/pods HTTP/1.1\r\nHost: x\r\nX-Remote-User: \xc3\x28\r\nConnection: close\r\n\r\n"
+            .to_vec(),
+    );
+    let mut reached = 0;
+    for request in &requests {
+        let shown = String::from_utf8_lossy(&request[..request.len().min(120)]).into_owned();
+        let (status, body) = raw_request(&f, request).await.with_context(|| shown.clone())?;
+        println!("{status} ← {}", shown.lines().next().unwrap_or(""));
+        assert!(status != 0 && status != 502 && status != 500, "{shown}: {status} {body}");
+        let Ok(echo) = serde_json::from_str::<Value>(&body) else { continue };
+        let Some(by) = echo["servedBy"].as_str() else { continue };
+        reached += 1;
+        // What the apiserver would route on: the path it actually received.
+        let target = echo["target"].as_str().unwrap_or("");
+        let (raw, query) = skewgate_core::request_info::split_target(target);
+        // A path that does not decode is rejected by a real apiserver (400) whoever gets it.
+        let Ok(decoded) = skewgate_core::request_info::decode_path(raw) else { continue };
+        let info = skewgate_core::request_info::RequestInfo::parse("GET", &decoded, query);
+        if let Some(gvr) = t.gvr(info.api_group, info.api_version, info.resource) {
+            let serving: Vec<&str> = t.members(gvr.serving).collect();
+            assert!(serving.contains(&by), "{shown}: served by {by}, GVR served by {serving:?}");
+        }
+        for (name, _) in echo["headers"].as_object().into_iter().flatten() {
+            assert!(!name.starts_with("x-remote-"), "{shown}: {name} reached upstream");
+        }
+    }
+    // The checks above mean something only for requests that reached an apiserver.
+    println!("{reached} of {} hostile requests reached an apiserver", requests.len());
+    assert!(
+        reached >= REACHING,
+        "only {reached} of {} hostile requests reached an apiserver",
+        requests.len()
+    );
+    let stats = f.envoy.stats().await?;
+    let trouble: Vec<_> = stats
+        .iter()
+        .filter(|(k, v)| {
+            k.starts_with("wasm.")
+                && (k.contains("fail") || k.contains("reload") || k.contains("crash"))
+                && **v > 0
+        })
+        .collect();
+    assert!(trouble.is_empty(), "wasm VM trouble: {trouble:?}");
+    // Still routing normally afterwards.
+    assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
+    if native {
+        // The module, not the filter behind it, routed the hostile requests that reached an
+        // apiserver (the last one is the probe above).
+        wait_routes_logged(&f, "native", REACHING + 1).await?;
+    }
+    Ok(())
+}
+
+/// F8: `skewgate explain` predicts, for odd paths sent as raw HTTP/1.1, what the real Envoy does:
+/// the status when Envoy answers itself, else the cluster it routes to (access log) and the path
+/// the apiserver receives (echo).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn explain_predicts_what_envoy_does_with_odd_paths() -> Result<()> {
+    let f = Fixture::start("explain-paths").await?;
+    let table = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
+    let on = reqwest::Client::new()
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .send()
+        .await?;
+    assert!(on.status().is_success(), "runtime_modify: {}", on.status());
+    let vectors = [
+        "/apis/../apis/resource.k8s.io/v1/namespaces/default/resourceclaims",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/..",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/%2e%2E",
+        "/apis/resource.k8s.io/v1alpha3/../v1/namespaces/default/resourceclaims",
+        "/api/v1/../../apis/resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1/%2e%2e/v1alpha3/deviceclasses",
+        "/apis/resource.k8s.io/v1/.%2E/v1alpha3/deviceclasses/gpu",
+        "/apis/resource.k8s.io/v1alpha3/deviceclasses/%2e%2e/../../v1/resourceclaims",
+        "/apis/resource.k8s.io\\v1\\namespaces\\default\\resourceclaims",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/..\\..\\..\\v1alpha3/deviceclasses",
+        "/apis/%72esource.k8s.io/v1/namespaces/default/resource%63laims",
+        "/apis/resource%2Ek8s%2eio/v1/resourceclaims",
+        "/apis/resource.k8s.io/%76%31/resourceclaims",
+        "/apis/resource.k8s.io%2Fv1/namespaces/default/resourceclaims",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/x%2F..",
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/..%2f",
+        "/apis/resource.k8s.io/v1/./namespaces/./default/resourceclaims/.",
+        "/apis/resource.k8s.io/v1/resourceclaims/%%30%30",
+        "/apis/resource.k8s.io/v1/resourceclaims/a\"<>`{|}^",
+        "/apis/resource.k8s.io/v1alpha3/deviceclasses/..",
+        "/apis//resource.k8s.io/../resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1//..//resourceclaims",
+        "/api/v1/namespaces/default/pods/...",
+        "/apis/test.skewgate.io/v1/../../resource.k8s.io/v1/resourceclaims",
+        "/apis/resource.k8s.io/v1/resourceclaims/%00",
+        "/apis/resource.k8s.io/v1/resourceclaims#fragment",
+    ];
+    let mut routed = Vec::new();
+    for (i, raw) in vectors.iter().enumerate() {
+        // A marker in the query (which Envoy leaves alone) finds the request's access log line.
+        let target = format!("{raw}?f8={i}");
+        let request =
+            skewgate::explain::Request { method: "GET".into(), target: target.clone(), ..Default::default() };
+        let predicted = skewgate::explain::explain(&table, &request);
+        let wire = format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let (status, body) = raw_request(&f, wire.as_bytes()).await.with_context(|| target.clone())?;
+        println!("{status} ← {target}: {predicted}");
+        if predicted["action"] == "respond" {
+            assert_eq!(
+                Some(u64::from(status)),
+                predicted["status"].as_u64(),
+                "{target}: {body}\n{predicted}"
+            );
+            continue;
+        }
+        assert_eq!(status, 200, "{target}: {body}\n{predicted}");
+        let echo: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+        assert_eq!(echo["target"], predicted["path"]["forwarded"], "{target}: {predicted}");
+        let cluster = predicted["cluster"].as_str().context("no cluster")?.to_string();
+        let members: Vec<&str> = table
+            .apiservers()
+            .iter()
+            .map(|a| a.id.as_str())
+            .filter(|id| predicted["servingSet"].as_array().is_some_and(|s| s.iter().any(|m| m == id)))
+            .collect();
+        let by = echo["servedBy"].as_str().unwrap_or("");
+        assert!(
+            members.is_empty() || members.contains(&by),
+            "{target}: served by {by}, predicted {members:?}"
+        );
+        routed.push((i, target, cluster));
+    }
+    assert!(routed.len() >= 20, "too few vectors reached an apiserver: {routed:?}");
+    // Envoy's access log, flushed on its own schedule, names the cluster it used.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for (i, target, cluster) in &routed {
+        let marker = format!("f8={i} HTTP/1.1");
+        let line = loop {
+            if let Some(line) = f.envoy.log().lines().find(|l| l.contains(&marker)).map(str::to_string) {
+                break line;
+            }
+            if Instant::now() > deadline {
+                bail!("no access log line for {target}:\n{}", f.envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            line.contains(&format!(" cluster={cluster} ")),
+            "{target}: explain said {cluster}, Envoy: {line}"
+        );
+    }
+    Ok(())
+}
+
+/// F4: a table over a size limit is refused (by its length alone when it has too many bytes) and
+/// the previous table keeps routing; the filter's log names the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_tables_are_refused_and_the_old_one_keeps_routing() -> Result<()> {
+    use skewgate_core::table::{GroupVersionConfig, MAX_GVRS, MAX_TABLE_BYTES};
+    let f = Fixture::start("oversized").await?;
+    let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
+    let load = Load::start(
+        &f.anonymous,
+        &f.base,
+        vec![
+            Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+            Target::list("", "v1", "pods", Some("default")),
+        ],
+        LoadSettings { workers: 2, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+
+    // Too many GVRs (a few MB): parsed, counted, refused before any map is built.
+    let mut wide = table(&["c"]);
+    let all: Vec<String> = ["a", "b", "c", "d", "e", "f"].map(String::from).to_vec();
+    wide.group_versions.extend((0..=MAX_GVRS / 10).map(|g| GroupVersionConfig {
+        group: format!("g{g}.wide.example"),
+        version: "v1".into(),
+        served_by: all.clone(),
+        resources: (0..10).map(|r| (format!("r{r}"), all.clone())).collect(),
+        extension: false,
+    }));
+    let wide_json = serde_json::to_string(&wide)?;
+    assert!(wide_json.len() < MAX_TABLE_BYTES);
+    f.envoy.write_ecds(&resources::ecds(&wide_json, &f.wasm))?;
+    f.envoy.wait_stat(rejected, 1, Duration::from_secs(30)).await?;
+
+    // Over the byte limit with a valid document: refused by its length.
+    let mut big = serde_json::to_value(table(&["c"]))?;
+    let pad = "x".repeat(MAX_TABLE_BYTES);
+    big["discovery"]["document"] = json!(format!("{{\"kind\":\"APIGroupDiscoveryList\",\"pad\":\"{pad}\"}}"));
+    f.envoy.write_ecds(&resources::ecds(&big.to_string(), &f.wasm))?;
+    f.envoy.wait_stat(rejected, 2, Duration::from_secs(30)).await?;
+
+    for _ in 0..10 {
+        assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
+    }
+    let report = load.finish().await;
+    let ok = report.records.iter().filter(|r| r.ok()).count();
+    let failed = report.failures();
+    let by = report.tally().remove(&report.targets[0].name()).unwrap_or_default().served_by;
+    println!("load during the refusals: {ok} ok, {} failed, resourceclaims served by {by:?}", failed.len());
+    assert!(failed.is_empty(), "failed requests: {}", listing(&report, &failed));
+    assert_eq!(by.keys().map(String::as_str).collect::<Vec<_>>(), ["c"], "{by:?}");
+    let log = f.envoy.log();
+    for limit in ["MAX_GVRS", "MAX_TABLE_BYTES"] {
+        assert!(
+            log.lines().any(|l| l.contains("routing table over a size limit") && l.contains(limit)),
+            "no log line names {limit}:\n{}",
+            grep(&log, "skewgate")
+        );
+    }
+    // The oversized file would outlive the test in its directory.
+    f.envoy.write_ecds(&resources::ecds(&serde_json::to_string(&table(&["c"]))?, &f.wasm))?;
+    Ok(())
+}

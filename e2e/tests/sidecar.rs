@@ -1,0 +1,830 @@
+//! The discovery sidecar (`skewgate sync`, run in-process) against stand-in apiservers, and with
+//! a real Envoy 1.40 in front of them. Loopback only; every wait is bounded.
+//!
+//! The Envoy test needs `make wasm` and `make setup` (Envoy in .venv): it fails, never skips.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
+use skewgate::fetch::ErrorKind;
+use skewgate::sync::{self, Standing, SyncConfig};
+use skewgate_core::table::RoutingTable;
+use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
+use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
+use skewgate_testkit::echo;
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups};
+use skewgate_testkit::load::{Load, Record, Settings as LoadSettings, Target};
+use skewgate_testkit::paths;
+
+const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+const PODS: &str = "/api/v1/namespaces/default/pods";
+
+/// A test's directory, certificates and stand-ins.
+struct Cluster {
+    dir: PathBuf,
+    pki: Pki,
+    store: Arc<Store>,
+    standins: BTreeMap<String, Standin>,
+}
+
+impl Cluster {
+    async fn start(name: &str, apiservers: &[(&str, &str)]) -> Result<Self> {
+        let dir = std::env::temp_dir().join(format!("skewgate-sidecar-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let pki = Pki::generate(&dir.join("pki"))?;
+        let mut cluster = Self { dir, pki, store: Store::new(1000), standins: BTreeMap::new() };
+        for (id, profile) in apiservers {
+            cluster.start_standin(id, profile, "127.0.0.1:0".parse()?).await?;
+        }
+        Ok(cluster)
+    }
+
+    async fn start_standin(&mut self, id: &str, profile: &str, listen: SocketAddr) -> Result<SocketAddr> {
+        let options = Options {
+            id: id.to_owned(),
+            profile: Profile::parse(profile)?,
+            listen,
+            serving: self.pki.apiserver.clone(),
+            auth: Auth {
+                requestheader_ca: self.pki.requestheader_ca.cert_path.clone(),
+                requestheader_allowed_names: vec![FRONT_PROXY_CN.to_owned()],
+                client_ca: self.pki.cluster_ca.cert_path.clone(),
+                tokens: Vec::new(),
+                anonymous: true,
+            },
+            bookmark_interval: Options::BOOKMARK_INTERVAL,
+        };
+        let standin = standin::serve(options, self.store.clone()).await?;
+        let addr = standin.addr;
+        self.standins.insert(id.to_owned(), standin);
+        Ok(addr)
+    }
+
+    async fn stop_standin(&mut self, id: &str) -> Result<SocketAddr> {
+        let standin = self.standins.remove(id).with_context(|| format!("no stand-in {id}"))?;
+        let addr = standin.addr;
+        standin.shutdown().await;
+        Ok(addr)
+    }
+
+    /// Stops `id` and starts it again on the same address with another profile.
+    async fn restart_standin(&mut self, id: &str, profile: &str) -> Result<()> {
+        let addr = self.stop_standin(id).await?;
+        self.start_standin(id, profile, addr).await?;
+        Ok(())
+    }
+
+    fn port(&self, id: &str) -> u16 {
+        self.standins.get(id).map_or(0, |s| s.addr.port())
+    }
+
+    /// A sync config for `apiservers` (id, port), in that order, writing under `envoy_dir`.
+    fn config(&self, apiservers: &[(&str, u16)], envoy_dir: &Path, extra: Value) -> Result<SyncConfig> {
+        let wasm = match paths::filter_wasm() {
+            Ok(path) => path,
+            // Only the Envoy test loads the filter; elsewhere any file will do.
+            Err(_) => {
+                let path = self.dir.join("skewgate.wasm");
+                std::fs::write(&path, b"\0asm")?;
+                path
+            }
+        };
+        let mut doc = json!({
+            "apiservers": apiservers.iter().map(|(id, port)| json!({"id": id, "address": "127.0.0.1", "port": port})).collect::<Vec<_>>(),
+            "serverName": APISERVER_NAME,
+            "tls": {
+                "peerCa": self.pki.peer_ca.cert_path,
+                "clientCert": self.pki.front_proxy.cert,
+                "clientKey": self.pki.front_proxy.key,
+            },
+            "envoy": {"dir": envoy_dir, "wasm": wasm, "settleDelay": "50ms", "confirmTimeout": "5s"},
+            "pollPeriod": "200ms",
+            "limits": {"requestTimeout": "700ms"},
+            // A stopped stand-in refuses at once; the generous timeout is for a loaded machine,
+            // where two 500 ms timeouts in a row on every host once left the pool with no
+            // healthy host during `make test`.
+            "health": {"interval": "250ms", "timeout": "2000ms", "connectTimeout": "1000ms"},
+            "listen": "127.0.0.1:0",
+        });
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            match (doc.get_mut(key), value) {
+                (Some(Value::Object(existing)), Value::Object(more)) => {
+                    existing.extend(more.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+                _ => doc[key] = value.clone(),
+            }
+        }
+        Ok(SyncConfig::from_value(&doc, &self.dir)?)
+    }
+}
+
+/// The table Envoy would read now.
+fn table_on_disk(envoy_dir: &Path) -> Result<RoutingTable> {
+    let bytes = std::fs::read(envoy_dir.join("ecds/ecds.json"))?;
+    skewgate::explain::load_table(&bytes).map_err(anyhow::Error::msg)
+}
+
+/// Who serves a GVR in `table`; `None` when nobody does.
+fn serving(table: &RoutingTable, group: &str, version: &str, resource: &str) -> Option<Vec<String>> {
+    let gvr = table.gvr(group, version, resource)?;
+    Some(table.members(gvr.serving).map(str::to_owned).collect())
+}
+
+fn claims(table: &RoutingTable) -> Option<Vec<String>> {
+    serving(table, "resource.k8s.io", "v1", "resourceclaims")
+}
+
+fn ids(list: &[&str]) -> Option<Vec<String>> {
+    Some(list.iter().map(|s| s.to_string()).collect())
+}
+
+fn cds_clusters(envoy_dir: &Path) -> Result<BTreeSet<String>> {
+    let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
+    Ok(skewgate::envoy::push::cluster_names(Some(&cds)))
+}
+
+/// Polls `check` every 50 ms until it holds, or fails after `timeout`.
+async fn wait_until<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return Ok(value);
+        }
+        if Instant::now() > deadline {
+            bail!("{what}: not within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn metrics(running: &sync::Running) -> Result<String> {
+    Ok(reqwest::get(format!("http://{}/metrics", running.listen)).await?.text().await?)
+}
+
+fn metric(text: &str, name_and_labels: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name_and_labels)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_gvr_goes_to_the_apiservers_that_serve_it() -> Result<()> {
+    let cluster = Cluster::start("routes", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
+    let report = sync::sync_once(cluster.config(&apiservers, &envoy_dir, json!({}))?).await?;
+    assert!(report.changed);
+    assert!(
+        report.apiservers.iter().all(|a| a.standing == Standing::Current && a.error.is_none()),
+        "{report:?}"
+    );
+
+    let table = table_on_disk(&envoy_dir)?;
+    assert_eq!(claims(&table), ids(&["c"]));
+    assert_eq!(serving(&table, "resource.k8s.io", "v1alpha3", "deviceclasses"), ids(&["a", "b"]));
+    assert_eq!(serving(&table, "", "v1", "pods"), ids(&["a", "b", "c"]));
+    let claims_gvr = table.gvr("resource.k8s.io", "v1", "resourceclaims").context("claims")?;
+    assert_eq!(table.cluster(claims_gvr.serving), "skewgate-set-c");
+    let versions: Vec<(&str, &str)> =
+        table.apiservers().iter().map(|a| (a.id.as_str(), a.version.as_str())).collect();
+    assert_eq!(versions, [("a", "v1.33.0"), ("b", "v1.33.0"), ("c", "v1.36.0")]);
+    assert!(table.merged_discovery().is_some_and(|d| d.document.contains("\"resourceclaims\"")));
+    assert_eq!(report.counts.gvrs, table.gvrs().len());
+    assert!(report.counts.rerouted > 10, "{:?}", report.counts);
+
+    // Envoy's clusters: one per serving set, with exactly its members' endpoints.
+    let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
+    let ports = |name: &str| -> Vec<u64> {
+        cds["resources"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["name"] == name)
+            .flat_map(|c| {
+                c["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().cloned().unwrap_or_default()
+            })
+            .filter_map(|e| e["endpoint"]["address"]["socket_address"]["port_value"].as_u64())
+            .collect()
+    };
+    assert_eq!(ports("skewgate-set-c"), [u64::from(cluster.port("c"))]);
+    assert_eq!(ports("skewgate-set-a_b"), [u64::from(cluster.port("a")), u64::from(cluster.port("b"))]);
+
+    // The stand-ins saw the front-proxy identity kube-apiserver uses for peer discovery.
+    let who = cluster.standins["a"].last_identity().context("no request reached a")?;
+    assert_eq!(who.user, "system:apiserver");
+    assert!(who.groups.contains(&"system:authenticated".to_string()), "{who:?}");
+    assert_eq!(who.method, standin::AuthMethod::FrontProxy);
+
+    // `skewgate table --config`: the same table, fetched live, nothing written.
+    let (fetched, _) =
+        sync::fetch_table(cluster.config(&apiservers, &cluster.dir.join("unused"), json!({}))?).await?;
+    assert_eq!(fetched.generation, report.generation);
+    assert!(!cluster.dir.join("unused").exists());
+
+    // Same discovery again: nothing to write.
+    let again = sync::sync_once(cluster.config(&apiservers, &envoy_dir, json!({}))?).await?;
+    assert!(!again.changed);
+    assert_eq!(again.generation, report.generation);
+    Ok(())
+}
+
+/// Which apiservers `cds.json` marks DRAINING (Envoy sends them no new request).
+fn draining(envoy_dir: &Path) -> Result<BTreeSet<String>> {
+    let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
+    Ok(skewgate::envoy::draining_in(&cds))
+}
+
+/// No timer turns "served, unavailable" into "not served" (issue 11 R4): the only apiserver of
+/// some GVRs stops, and long past what used to be the grace period (still in the file, now
+/// ignored) its GVRs are in the table, routed to its set cluster, where it is DRAINING.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()> {
+    let mut cluster = Cluster::start("away", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
+    let config = cluster.config(
+        &apiservers,
+        &envoy_dir,
+        json!({"gracePeriod": "1500ms", "pollPeriod": "200ms", "probePeriod": "100ms"}),
+    )?;
+    assert_eq!(config.deprecations.len(), 1, "gracePeriod is reported as ignored");
+    let config_again = config.clone();
+    let running = sync::spawn(config).await?;
+    let ready = async {
+        reqwest::get(format!("http://{}/readyz", running.listen)).await.map(|r| r.status().as_u16())
+    };
+    assert_eq!(ready.await?, 503, "ready before the first sync");
+    let mut reports = running.reports.clone();
+    tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]));
+    // Ready once the OpenAPI composer has had its first round too.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reqwest::get(format!("http://{}/readyz", running.listen)).await?.status() != 200 {
+        assert!(Instant::now() < deadline, "not ready 10 s after the first sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Ready means the edge has OpenAPI to answer with, not a 503 (the composer once failed to
+    // bind its socket before Envoy's directory existed, and readiness never came).
+    let text = metrics(&running).await?;
+    assert_eq!(metric(&text, "skewgate_openapi_compositions_total"), Some(1.0), "{text}");
+    assert!(metric(&text, "skewgate_openapi_documents").is_some_and(|n| n > 10.0), "{text}");
+    assert!(envoy_dir.join(skewgate::openapi::SOCKET).exists());
+    assert!(draining(&envoy_dir)?.is_empty());
+
+    let stopped = Instant::now();
+    cluster.stop_standin("c").await?;
+    let out = wait_until("c marked DRAINING", Duration::from_secs(5), || {
+        draining(&envoy_dir).ok().filter(|d| d.contains("c")).map(|_| stopped.elapsed())
+    })
+    .await?;
+    // Fifteen more syncs (3 s at a 200 ms poll): twice the old grace period.
+    for _ in 0..15 {
+        reports.mark_unchanged();
+        tokio::time::timeout(Duration::from_secs(5), reports.changed()).await??;
+    }
+    let away = stopped.elapsed();
+    println!("c DRAINING {out:?} after it stopped; still in the table {away:?} after");
+    let table = table_on_disk(&envoy_dir)?;
+    assert_eq!(claims(&table), ids(&["c"]), "c's GVRs left the table {away:?} after it stopped");
+    assert_eq!(serving(&table, "", "v1", "pods"), ids(&["a", "b", "c"]));
+    assert!(cds_clusters(&envoy_dir)?.contains("skewgate-set-c"));
+    assert_eq!(draining(&envoy_dir)?, BTreeSet::from(["c".to_string()]));
+    let report = reports.borrow().clone().context("report")?;
+    let c = report.apiservers.iter().find(|a| a.id == "c").context("c")?;
+    assert!(matches!(c.standing, Standing::Stale { .. }), "{c:?}");
+    assert_eq!(c.excluded, Some(skewgate::eligibility::Exclusion::Unreachable));
+    let text = metrics(&running).await?;
+    assert_eq!(metric(&text, "skewgate_apiserver_current{apiserver=\"c\"}"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"c\"}"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"a\"}"), Some(1.0), "{text}");
+    assert_eq!(
+        metric(&text, "skewgate_apiserver_exclusions_total{apiserver=\"c\",reason=\"unreachable\"}"),
+        Some(1.0),
+        "{text}"
+    );
+    assert!(!text.contains("drops"), "{text}");
+    assert!(
+        metric(&text, "skewgate_sync_errors_total{apiserver=\"c\",kind=\"connect\"}")
+            .is_some_and(|n| n >= 2.0),
+        "{text}"
+    );
+
+    // A sidecar restarted meanwhile keeps c's GVRs too (the last good discovery is saved), and
+    // keeps c out.
+    running.stop().await?;
+    let running = sync::spawn(config_again).await?;
+    let mut reports = running.reports.clone();
+    tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]), "a restarted sidecar forgot c");
+    assert_eq!(draining(&envoy_dir)?, BTreeSet::from(["c".to_string()]));
+
+    let restarted = Instant::now();
+    let addr: SocketAddr = format!("127.0.0.1:{}", apiservers[2].1).parse()?;
+    cluster.start_standin("c", "1.36", addr).await?;
+    let back = wait_until("c eligible again", Duration::from_secs(5), || {
+        draining(&envoy_dir).ok().filter(|d| d.is_empty()).map(|_| restarted.elapsed())
+    })
+    .await?;
+    println!("c eligible again {back:?} after it restarted (probe period 100 ms)");
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]));
+    let text = metrics(&running).await?;
+    assert_eq!(metric(&text, "skewgate_apiserver_current{apiserver=\"c\"}"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"c\"}"), Some(1.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_excluded_seconds_count"), Some(1.0), "{text}");
+    assert!(cluster.dir.join("envoy/state/discovery.json").is_file());
+    assert!(metric(&text, "skewgate_gvrs").is_some_and(|n| n > 80.0), "{text}");
+    running.stop().await
+}
+
+/// An apiserver that comes back as another release is fetched as soon as a probe sees its new
+/// discovery ETag, not at the next poll: with an hour-long poll period the table follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_apiserver_is_fetched_at_once_not_at_the_next_poll() -> Result<()> {
+    let mut cluster = Cluster::start("probe", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
+    let config =
+        cluster.config(&apiservers, &envoy_dir, json!({"pollPeriod": "1h", "probePeriod": "100ms"}))?;
+    let running = sync::spawn(config).await?;
+    let mut reports = running.reports.clone();
+    tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["c"]));
+
+    let restarted = Instant::now();
+    cluster.restart_standin("b", "1.36").await?;
+    let followed = wait_until("the table follows b", Duration::from_secs(5), || {
+        table_on_disk(&envoy_dir).ok().filter(|t| claims(t) == ids(&["b", "c"])).map(|_| restarted.elapsed())
+    })
+    .await?;
+    wait_until("b eligible", Duration::from_secs(5), || draining(&envoy_dir).ok().filter(|d| d.is_empty()))
+        .await?;
+    println!("b's new discovery live {followed:?} after its restart (poll 1 h, probe 100 ms)");
+    let text = metrics(&running).await?;
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"b\"}"), Some(1.0), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("skewgate_apiserver_exclusions_total{apiserver=\"b\"")),
+        "b was never taken out while it changed:\n{text}"
+    );
+    running.stop().await
+}
+
+/// What a misbehaving apiserver of the test's own does.
+#[derive(Clone, Copy)]
+enum Bad {
+    /// `/api` fine, `/apis` garbage.
+    Garbage,
+    /// Accepts and never answers.
+    Hang,
+}
+
+/// A TLS server with the stand-ins' certificate and client-certificate check, that misbehaves.
+async fn bad_apiserver(pki: &Pki, bad: Bad) -> Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let tls = echo::tls_config(&pki.apiserver, &pki.requestheader_ca.cert_path)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let core = Bytes::from(serde_json::to_vec(&Profile::parse("1.33")?.api)?);
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let (acceptor, core) = (acceptor.clone(), core.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = acceptor.accept(tcp).await else { return };
+                let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let core = core.clone();
+                    async move {
+                        let body = match (bad, req.uri().path()) {
+                            (Bad::Hang, _) => {
+                                tokio::time::sleep(Duration::from_secs(3600)).await;
+                                Bytes::new()
+                            }
+                            (Bad::Garbage, "/api") => core,
+                            (Bad::Garbage, _) => Bytes::from_static(b"\x00\x01<html>not discovery{{{"),
+                        };
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(body)))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Ok((addr, task))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_or_a_hang_does_not_stop_the_others() -> Result<()> {
+    let cluster = Cluster::start("bad", &[("a", "1.33"), ("c", "1.36")]).await?;
+    let (garbage, _g) = bad_apiserver(&cluster.pki, Bad::Garbage).await?;
+    let (hang, _h) = bad_apiserver(&cluster.pki, Bad::Hang).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let apiservers = [
+        ("a", cluster.port("a")),
+        ("garbage", garbage.port()),
+        ("hang", hang.port()),
+        ("c", cluster.port("c")),
+    ];
+    let config = cluster.config(&apiservers, &envoy_dir, json!({"pollPeriod": "300ms"}))?;
+
+    let started = Instant::now();
+    let report = sync::sync_once(config.clone()).await?;
+    let took = started.elapsed();
+    // Behaviour is asserted below (the hang is a timeout, the others current); the time is reported.
+    println!("one sync with a garbage and a hanging apiserver took {took:?}");
+    let by_id: BTreeMap<&str, _> = report.apiservers.iter().map(|a| (a.id.as_str(), a)).collect();
+    assert_eq!(by_id["a"].standing, Standing::Current);
+    assert_eq!(by_id["c"].standing, Standing::Current);
+    assert_eq!(
+        by_id["garbage"].error.as_ref().map(|e| (e.kind, e.path.as_str())),
+        Some((ErrorKind::NotJson, "/apis"))
+    );
+    assert_eq!(by_id["hang"].error.as_ref().map(|e| e.kind), Some(ErrorKind::Timeout));
+    let table = table_on_disk(&envoy_dir)?;
+    assert_eq!(claims(&table), ids(&["c"]));
+    assert_eq!(serving(&table, "resource.k8s.io", "v1alpha3", "deviceclasses"), ids(&["a"]));
+    assert_eq!(serving(&table, "", "v1", "pods"), ids(&["a", "c"]));
+    assert_eq!(table.apiservers().len(), 4);
+
+    // The loop keeps syncing around them, and counts what they do.
+    let running = sync::spawn(config).await?;
+    let mut reports = running.reports.clone();
+    tokio::time::timeout(Duration::from_secs(10), reports.wait_for(|r| r.is_some())).await??;
+    reports.mark_unchanged();
+    tokio::time::timeout(Duration::from_secs(10), reports.changed()).await??;
+    let text = metrics(&running).await?;
+    assert!(
+        metric(&text, "skewgate_sync_errors_total{apiserver=\"garbage\",kind=\"not_json\"}").is_some(),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "skewgate_sync_errors_total{apiserver=\"hang\",kind=\"timeout\"}").is_some(),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "skewgate_sync_errors_total{apiserver=\"a\",kind=\"timeout\"}"), None, "{text}");
+    assert!(
+        metric(&text, "skewgate_rerouted_gvrs").is_some_and(|n| n == table.gvrs().len() as f64),
+        "{text}"
+    );
+    running.stop().await
+}
+
+/// F4: an apiserver whose discovery grows past a `[limits]` bound keeps its last good documents
+/// in the table and its requests (it still answers: not `DRAINING`), is reported and counted, and
+/// none of the oversized document reaches the table; back under the limit, it is current again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_over_a_limit_keeps_its_last_good_discovery() -> Result<()> {
+    let cluster = Cluster::start("limit", &[("a", "1.33")]).await?;
+    let new = Profile::parse("1.36")?;
+    let b = DiscoveryServer::start("b", &cluster.pki, &new.api, &new.apis).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    let groups = new.api.items.len() + new.apis.items.len();
+    let extra = json!({"limits": {"maxGroups": groups + 5}});
+    let config = cluster.config(&[("a", cluster.port("a")), ("b", b.addr.port())], &envoy_dir, extra)?;
+    let running = sync::spawn(config).await?;
+    let mut reports = running.reports.clone();
+    let standing_of_b = |r: &Option<Arc<sync::SyncReport>>| {
+        r.as_ref().and_then(|r| r.apiservers.iter().find(|a| a.id == "b").cloned())
+    };
+    let wait = Duration::from_secs(10);
+    tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| standing_of_b(r).is_some_and(|b| b.standing == Standing::Current)),
+    )
+    .await??;
+    assert_eq!(claims(&table_on_disk(&envoy_dir)?), ids(&["b"]));
+
+    let mut bigger = new.apis.clone();
+    bigger.items.extend(crd_groups(
+        0,
+        10,
+        "over.limit.example",
+        Shape { versions: 1, resources: 1, full: true },
+    ));
+    b.set_apis(&bigger)?;
+    let over = tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| {
+            standing_of_b(r).is_some_and(
+                |b| matches!(b.standing, Standing::Stale { age } if age > Duration::from_secs(2)),
+            )
+        }),
+    )
+    .await??
+    .clone();
+    let b_report = standing_of_b(&over).context("b")?;
+    let error = b_report.error.context("no error for b")?;
+    assert_eq!(error.kind, ErrorKind::Limit, "{error}");
+    assert!(error.to_string().contains(&format!("{} groups, over limits.maxGroups", groups + 10)), "{error}");
+    // Seconds later, b's last good documents still route its GVRs, and nothing of the oversized
+    // document is in the table.
+    let table = table_on_disk(&envoy_dir)?;
+    assert_eq!(claims(&table), ids(&["b"]));
+    assert!(table.gvrs().iter().all(|g| !g.group.ends_with("over.limit.example")));
+    let text = metrics(&running).await?;
+    assert!(
+        metric(&text, "skewgate_sync_errors_total{apiserver=\"b\",kind=\"limit\"}").is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(metric(&text, "skewgate_apiserver_current{apiserver=\"b\"}"), Some(0.0), "{text}");
+    assert_eq!(metric(&text, "skewgate_apiserver_eligible{apiserver=\"b\"}"), Some(1.0), "{text}");
+
+    b.set_apis(&new.apis)?;
+    tokio::time::timeout(
+        wait,
+        reports.wait_for(|r| {
+            standing_of_b(r).is_some_and(|b| b.standing == Standing::Current && b.error.is_none())
+        }),
+    )
+    .await??;
+    running.stop().await
+}
+
+/// Reads both watched files as fast as it can until stopped; every version must be complete.
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    task: std::thread::JoinHandle<(BTreeSet<u64>, BTreeSet<u64>, Vec<String>)>,
+}
+
+impl Watcher {
+    fn start(envoy_dir: &Path) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (cds, ecds) = (envoy_dir.join("cds/cds.json"), envoy_dir.join("ecds/ecds.json"));
+        let flag = stop.clone();
+        let task = std::thread::spawn(move || {
+            use std::hash::{Hash, Hasher};
+            let hash = |b: &[u8]| {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                b.hash(&mut h);
+                h.finish()
+            };
+            let (mut cds_seen, mut ecds_seen, mut broken) = (BTreeSet::new(), BTreeSet::new(), Vec::new());
+            while !flag.load(Ordering::SeqCst) {
+                if let Ok(bytes) = std::fs::read(&cds) {
+                    if cds_seen.insert(hash(&bytes)) {
+                        match serde_json::from_slice::<Value>(&bytes) {
+                            Ok(v) if v["resources"].as_array().is_some_and(|r| !r.is_empty()) => {}
+                            _ => broken.push(format!("cds.json: {} bytes unusable", bytes.len())),
+                        }
+                    }
+                }
+                if let Ok(bytes) = std::fs::read(&ecds) {
+                    if ecds_seen.insert(hash(&bytes)) {
+                        if let Err(e) = skewgate::explain::load_table(&bytes) {
+                            broken.push(format!("ecds.json: {} bytes: {e}", bytes.len()));
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (cds_seen, ecds_seen, broken)
+        });
+        Self { stop, task }
+    }
+
+    fn finish(self) -> (BTreeSet<u64>, BTreeSet<u64>, Vec<String>) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.join().unwrap_or_default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_never_reads_a_partial_file() -> Result<()> {
+    let mut cluster = Cluster::start("atomic", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let envoy_dir = cluster.dir.join("envoy");
+    std::fs::create_dir_all(envoy_dir.join("cds"))?;
+    std::fs::create_dir_all(envoy_dir.join("ecds"))?;
+    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
+    let watcher = Watcher::start(&envoy_dir);
+    let running =
+        sync::spawn(cluster.config(&apiservers, &envoy_dir, json!({"pollPeriod": "100ms"}))?).await?;
+    let mut generations = Vec::new();
+    let mut reports = running.reports.clone();
+    for profile in ["", "1.36", "1.36:disable=resource.k8s.io/v1beta1", "1.30", "1.33"] {
+        if !profile.is_empty() {
+            cluster.restart_standin("b", profile).await?;
+        }
+        let previous = generations.last().cloned().unwrap_or_default();
+        let report = tokio::time::timeout(
+            Duration::from_secs(10),
+            reports.wait_for(|r| r.as_ref().is_some_and(|r| r.generation != previous)),
+        )
+        .await??
+        .clone()
+        .context("report")?;
+        generations.push(report.generation.clone());
+        assert_eq!(table_on_disk(&envoy_dir)?.generation(), report.generation);
+    }
+    running.stop().await?;
+    let (cds_seen, ecds_seen, broken) = watcher.finish();
+    println!(
+        "watched {} cds.json and {} ecds.json versions over {} tables",
+        cds_seen.len(),
+        ecds_seen.len(),
+        generations.len()
+    );
+    assert!(broken.is_empty(), "Envoy could have read: {broken:?}");
+    let distinct: BTreeSet<&String> = generations.iter().collect();
+    assert!(distinct.len() >= 4, "{generations:?}");
+    assert!(ecds_seen.len() >= distinct.len(), "{} ECDS versions for {generations:?}", ecds_seen.len());
+    assert!(cds_seen.len() > distinct.len(), "union and final CDS versions expected: {}", cds_seen.len());
+    for sub in ["cds", "ecds"] {
+        let names: Vec<String> = std::fs::read_dir(envoy_dir.join(sub))?
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        assert_eq!(names.len(), 1, "left behind in {sub}/: {names:?}");
+    }
+    Ok(())
+}
+
+fn step_name(step: &skewgate::envoy::push::Step) -> String {
+    use skewgate::envoy::push::Step;
+    match step {
+        Step::WroteCds(clusters) => format!("cds.json ({} clusters)", clusters.len()),
+        Step::ClustersPresent => "clusters present".into(),
+        Step::ClustersUnhealthy(c) => format!("unhealthy {c:?}"),
+        Step::WroteEcds(g) => format!("ecds.json {g}"),
+        Step::TableLive(_) => "table live".into(),
+        Step::Settled => "settled".into(),
+    }
+}
+
+/// Whether Envoy's active health checks see `port` as healthy in `cluster`.
+async fn host_healthy(admin: &str, cluster: &str, port: u16) -> Result<bool> {
+    let text = reqwest::get(format!("{admin}/clusters")).await?.text().await?;
+    let prefix = format!("{cluster}::127.0.0.1:{port}::health_flags::");
+    Ok(text.lines().any(|l| l.strip_prefix(&prefix) == Some("healthy")))
+}
+
+/// A rolling upgrade of one apiserver behind a real Envoy: it turns unready, stops, and comes
+/// back as the 1.36 era. The new table must be live within two poll periods of the new
+/// discovery, with not one failed request meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Result<()> {
+    let wasm = paths::filter_wasm()?;
+    paths::envoy_binary()?;
+    let mut cluster = Cluster::start("envoy", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let settings = Settings {
+        config: Config::Skewgate,
+        dir: cluster.dir.join("envoy"),
+        listen_port: free_port()?,
+        admin_port: free_port()?,
+        serving_cert: cluster.pki.envoy_listener.cert.clone(),
+        serving_key: cluster.pki.envoy_listener.key.clone(),
+        client_ca: cluster.pki.cluster_ca.cert_path.clone(),
+        route_timeout: "10s".into(),
+        concurrency: 2,
+    };
+    let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
+    let poll = Duration::from_secs(1);
+    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
+    let config = cluster.config(
+        &apiservers,
+        &settings.dir,
+        json!({"pollPeriod": "1s", "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
+    )?;
+
+    // The first table exists before Envoy starts (Envoy refuses to start without its files).
+    let first = sync::sync_once(config.clone()).await?;
+    let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
+    let envoy =
+        Envoy::start(settings.clone(), &read(settings.cds_path())?, &read(settings.ecds_path())?).await?;
+    let running = sync::spawn(config).await?;
+
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cluster.pki.cluster_ca.cert_path)?)?;
+    let alice = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .identity(reqwest::Identity::from_pem(&cluster.pki.alice.identity_pem()?)?)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let base = format!("https://127.0.0.1:{}", settings.listen_port);
+    // Until the first health checks pass, the set clusters have no healthy host.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for path in [CLAIMS_V1, PODS] {
+        loop {
+            let status = alice.get(format!("{base}{path}")).send().await.map(|r| r.status().as_u16());
+            if matches!(status, Ok(200)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{path} not routable through Envoy: {status:?}\n{}", envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    // resourceclaims (target 0) and pods; when each resourceclaims answer was asked for, and who
+    // served it.
+    let targets = vec![
+        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+        Target::list("", "v1", "pods", Some("default")),
+    ];
+    let load = Load::start(
+        &alice,
+        &base,
+        targets,
+        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
+    );
+    let claim_answers = |records: &[Record]| -> Vec<(Duration, String)> {
+        let ok = records.iter().filter(|r| r.target == 0 && r.ok());
+        ok.map(|r| (r.started, r.served_by.clone().unwrap_or_default())).collect()
+    };
+    load.wait_for("20 resourceclaims answers", Duration::from_secs(10), |_, records| {
+        claim_answers(records).len() >= 20
+    })
+    .await?;
+
+    // b shuts down the way an apiserver does: /readyz fails first, Envoy stops sending to it.
+    let port_b = cluster.port("b");
+    cluster.standins.get("b").context("b")?.set_ready(false);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while host_healthy(&admin_url, "skewgate-pool", port_b).await? {
+        if Instant::now() > deadline {
+            bail!("Envoy still sends to b after it turned unready");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.stop_standin("b").await?;
+    // The scenario: b stays away a moment, as a restarting process does.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.start_standin("b", "1.36", format!("127.0.0.1:{port_b}").parse()?).await?;
+    let changed_at = load.now();
+
+    let admin = HttpAdmin::new(&admin_url, Duration::from_secs(2))?;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let live_at = loop {
+        let live = admin.live_table().await?.map(|t| t.generation);
+        if live.as_deref().is_some_and(|g| g != first.generation) {
+            break load.now();
+        }
+        if Instant::now() > deadline {
+            bail!("the new table never went live (Envoy runs {live:?})\n{}", envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // The next sync is a poll period away: the latest report is the one that pushed.
+    let mut reports = running.reports.clone();
+    let sync_report = tokio::time::timeout(
+        Duration::from_secs(2),
+        reports.wait_for(|r| r.as_ref().is_some_and(|r| r.generation != first.generation)),
+    )
+    .await??
+    .clone()
+    .context("no report")?;
+    load.wait_for("20 resourceclaims answers from b", Duration::from_secs(10), |_, records| {
+        claim_answers(records).iter().filter(|(at, by)| *at > changed_at && by == "b").count() >= 20
+    })
+    .await?;
+    let report = load.finish().await;
+    let ok = report.records.iter().filter(|r| r.ok()).count();
+    let failed: Vec<String> = report.failures().iter().map(|r| r.describe(&report.targets)).collect();
+    let claims_seen = claim_answers(&report.records);
+
+    let took = live_at - changed_at;
+    println!(
+        "the sync that pushed it took {:?} (fetch, build, then {:?})",
+        sync_report.took,
+        sync_report.steps.iter().map(step_name).collect::<Vec<_>>()
+    );
+    let first_b =
+        claims_seen.iter().find(|(at, by)| *at > changed_at && by == "b").map(|(at, _)| *at - changed_at);
+    println!(
+        "discovery change → new table live in Envoy: {took:?} (poll period {poll:?}); first resourceclaims \
+         request served by b after {first_b:?}; {ok} requests ok, {} failed",
+        failed.len()
+    );
+    assert!(failed.is_empty(), "failed requests during the upgrade: {:?}", &failed[..failed.len().min(10)]);
+    assert!(ok > 100, "too little load to mean anything: {ok}");
+    assert!(first_b.is_some(), "b never served resourceclaims after it came back as 1.36");
+    let before: BTreeSet<&str> =
+        claims_seen.iter().filter(|(at, _)| *at < changed_at).map(|(_, by)| by.as_str()).collect();
+    assert_eq!(before, BTreeSet::from(["c"]), "resourceclaims before b's upgrade");
+
+    // The new sets replaced the old ones, on disk and in Envoy.
+    let table = table_on_disk(&settings.dir)?;
+    assert_eq!(claims(&table), ids(&["b", "c"]));
+    let on_disk = cds_clusters(&settings.dir)?;
+    let in_envoy = admin.clusters().await?;
+    for name in ["skewgate-set-b_c", "skewgate-set-a"] {
+        assert!(on_disk.contains(name) && in_envoy.contains_key(name), "{name} missing");
+    }
+    for name in ["skewgate-set-c", "skewgate-set-a_b"] {
+        assert!(!on_disk.contains(name), "{name} still in cds.json");
+    }
+    assert_eq!(envoy.stat("extension_config_discovery.http_filter.skewgate.update_rejected").await?, 0);
+    assert_eq!(envoy.stat("cluster_manager.cds.update_rejected").await?, 0);
+    running.stop().await
+}

@@ -1,0 +1,13 @@
+//! The table a stream is decided on: made by the root context, shared by every HTTP context that
+//! started while it was current (so a table swap mid-stream cannot mix two tables).
+
+use skewgate_core::table::RoutingTable;
+
+use crate::host::Host;
+use crate::metrics::Metrics;
+
+/// A compiled table and the metric ids that go with it.
+pub struct Active<H: Host> {
+    pub table: RoutingTable,
+    pub metrics: Metrics<H>,
+}

@@ -1,0 +1,49 @@
+//! Everything the filter asks of Envoy, behind one trait: [`ProxyWasm`] forwards to the proxy-wasm
+//! ABI, and a fake (tests only) records what the filter did, so that `http.rs` and `root.rs` are
+//! tested without a running Envoy.
+//!
+//! Every call reports failure as a value or logs it: the SDK's `Context` helpers `unwrap()` host
+//! results (e.g. `get_property` on a property Envoy cannot serialise), which would trap the VM.
+//! Logging stays on the `log` facade, which proxy-wasm's logger serves inside Envoy.
+
+#[cfg(test)]
+pub mod fake;
+mod sdk;
+
+use std::time::Duration;
+
+use proxy_wasm::types::{Bytes, Status};
+
+pub use sdk::ProxyWasm;
+
+/// Cheap to clone (a zero-sized handle in Envoy): each context and each table's metrics keep one.
+pub trait Host: Clone + 'static {
+    /// The plugin configuration (the routing table), as `on_configure` sees it.
+    fn plugin_configuration(&self) -> Option<Bytes>;
+    fn request_headers(&self) -> Vec<(String, Bytes)>;
+    fn response_header(&self, name: &str) -> Option<Bytes>;
+    /// An Envoy attribute (`connection.subject_peer_certificate`, `response.code_details`, ...).
+    fn property(&self, path: &[&str]) -> Option<Bytes>;
+    /// Replaces every value of `name`; `None` removes the header.
+    fn set_request_header(&self, name: &str, value: Option<&str>);
+    fn add_request_header(&self, name: &str, value: &str);
+    fn remove_request_header(&self, name: &str) {
+        self.set_request_header(name, None);
+    }
+    /// A local reply in place of the upstream's.
+    fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>);
+    /// Drops the response body received so far (what the filter replaces anyway).
+    fn drop_response_body(&self, size: usize);
+    fn dispatch_call(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &str)>,
+        timeout: Duration,
+    ) -> Result<u32, Status>;
+    fn call_response_headers(&self) -> Vec<(String, Bytes)>;
+    fn call_response_body(&self, size: usize) -> Option<Bytes>;
+    /// A counter's id; Envoy hands out the same id for the same name.
+    fn define_counter(&self, name: &str) -> Option<u32>;
+    fn increment_metric(&self, id: u32, by: u64);
+    fn set_tick_period(&self, period: Duration);
+}

@@ -1,0 +1,93 @@
+//! [`Host`] on the proxy-wasm ABI: one hostcall per method, failures logged or returned as values.
+
+use std::time::Duration;
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{BufferType, Bytes, MapType, MetricType, Status};
+
+use super::Host;
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ProxyWasm;
+
+impl Host for ProxyWasm {
+    fn plugin_configuration(&self) -> Option<Bytes> {
+        hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX).ok().flatten()
+    }
+
+    fn request_headers(&self) -> Vec<(String, Bytes)> {
+        hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
+    }
+
+    fn response_header(&self, name: &str) -> Option<Bytes> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
+    }
+
+    fn property(&self, path: &[&str]) -> Option<Bytes> {
+        hostcalls::get_property(path.to_vec()).ok().flatten()
+    }
+
+    fn set_request_header(&self, name: &str, value: Option<&str>) {
+        if let Err(e) = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value) {
+            log::warn!("skewgate: setting request header {name}: {e:?}");
+        }
+    }
+
+    fn add_request_header(&self, name: &str, value: &str) {
+        if let Err(e) = hostcalls::add_map_value(MapType::HttpRequestHeaders, name, value) {
+            log::warn!("skewgate: adding request header {name}: {e:?}");
+        }
+    }
+
+    fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) {
+        if let Err(e) = hostcalls::send_http_response(status, headers, body) {
+            log::error!("skewgate: sending local response {status}: {e:?}");
+        }
+    }
+
+    fn drop_response_body(&self, size: usize) {
+        if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, &[]) {
+            log::warn!("skewgate: dropping a response body: {e:?}");
+        }
+    }
+
+    fn dispatch_call(
+        &self,
+        cluster: &str,
+        headers: Vec<(&str, &str)>,
+        timeout: Duration,
+    ) -> Result<u32, Status> {
+        hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout)
+    }
+
+    fn call_response_headers(&self) -> Vec<(String, Bytes)> {
+        hostcalls::get_map_bytes(MapType::HttpCallResponseHeaders).unwrap_or_default()
+    }
+
+    fn call_response_body(&self, size: usize) -> Option<Bytes> {
+        hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten()
+    }
+
+    fn define_counter(&self, name: &str) -> Option<u32> {
+        match hostcalls::define_metric(MetricType::Counter, name) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                log::warn!("skewgate: defining metric {name}: {e:?}");
+                None
+            }
+        }
+    }
+
+    fn increment_metric(&self, id: u32, by: u64) {
+        let by = i64::try_from(by).unwrap_or(i64::MAX);
+        if let Err(e) = hostcalls::increment_metric(id, by) {
+            log::warn!("skewgate: incrementing metric {id}: {e:?}");
+        }
+    }
+
+    fn set_tick_period(&self, period: Duration) {
+        if let Err(e) = hostcalls::set_tick_period(period) {
+            log::warn!("skewgate: setting the tick period: {e:?}");
+        }
+    }
+}

@@ -1,0 +1,368 @@
+//! One stream: header stamping, identity, local replies and the 503 rewrite.
+
+use proxy_wasm::types::{Action, Status};
+use serde_json::json;
+
+use super::{configured, get, reply_json, sample, stream};
+use crate::host::fake::Fake;
+use crate::http::Http;
+
+const SUBSET: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
+const DIGEST: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+#[test]
+fn served_by_every_apiserver_goes_to_the_pool_unmarked() {
+    let (fake, root) = configured(&sample());
+    let mut http = stream(&fake, &root, &get("/api/v1/namespaces/default/pods"));
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["pool"]);
+    assert!(fake.header("x-kubernetes-peer-proxied").is_empty());
+    assert!(fake.header("x-skewgate-route").is_empty());
+    assert_eq!(fake.header("authorization"), ["Bearer t"]);
+    assert!(fake.reply().is_none());
+    // A token client without a certificate costs no attribute look-up.
+    assert!(fake.state().property_reads.is_empty());
+}
+
+#[test]
+fn served_by_a_subset_is_rerouted_marked_and_counted() {
+    let (fake, root) = configured(&sample());
+    let name = "skewgate.rerouted_requests_total.group=resource.k8s.io;version=v1;resource=resourceclaims;";
+    for _ in 0..2 {
+        let mut http = stream(&fake, &root, &get(SUBSET));
+        assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+        assert_eq!(fake.header("x-skewgate-cluster"), ["set-c"]);
+        assert_eq!(fake.header("x-kubernetes-peer-proxied"), ["true"]);
+        assert!(fake.header("x-skewgate-route").is_empty());
+    }
+    // Counted in the VM, handed to Envoy on the tick.
+    assert_eq!(fake.counter(name), 0);
+    let mut root = root;
+    proxy_wasm::traits::RootContext::on_tick(&mut root);
+    assert_eq!(fake.counter(name), 2);
+
+    let mut http = stream(&fake, &root, &get("/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
+    http.on_http_request_headers(0, true);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-a-b"]);
+    assert_eq!(fake.header("x-kubernetes-peer-proxied"), ["true"]);
+}
+
+#[test]
+fn long_running_requests_get_the_route_without_timeout() {
+    let (fake, root) = configured(&sample());
+    for path in [&format!("{SUBSET}?watch=true"), "/api/v1/namespaces/ns/pods/p/log"] {
+        let mut http = stream(&fake, &root, &get(path));
+        http.on_http_request_headers(0, true);
+        assert_eq!(fake.header("x-skewgate-route"), ["long-running"], "{path}");
+    }
+}
+
+/// A client's own steering headers never reach Envoy's routing or the apiserver.
+#[test]
+fn client_steering_headers_are_stripped() {
+    let (fake, root) = configured(&sample());
+    let mut headers = get("/api/v1/namespaces/default/pods");
+    headers.extend([
+        ("x-skewgate-cluster", "apiserver-a"),
+        ("X-Skewgate-Route", "long-running"),
+        ("x-kubernetes-peer-proxied", "true"),
+    ]);
+    let mut http = stream(&fake, &root, &headers);
+    http.on_http_request_headers(0, true);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["pool"]);
+    assert!(fake.header("x-skewgate-route").is_empty());
+    assert!(fake.header("x-kubernetes-peer-proxied").is_empty());
+}
+
+#[test]
+fn spoofed_identity_headers_are_stripped() {
+    let (fake, root) = configured(&sample());
+    let mut headers = get(SUBSET);
+    headers.extend([
+        ("x-remote-user", "admin"),
+        ("X-Remote-Group", "system:masters"),
+        ("x-remote-uid", "0"),
+        ("x-remote-extra-scopes", "all"),
+    ]);
+    let mut http = stream(&fake, &root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    let names = fake.header_names();
+    assert!(!names.iter().any(|n| n.to_ascii_lowercase().starts_with("x-remote-")), "{names:?}");
+    assert_eq!(fake.header("authorization"), ["Bearer t"]);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-c"]);
+}
+
+#[test]
+fn a_verified_certificate_becomes_the_forwarded_identity() {
+    let (fake, root) = configured(&sample());
+    fake.set_property(&["connection", "subject_peer_certificate"], "CN=bob,O=ops,O=devs");
+    fake.set_property(&["connection", "sha256_peer_certificate_digest"], DIGEST);
+    let headers = [
+        (":method", "GET"),
+        (":path", SUBSET),
+        ("x-forwarded-client-cert", "By=spiffe://x;Hash=forged"),
+        ("x-remote-user", "admin"),
+        ("x-remote-group", "system:masters"),
+    ];
+    let mut http = stream(&fake, &root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    assert_eq!(fake.header("x-remote-user"), ["bob"]);
+    // DER order, which RFC 2253 lists backwards.
+    assert_eq!(fake.header("x-remote-group"), ["devs", "ops"]);
+    assert_eq!(
+        fake.header("x-remote-extra-authentication.kubernetes.io%2fcredential-id"),
+        [format!("X509SHA256={DIGEST}")]
+    );
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-c"]);
+}
+
+#[test]
+fn without_a_certificate_the_forged_client_cert_header_is_not_read() {
+    let (fake, root) = configured(&sample());
+    fake.set_property(&["connection", "subject_peer_certificate"], "CN=bob");
+    let mut http = stream(&fake, &root, &get(SUBSET));
+    http.on_http_request_headers(0, true);
+    assert!(fake.header("x-remote-user").is_empty());
+    assert!(fake.state().property_reads.is_empty());
+}
+
+#[test]
+fn an_unforwardable_certificate_is_refused_with_401() {
+    let (fake, root) = configured(&sample());
+    // Verified (Envoy set the header) but the subject cannot be read.
+    let headers = [(":method", "GET"), (":path", SUBSET), ("x-forwarded-client-cert", "Hash=x")];
+    let mut http = stream(&fake, &root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Pause);
+    let (status, body) = reply_json(&fake);
+    assert_eq!((status, body["reason"].as_str()), (401, Some("Unauthorized")));
+    assert!(body["message"].as_str().unwrap_or("").contains("could not be read"), "{body}");
+    assert!(fake.header("x-skewgate-cluster").is_empty());
+    assert_eq!(fake.counter("skewgate.refused_certificates_total"), 1);
+    // The refusal is ours: the response callback leaves it alone.
+    fake.respond(&[(":status", "401")]);
+    assert_eq!(http.on_http_response_headers(0, true), Action::Continue);
+}
+
+#[test]
+fn without_a_table_every_request_gets_503_unconfigured() {
+    let fake = Fake::default();
+    fake.request(&get("/api/v1/namespaces/default/pods"));
+    let mut http = Http::new(fake.clone(), None);
+    assert_eq!(proxy_wasm::traits::HttpContext::on_http_request_headers(&mut http, 0, true), Action::Pause);
+    let (status, body) = reply_json(&fake);
+    assert_eq!(
+        (status, body["code"].clone(), body["reason"].as_str()),
+        (503, json!(503), Some("ServiceUnavailable"))
+    );
+    let message = body["message"].as_str().unwrap_or("");
+    assert!(message.contains("skewgate-unconfigured") && message.contains("no routing table"), "{message}");
+    assert!(fake.header("x-skewgate-cluster").is_empty());
+}
+
+#[test]
+fn envoy_failure_for_a_gvr_not_in_the_table_names_it() {
+    let (fake, root) = configured(&sample());
+    let mut http = stream(&fake, &root, &get("/api/v1/nodes/n1"));
+    http.on_http_request_headers(0, true);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["pool"]);
+    fake.respond(&[(":status", "503")]);
+    fake.set_property(&["response", "code_details"], "no_healthy_upstream");
+    assert_eq!(http.on_http_response_headers(0, true), Action::Pause);
+    let (status, body) = reply_json(&fake);
+    assert_eq!(status, 503);
+    let message = body["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("nodes.v1 is served by [a,b,c]")
+            && message.contains("cluster pool")
+            && message.contains("no_healthy_upstream"),
+        "{message}"
+    );
+    assert_eq!(fake.counter("skewgate.unavailable_replies_total.cluster=pool;"), 1);
+}
+
+#[test]
+fn envoy_failure_for_a_rerouted_gvr_names_its_set() {
+    let (fake, root) = configured(&sample());
+    let mut http = stream(&fake, &root, &get(SUBSET));
+    http.on_http_request_headers(0, true);
+    fake.respond(&[(":status", "503")]);
+    fake.set_property(&["response", "code_details"], "upstream_reset_before_response_started");
+    assert_eq!(http.on_http_response_headers(0, true), Action::Pause);
+    let (_, body) = reply_json(&fake);
+    let message = body["message"].as_str().unwrap_or("");
+    assert!(message.contains("resourceclaims.v1.resource.k8s.io is served by [c]"), "{message}");
+    assert!(message.contains("cluster set-c"), "{message}");
+    assert_eq!(fake.counter("skewgate.unavailable_replies_total.cluster=set-c;"), 1);
+    assert_eq!(fake.counter("skewgate.unavailable_replies_total.cluster=pool;"), 0);
+}
+
+#[test]
+fn an_apiservers_own_errors_pass_unchanged() {
+    let (fake, root) = configured(&sample());
+    for (status, details) in [("503", "via_upstream"), ("404", "via_upstream"), ("429", "")] {
+        let mut http = stream(&fake, &root, &get(SUBSET));
+        http.on_http_request_headers(0, true);
+        fake.respond(&[(":status", status)]);
+        fake.set_property(&["response", "code_details"], details);
+        assert_eq!(http.on_http_response_headers(0, true), Action::Continue, "{status}");
+        assert!(fake.reply().is_none(), "{status}");
+    }
+}
+
+const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+
+#[test]
+fn merged_discovery_replaces_an_authorized_answer() {
+    let (fake, root) = configured(&sample());
+    let headers = [
+        (":method", "GET"),
+        (":path", "/apis"),
+        ("accept", V2),
+        ("authorization", "Bearer t"),
+        ("if-none-match", "\"OLD\""),
+    ];
+    let mut http = stream(&fake, &root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    // The apiserver must authorize it, not answer 304 for its own document.
+    assert!(fake.header("if-none-match").is_empty());
+    assert_eq!(fake.header("x-skewgate-cluster"), ["pool"]);
+    fake.respond(&[(":status", "200")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    let (status, headers, body) = fake.reply().expect("the merged document");
+    assert_eq!(status, 200);
+    assert_eq!(body, br#"{"kind":"APIGroupDiscoveryList"}"#);
+    assert!(headers.contains(&("etag".to_string(), "\"ABC123\"".to_string())), "{headers:?}");
+    assert_eq!(fake.counter("skewgate.merged_discovery_total.code=200;"), 1);
+}
+
+#[test]
+fn merged_discovery_answers_304_to_its_own_etag() {
+    let (fake, root) = configured(&sample());
+    let headers = [
+        (":method", "GET"),
+        (":path", "/apis"),
+        ("accept", V2),
+        ("authorization", "Bearer t"),
+        ("if-none-match", "\"ABC123\""),
+    ];
+    let mut http = stream(&fake, &root, &headers);
+    http.on_http_request_headers(0, true);
+    fake.respond(&[(":status", "200")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    let (status, headers, body) = fake.reply().expect("a 304");
+    assert_eq!((status, body.len()), (304, 0));
+    assert!(!headers.iter().any(|(n, _)| n == "content-type"), "{headers:?}");
+    assert_eq!(fake.counter("skewgate.merged_discovery_total.code=304;"), 1);
+}
+
+#[test]
+fn merged_discovery_denied_upstream_reaches_the_client_as_sent() {
+    let (fake, root) = configured(&sample());
+    let headers = [(":method", "GET"), (":path", "/apis"), ("accept", V2), ("authorization", "Bearer t")];
+    let mut http = stream(&fake, &root, &headers);
+    http.on_http_request_headers(0, true);
+    fake.respond(&[(":status", "403")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Continue);
+    assert!(fake.reply().is_none());
+}
+
+const OPENAPI: &str = "/openapi/v3/apis/resource.k8s.io/v1?hash=ABC";
+const PROTO: &str = "application/com.github.proto-openapi.spec.v3@v1.0+protobuf";
+
+fn openapi_stream(fake: &Fake, root: &crate::root::Root<Fake>) -> Box<dyn proxy_wasm::traits::HttpContext> {
+    let headers = [
+        (":method", "GET"),
+        (":path", OPENAPI),
+        ("accept", PROTO),
+        ("authorization", "Bearer t"),
+        ("if-none-match", "\"E1\""),
+        ("if-modified-since", "Mon, 01 Jan 2024 00:00:00 GMT"),
+    ];
+    let mut http = stream(fake, root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    http
+}
+
+#[test]
+fn openapi_is_authorized_upstream_then_composed() {
+    let (fake, root) = configured(&sample());
+    let mut http = openapi_stream(&fake, &root);
+    // The apiservers that serve the group/version authorize a cheap, unconditional JSON request.
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-c"]);
+    assert_eq!(fake.header(":path"), ["/openapi/v3/apis/resource.k8s.io/v1"]);
+    assert_eq!(fake.header("accept"), ["application/json"]);
+    assert_eq!(fake.header("range"), ["bytes=0-0"]);
+    assert!(fake.header("if-none-match").is_empty() && fake.header("if-modified-since").is_empty());
+
+    fake.respond(&[(":status", "206")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    let dispatched = fake.state().dispatched.clone();
+    let [(cluster, headers)] = &dispatched[..] else { panic!("one call expected: {dispatched:?}") };
+    assert_eq!(cluster, "openapi-composer");
+    for expected in [(":path", OPENAPI), ("accept", PROTO), ("if-none-match", "\"E1\"")] {
+        assert!(
+            headers.contains(&(expected.0.to_string(), expected.1.to_string())),
+            "{expected:?} in {headers:?}"
+        );
+    }
+    // The apiserver's body is dropped while the composer answers.
+    assert_eq!(http.on_http_response_body(1, true), Action::Pause);
+    assert_eq!(fake.state().dropped_body, 1);
+
+    {
+        let mut s = fake.state();
+        s.call_response_headers = vec![
+            (":status".into(), b"200".to_vec()),
+            ("content-type".into(), PROTO.as_bytes().to_vec()),
+            ("etag".into(), b"\"E2\"".to_vec()),
+            ("x-internal".into(), b"no".to_vec()),
+        ];
+        s.call_response_body = b"document".to_vec();
+    }
+    http.on_http_call_response(1, 4, 8, 0);
+    let (status, headers, body) = fake.reply().expect("the composed document");
+    assert_eq!((status, body.as_slice()), (200, &b"document"[..]));
+    assert_eq!(
+        headers,
+        [("content-type".to_string(), PROTO.to_string()), ("etag".to_string(), "\"E2\"".to_string())]
+    );
+}
+
+#[test]
+fn openapi_denied_upstream_is_not_composed() {
+    let (fake, root) = configured(&sample());
+    let mut http = openapi_stream(&fake, &root);
+    fake.respond(&[(":status", "403")]);
+    fake.set_property(&["response", "code_details"], "via_upstream");
+    assert_eq!(http.on_http_response_headers(0, false), Action::Continue);
+    assert!(fake.state().dispatched.is_empty());
+    assert_eq!(http.on_http_response_body(10, true), Action::Continue);
+    assert!(fake.reply().is_none());
+}
+
+#[test]
+fn openapi_composer_unreachable_is_a_503_never_one_apiservers_document() {
+    let (fake, root) = configured(&sample());
+    let mut http = openapi_stream(&fake, &root);
+    fake.state().dispatch_error = Some(Status::BadArgument);
+    fake.respond(&[(":status", "200")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    let (status, body) = reply_json(&fake);
+    let message = body["message"].as_str().unwrap_or("");
+    assert_eq!(status, 503);
+    assert!(
+        message.contains("composed OpenAPI document is unavailable (cluster openapi-composer"),
+        "{message}"
+    );
+
+    // Dispatched, but Envoy's call failed (no :status): not the composer's answer either.
+    let mut http = openapi_stream(&fake, &root);
+    fake.state().dispatch_error = None;
+    fake.respond(&[(":status", "200")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    fake.state().call_response_headers.clear();
+    http.on_http_call_response(1, 0, 0, 0);
+    let (status, body) = reply_json(&fake);
+    assert_eq!(status, 503);
+    assert!(body["message"].as_str().unwrap_or("").contains("no answer"), "{body}");
+}

@@ -1,0 +1,74 @@
+//! The filter's behaviour against a fake Envoy ([`Fake`]): what a stream does to the request
+//! headers, which local replies it sends, what the root context makes of a configuration.
+
+mod http;
+mod root;
+
+// Links the native definitions of Envoy's host functions (see that crate).
+#[cfg(not(target_arch = "wasm32"))]
+use skewgate_hostcall_stubs as _;
+
+use proxy_wasm::traits::{HttpContext, RootContext};
+use serde_json::{Value, json};
+
+use crate::host::fake::Fake;
+use crate::root::Root;
+
+/// Three apiservers, c the newest: resourceclaims v1 only on c, deviceclasses v1alpha3 on a and b.
+fn sample() -> Value {
+    json!({
+        "schema": 1,
+        "generation": "t1",
+        "apiservers": [
+            {"id": "a", "cluster": "apiserver-a", "version": "v1.33.4"},
+            {"id": "b", "cluster": "apiserver-b", "version": "v1.33.4"},
+            {"id": "c", "cluster": "apiserver-c", "version": "v1.36.0"}
+        ],
+        "poolCluster": "pool",
+        "sets": [
+            {"cluster": "set-c", "members": ["c"]},
+            {"cluster": "set-a-b", "members": ["a", "b"]}
+        ],
+        "groupVersions": [
+            {"group": "", "version": "v1", "servedBy": ["a", "b", "c"],
+             "resources": {"pods": ["a", "b", "c"], "configmaps": ["a", "b", "c"]}},
+            {"group": "resource.k8s.io", "version": "v1", "servedBy": ["c"],
+             "resources": {"resourceclaims": ["c"]}},
+            {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b", "c"],
+             "resources": {"deviceclasses": ["a", "b"], "devicetaintrules": ["a", "b", "c"]}}
+        ],
+        "discovery": {"etag": "ABC123", "document": "{\"kind\":\"APIGroupDiscoveryList\"}"},
+        "openapiCluster": "openapi-composer"
+    })
+}
+
+/// A root context that has taken `table` (asserted), and the fake it talks to.
+fn configured(table: &Value) -> (Fake, Root<Fake>) {
+    let fake = Fake::default();
+    let mut root = Root::new(fake.clone());
+    assert!(configure(&fake, &mut root, table.to_string().into_bytes()), "sample table refused");
+    (fake, root)
+}
+
+fn configure(fake: &Fake, root: &mut Root<Fake>, bytes: Vec<u8>) -> bool {
+    let size = bytes.len();
+    fake.state().plugin_configuration = Some(bytes);
+    root.on_configure(size)
+}
+
+/// A new stream on `root` whose request head is `headers`.
+fn stream(fake: &Fake, root: &Root<Fake>, headers: &[(&str, &str)]) -> Box<dyn HttpContext> {
+    fake.request(headers);
+    root.create_http_context(1).expect("an HTTP context")
+}
+
+/// A GET with a token (so no certificate look-up and no anonymous twin).
+fn get(path: &str) -> Vec<(&str, &str)> {
+    vec![(":method", "GET"), (":path", path), ("authorization", "Bearer t")]
+}
+
+/// The local reply's body as JSON, with its status.
+fn reply_json(fake: &Fake) -> (u32, Value) {
+    let (status, _, body) = fake.reply().expect("a local reply");
+    (status, serde_json::from_slice(&body).expect("a JSON body"))
+}

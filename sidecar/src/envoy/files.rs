@@ -1,0 +1,56 @@
+//! Where the resources live on disk, the one definition of the layout Envoy's bootstrap watches
+//! (`CDS_DIR`/`ECDS_DIR`), and how they are replaced.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// `cds/cds.json` and `ecds/ecds.json` under one directory: each file in a directory of its own,
+/// because Envoy watches the directory and reloads on a rename into it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Files {
+    pub dir: PathBuf,
+}
+
+impl Files {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self { dir: dir.into() }
+    }
+
+    pub fn cds_dir(&self) -> PathBuf {
+        self.dir.join("cds")
+    }
+
+    pub fn ecds_dir(&self) -> PathBuf {
+        self.dir.join("ecds")
+    }
+
+    pub fn cds_path(&self) -> PathBuf {
+        self.cds_dir().join("cds.json")
+    }
+
+    pub fn ecds_path(&self) -> PathBuf {
+        self.ecds_dir().join("ecds.json")
+    }
+
+    /// Both files at once, clusters first, without waiting on Envoy: for a first table, before
+    /// any Envoy watches them (a running Envoy gets its tables through [`super::Pusher`]).
+    pub fn write_first(&self, cds: &Value, ecds: &Value) -> std::io::Result<()> {
+        std::fs::create_dir_all(self.cds_dir())?;
+        std::fs::create_dir_all(self.ecds_dir())?;
+        write_atomic(&self.cds_path(), cds.to_string().as_bytes())?;
+        write_atomic(&self.ecds_path(), ecds.to_string().as_bytes())
+    }
+}
+
+/// Replaces `path` so that a watcher sees either the old or the new content, never a mix: Envoy
+/// reloads a watched directory on rename.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.tmp"));
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
+}

@@ -1,0 +1,25 @@
+//! Everything skewgate knows about Envoy, in one place; the sidecar, `skewgate table`, the
+//! harness and the tests all go through it:
+//!
+//! - [`resources`]: the JSON of the clusters (CDS) and of the filter configuration (ECDS);
+//! - [`render`](mod@render): a routing table → both resources, refusing a table the filter
+//!   would refuse;
+//! - [`files`]: where the resources live on disk and how they are replaced;
+//! - [`admin`]: what the sidecar asks Envoy's admin API (a trait, faked in tests);
+//! - [`push`]: handing a rendered table to a running Envoy in an order that never routes to a
+//!   cluster Envoy lacks.
+
+pub mod admin;
+pub mod files;
+pub mod push;
+pub mod render;
+pub mod resources;
+
+pub use admin::{AdminError, EnvoyAdmin, HttpAdmin, LiveTable};
+pub use files::{Files, write_atomic};
+pub use push::{PushError, PushOutcome, Pusher, Step};
+pub use render::{RenderError, Resources, render};
+pub use resources::{
+    CdsError, Endpoint, FILTER_NAME, Health, UpstreamTls, cds, draining_in, ecds, table_from_ecds,
+    with_draining,
+};

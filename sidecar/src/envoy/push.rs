@@ -1,0 +1,779 @@
+//! Handing a table to Envoy through its watched files, in the one order that never leaves a
+//! request routed to a cluster Envoy does not have (docs/architecture.md, "Discovery path"):
+//!
+//! 1. `cds.json` with the union of the clusters on disk and the new ones; wait until Envoy has
+//!    all new clusters (and the ones the new table starts routing to have a healthy host);
+//! 2. `ecds.json` with the new table; wait until the filter runs it;
+//! 3. `cds.json` with exactly the new clusters, dropping those nothing references any more.
+//!
+//! Files are only written when their content changes, always with temp file + fsync + rename.
+//! The state is read back from disk on every push, so that a push interrupted by an error (or
+//! a restart) resumes where it stopped. Without an admin API each wait is a fixed settle delay.
+//!
+//! Which apiservers Envoy may send new requests to (eligibility) is an overlay on every
+//! `cds.json` written: their endpoints are marked `DRAINING` ([`super::with_draining`]).
+//! The overlay changes on its own ([`Pusher::set_draining`]), also while a push is under way:
+//! every `cds.json` write holds one lock and applies the overlay of that moment, so that the
+//! two never undo each other.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::admin::{AdminError, EnvoyAdmin, LiveTable};
+use super::files::{Files, write_atomic};
+use super::render::Resources;
+use super::resources::{draining_in, with_draining};
+
+/// How often the admin API is asked while waiting.
+const CONFIRM_POLL: Duration = Duration::from_millis(50);
+
+/// What a push did, step by step (for logs and tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// `cds.json` written with these clusters.
+    WroteCds(Vec<String>),
+    /// Envoy has every cluster of the new CDS.
+    ClustersPresent,
+    /// Not every newly routed-to cluster had a healthy host in time; the table went out anyway.
+    ClustersUnhealthy(Vec<String>),
+    WroteEcds(String),
+    /// The filter runs the table of this generation.
+    TableLive(String),
+    /// No admin API: waited the settle delay.
+    Settled,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PushOutcome {
+    /// Both files already hold this content.
+    Unchanged,
+    Pushed {
+        added: Vec<String>,
+        removed: Vec<String>,
+        steps: Vec<Step>,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
+    #[error(transparent)]
+    Admin(#[from] AdminError),
+    #[error("Envoy does not have clusters {missing:?} after {timeout:?}; table not written")]
+    ClustersMissing { missing: Vec<String>, timeout: Duration },
+    #[error("Envoy rejected table {generation} (update_rejected went up); the previous table still serves")]
+    TableRejected { generation: String },
+    #[error("table {generation} not live after {timeout:?} (Envoy runs {live:?})")]
+    TableNotLive { generation: String, live: Option<String>, timeout: Duration },
+}
+
+impl PushError {
+    /// The `kind` label of the push error counter.
+    pub fn label(&self) -> &'static str {
+        match self {
+            PushError::Io { .. } => "io",
+            PushError::Admin(_) => "admin",
+            PushError::ClustersMissing { .. } => "clusters_missing",
+            PushError::TableRejected { .. } => "table_rejected",
+            PushError::TableNotLive { .. } => "table_not_live",
+        }
+    }
+}
+
+/// Writes `cds.json` and `ecds.json`, confirming each step with `A`. Clones share the
+/// eligibility overlay.
+#[derive(Debug, Clone)]
+pub struct Pusher<A> {
+    cds_path: PathBuf,
+    ecds_path: PathBuf,
+    admin: Option<A>,
+    confirm_timeout: Duration,
+    settle_delay: Duration,
+    /// Apiservers marked `DRAINING` in every `cds.json` written; the lock of every CDS write.
+    draining: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl<A: EnvoyAdmin> Pusher<A> {
+    pub fn new(files: &Files, admin: Option<A>, confirm_timeout: Duration, settle_delay: Duration) -> Self {
+        Self {
+            cds_path: files.cds_path(),
+            ecds_path: files.ecds_path(),
+            admin,
+            confirm_timeout,
+            settle_delay,
+            draining: Arc::default(),
+        }
+    }
+
+    /// Takes over the overlay of the `cds.json` on disk without writing anything: a restarted
+    /// sidecar keeps what the previous one decided until it knows better.
+    pub fn adopt_draining_from_disk(&self) -> Result<BTreeSet<String>, PushError> {
+        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(bytes) = read_optional(&self.cds_path)? {
+            if let Ok(cds) = serde_json::from_slice::<Value>(&bytes) {
+                *draining = draining_in(&cds);
+            }
+        }
+        Ok(draining.clone())
+    }
+
+    pub fn draining(&self) -> BTreeSet<String> {
+        self.draining.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Marks exactly `draining` as `DRAINING` in the `cds.json` on disk (if there is one), now.
+    /// Returns whether the overlay changed.
+    pub fn set_draining(&self, draining: &BTreeSet<String>) -> Result<bool, PushError> {
+        let mut current = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        if *current == *draining {
+            return Ok(false);
+        }
+        if let Some(bytes) = read_optional(&self.cds_path)? {
+            // A file that does not parse is left for the next push to replace.
+            if let Ok(cds) = serde_json::from_slice::<Value>(&bytes) {
+                let new = to_bytes(&with_draining(&cds, draining));
+                if new != bytes {
+                    self.write(&self.cds_path, &new)?;
+                }
+            }
+        }
+        *current = draining.clone();
+        Ok(true)
+    }
+
+    /// Writes `cds` with the overlay of this moment; returns the bytes written.
+    fn write_cds(&self, cds: &Value) -> Result<Vec<u8>, PushError> {
+        let draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        let bytes = to_bytes(&with_draining(cds, &draining));
+        self.write(&self.cds_path, &bytes)?;
+        Ok(bytes)
+    }
+
+    fn overlaid(&self, cds: &Value) -> Vec<u8> {
+        let draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        to_bytes(&with_draining(cds, &draining))
+    }
+
+    pub async fn push(&self, resources: &Resources) -> Result<PushOutcome, PushError> {
+        let new_cds = self.overlaid(&resources.cds);
+        let new_ecds = to_bytes(&resources.ecds);
+        let disk_cds = read_optional(&self.cds_path)?;
+        let disk_ecds = read_optional(&self.ecds_path)?;
+        if disk_cds.as_deref() == Some(&new_cds[..]) && disk_ecds.as_deref() == Some(&new_ecds[..]) {
+            return Ok(PushOutcome::Unchanged);
+        }
+        for path in [&self.cds_path, &self.ecds_path] {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|error| PushError::Io { path: dir.to_path_buf(), error })?;
+            }
+        }
+        let old_cds: Option<Value> = disk_cds.as_deref().and_then(|b| serde_json::from_slice(b).ok());
+        let old_names = cluster_names(old_cds.as_ref());
+        let new_names = cluster_names(Some(&resources.cds));
+        let added: Vec<String> = new_names.difference(&old_names).cloned().collect();
+        let removed: Vec<String> = old_names.difference(&new_names).cloned().collect();
+        let mut steps = Vec::new();
+
+        if disk_ecds.is_none() {
+            // Envoy refuses to start without the ECDS file, so none runs on these files yet:
+            // nothing to order against. Clusters first all the same, for one starting meanwhile.
+            self.write_cds(&resources.cds)?;
+            steps.push(Step::WroteCds(new_names.into_iter().collect()));
+            self.write(&self.ecds_path, &new_ecds)?;
+            steps.push(Step::WroteEcds(resources.generation.clone()));
+            return Ok(PushOutcome::Pushed { added, removed, steps });
+        }
+
+        let mut on_disk_cds = disk_cds;
+        let live = match &self.admin {
+            Some(admin) => admin.live_table().await?,
+            None => None,
+        };
+        let table_pending = disk_ecds.as_deref() != Some(&new_ecds[..])
+            || self.admin.is_some() && live.as_ref().map(|l| &l.generation) != Some(&resources.generation);
+        if table_pending {
+            let union = union_cds(&resources.cds, old_cds.as_ref());
+            if on_disk_cds.as_deref() != Some(&self.overlaid(&union)[..]) {
+                on_disk_cds = Some(self.write_cds(&union)?);
+                steps.push(Step::WroteCds(cluster_names(Some(&union)).into_iter().collect()));
+            }
+            let live_clusters = live.map(|l| l.clusters).unwrap_or_default();
+            let routed = LiveTable::of(&resources.table).clusters;
+            let newly_routed: BTreeSet<String> = routed.difference(&live_clusters).cloned().collect();
+            self.confirm_clusters(&new_names, &newly_routed, &mut steps).await?;
+
+            let rejections_before = match &self.admin {
+                Some(admin) => Some(admin.ecds_rejections().await?),
+                None => None,
+            };
+            if disk_ecds.as_deref() != Some(&new_ecds[..]) {
+                self.write(&self.ecds_path, &new_ecds)?;
+                steps.push(Step::WroteEcds(resources.generation.clone()));
+            }
+            self.confirm_table(&resources.generation, rejections_before, &mut steps).await?;
+        }
+
+        if on_disk_cds.as_deref() != Some(&self.overlaid(&resources.cds)[..]) {
+            self.write_cds(&resources.cds)?;
+            steps.push(Step::WroteCds(new_names.into_iter().collect()));
+        }
+        Ok(PushOutcome::Pushed { added, removed, steps })
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), PushError> {
+        write_atomic(path, bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })
+    }
+
+    /// Every cluster of the new CDS present (else the table must not go out), and each one the
+    /// table newly routes to past its first health check: a cluster Envoy has not checked yet
+    /// would answer "no healthy upstream". A cluster whose hosts were checked and failed is not
+    /// waited for: that is an apiserver still starting, and the table that routes around what it
+    /// stopped serving must not wait for it (meanwhile the pool would already send it requests
+    /// for GVRs it dropped, and it would 404 them). The wait is bounded and only warned about.
+    async fn confirm_clusters(
+        &self,
+        wanted: &BTreeSet<String>,
+        newly_routed: &BTreeSet<String>,
+        steps: &mut Vec<Step>,
+    ) -> Result<(), PushError> {
+        let Some(admin) = &self.admin else {
+            tokio::time::sleep(self.settle_delay).await;
+            steps.push(Step::Settled);
+            return Ok(());
+        };
+        let deadline = Instant::now() + self.confirm_timeout;
+        let mut present = false;
+        loop {
+            let clusters = admin.clusters().await?;
+            let missing: Vec<String> =
+                wanted.iter().filter(|n| !clusters.contains_key(*n)).cloned().collect();
+            if missing.is_empty() && !present {
+                present = true;
+                steps.push(Step::ClustersPresent);
+            }
+            let unhealthy: Vec<String> = newly_routed
+                .iter()
+                .filter(|n| {
+                    clusters.get(*n).is_none_or(|c| c.healthy == 0 && (c.pending > 0 || c.hosts == 0))
+                })
+                .cloned()
+                .collect();
+            if present && unhealthy.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                if !present {
+                    return Err(PushError::ClustersMissing { missing, timeout: self.confirm_timeout });
+                }
+                steps.push(Step::ClustersUnhealthy(unhealthy));
+                return Ok(());
+            }
+            tokio::time::sleep(CONFIRM_POLL).await;
+        }
+    }
+
+    async fn confirm_table(
+        &self,
+        generation: &str,
+        rejections_before: Option<u64>,
+        steps: &mut Vec<Step>,
+    ) -> Result<(), PushError> {
+        let Some(admin) = &self.admin else {
+            tokio::time::sleep(self.settle_delay).await;
+            steps.push(Step::Settled);
+            return Ok(());
+        };
+        let deadline = Instant::now() + self.confirm_timeout;
+        loop {
+            let live = admin.live_table().await?.map(|t| t.generation);
+            if live.as_deref() == Some(generation) {
+                steps.push(Step::TableLive(generation.to_owned()));
+                return Ok(());
+            }
+            if let Some(before) = rejections_before {
+                if admin.ecds_rejections().await? > before {
+                    return Err(PushError::TableRejected { generation: generation.to_owned() });
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(PushError::TableNotLive {
+                    generation: generation.to_owned(),
+                    live,
+                    timeout: self.confirm_timeout,
+                });
+            }
+            tokio::time::sleep(CONFIRM_POLL).await;
+        }
+    }
+}
+
+fn to_bytes(value: &Value) -> Vec<u8> {
+    // Serialising a `Value` cannot fail (its keys are strings).
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, PushError> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(PushError::Io { path: path.to_path_buf(), error }),
+    }
+}
+
+fn resources_of(cds: Option<&Value>) -> impl Iterator<Item = &Value> {
+    cds.and_then(|c| c.get("resources")).and_then(Value::as_array).into_iter().flatten()
+}
+
+pub fn cluster_names(cds: Option<&Value>) -> BTreeSet<String> {
+    resources_of(cds).filter_map(|r| r.get("name").and_then(Value::as_str)).map(str::to_owned).collect()
+}
+
+/// The new clusters, then the old ones the new CDS no longer has (new definitions win).
+pub fn union_cds(new: &Value, old: Option<&Value>) -> Value {
+    let names = cluster_names(Some(new));
+    let mut resources: Vec<Value> = resources_of(Some(new)).cloned().collect();
+    resources.extend(
+        resources_of(old)
+            .filter(|r| r.get("name").and_then(Value::as_str).is_some_and(|n| !names.contains(n)))
+            .cloned(),
+    );
+    json!({ "resources": resources })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt;
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::json;
+    use skewgate_core::table::TableConfig;
+
+    use super::*;
+    use crate::envoy::admin::{ClusterHealth, table_summary};
+    use crate::envoy::render::render;
+    use crate::envoy::resources::{Endpoint, Health, UpstreamTls, table_from_ecds};
+
+    /// Envoy as far as the pusher can tell: it picks up the files when asked (ECDS before CDS,
+    /// the worst order for the pusher), and records every moment its table names a cluster it
+    /// does not have.
+    #[derive(Default)]
+    struct Fake {
+        cds: PathBuf,
+        ecds: PathBuf,
+        cds_loaded: Vec<u8>,
+        ecds_loaded: Vec<u8>,
+        clusters: BTreeMap<String, (ClusterHealth, u32)>,
+        live: Option<LiveTable>,
+        rejections: u64,
+        /// Admin calls before a changed cds.json is noticed.
+        cds_lag: u32,
+        lag_left: u32,
+        /// Admin calls before a new cluster's hosts turn healthy (`u32::MAX`: never).
+        healthy_after: u32,
+        /// New clusters' hosts come with their first health check done and failed (an
+        /// apiserver still starting), instead of pending it.
+        checked_unhealthy: bool,
+        reject: bool,
+        calls: u32,
+        violations: Vec<String>,
+    }
+
+    #[derive(Clone, Default)]
+    struct FakeEnvoy(Arc<Mutex<Fake>>);
+
+    impl FakeEnvoy {
+        fn new(dir: &Path) -> Self {
+            let fake =
+                Fake { cds: dir.join("cds/cds.json"), ecds: dir.join("ecds/ecds.json"), ..Fake::default() };
+            Self(Arc::new(Mutex::new(fake)))
+        }
+
+        fn with(&self, f: impl FnOnce(&mut Fake)) {
+            f(&mut self.0.lock().unwrap());
+        }
+
+        fn observe(&self) -> std::sync::MutexGuard<'_, Fake> {
+            let mut f = self.0.lock().unwrap();
+            f.calls += 1;
+            let ecds = std::fs::read(&f.ecds).unwrap_or_default();
+            if ecds != f.ecds_loaded {
+                f.ecds_loaded = ecds.clone();
+                let value: Value = serde_json::from_slice(&ecds).unwrap();
+                let summary = table_from_ecds(&value).and_then(table_summary).unwrap();
+                if f.reject {
+                    f.rejections += 1;
+                } else {
+                    f.live = Some(summary);
+                }
+            }
+            let cds = std::fs::read(&f.cds).unwrap_or_default();
+            if cds != f.cds_loaded {
+                if f.lag_left > 0 {
+                    f.lag_left -= 1;
+                } else {
+                    let lag = f.cds_lag;
+                    f.lag_left = lag;
+                    let value: Value = serde_json::from_slice(&cds).unwrap();
+                    let names = cluster_names(Some(&value));
+                    f.clusters.retain(|name, _| names.contains(name));
+                    let healthy_after = f.healthy_after;
+                    let pending_new = usize::from(!f.checked_unhealthy);
+                    for name in names {
+                        f.clusters.entry(name).or_insert((
+                            ClusterHealth { hosts: 1, healthy: 0, pending: pending_new },
+                            healthy_after,
+                        ));
+                    }
+                    f.cds_loaded = cds;
+                }
+            }
+            for (health, countdown) in f.clusters.values_mut() {
+                if *countdown == 0 {
+                    health.healthy = health.hosts;
+                    health.pending = 0;
+                } else if *countdown != u32::MAX {
+                    *countdown -= 1;
+                }
+            }
+            let missing: Vec<String> = f
+                .live
+                .iter()
+                .flat_map(|l| l.clusters.iter())
+                .filter(|c| !f.clusters.contains_key(*c))
+                .cloned()
+                .collect();
+            if !missing.is_empty() {
+                let generation = f.live.as_ref().map(|l| l.generation.clone()).unwrap_or_default();
+                f.violations.push(format!("table {generation} routes to absent clusters {missing:?}"));
+            }
+            f
+        }
+
+        /// Envoy having loaded whatever is on disk (e.g. at its start).
+        fn load_now(&self) {
+            let (lag, healthy) = {
+                let f = self.0.lock().unwrap();
+                (f.cds_lag, f.healthy_after)
+            };
+            self.with(|f| {
+                f.lag_left = 0;
+                f.healthy_after = 0;
+            });
+            drop(self.observe());
+            self.with(|f| {
+                f.cds_lag = lag;
+                f.lag_left = lag;
+                f.healthy_after = healthy;
+            });
+        }
+    }
+
+    impl EnvoyAdmin for FakeEnvoy {
+        async fn clusters(&self) -> Result<BTreeMap<String, ClusterHealth>, AdminError> {
+            Ok(self.observe().clusters.iter().map(|(k, (h, _))| (k.clone(), *h)).collect())
+        }
+
+        async fn live_table(&self) -> Result<Option<LiveTable>, AdminError> {
+            Ok(self.observe().live.clone())
+        }
+
+        async fn ecds_rejections(&self) -> Result<u64, AdminError> {
+            Ok(self.observe().rejections)
+        }
+    }
+
+    /// A three-apiserver table: `claims` serve resourceclaims v1, `classes` deviceclasses v1alpha3.
+    fn resources(generation: &str, claims: &[&str], classes: &[&str]) -> Resources {
+        let all = ["a", "b", "c"];
+        let mut t: TableConfig = serde_json::from_value(json!({
+            "schema": 1,
+            "generation": generation,
+            "apiservers": all.iter().map(|id| json!({"id": id, "cluster": format!("skewgate-apiserver-{id}")})).collect::<Vec<_>>(),
+            "poolCluster": "skewgate-pool",
+            "groupVersions": [
+                {"group": "", "version": "v1", "servedBy": all, "resources": {"pods": all}},
+                {"group": "resource.k8s.io", "version": "v1", "servedBy": claims, "resources": {"resourceclaims": claims}},
+                {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": classes, "resources": {"deviceclasses": classes}}
+            ]
+        }))
+        .unwrap();
+        t.assign_sets(|m| format!("skewgate-set-{}", m.join("_")));
+        let endpoints: Vec<Endpoint> = all
+            .iter()
+            .zip(7001..)
+            .map(|(id, port)| Endpoint { id: id.to_string(), address: "127.0.0.1".into(), port })
+            .collect();
+        let tls = UpstreamTls {
+            peer_ca: "/ca".into(),
+            client_cert: "/c".into(),
+            client_key: "/k".into(),
+            server_name: "kubernetes.default.svc".into(),
+            health_user: "system:apiserver".into(),
+            health_groups: vec!["system:authenticated".into()],
+        };
+        render(&t, &endpoints, &tls, Health::default(), Path::new("/f.wasm")).unwrap()
+    }
+
+    fn dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("skewgate-push-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn pusher(dir: &Path, admin: Option<FakeEnvoy>) -> Pusher<FakeEnvoy> {
+        Pusher::new(&Files::new(dir), admin, Duration::from_millis(600), Duration::from_millis(60))
+    }
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn inode(path: &Path) -> u64 {
+        std::fs::metadata(path).unwrap().ino()
+    }
+
+    #[tokio::test]
+    async fn first_push_writes_both_then_nothing_until_a_change() {
+        let d = dir("first");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        let r1 = resources("g1", &["c"], &["a", "b"]);
+        let PushOutcome::Pushed { steps, removed, .. } = p.push(&r1).await.unwrap() else {
+            panic!("not pushed")
+        };
+        assert_eq!(steps.len(), 2);
+        assert!(matches!(&steps[..], [Step::WroteCds(_), Step::WroteEcds(g)] if g == "g1"), "{steps:?}");
+        assert!(removed.is_empty());
+        assert_eq!(envoy.0.lock().unwrap().calls, 0, "no Envoy can be running on missing files");
+        let (cds_inode, ecds_inode) = (inode(&d.join("cds/cds.json")), inode(&d.join("ecds/ecds.json")));
+        envoy.load_now();
+        assert_eq!(p.push(&r1).await.unwrap(), PushOutcome::Unchanged);
+        assert_eq!(p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap(), PushOutcome::Unchanged);
+        assert_eq!(
+            (inode(&d.join("cds/cds.json")), inode(&d.join("ecds/ecds.json"))),
+            (cds_inode, ecds_inode)
+        );
+        // No stray temp files in the watched directories.
+        for sub in ["cds", "ecds"] {
+            assert_eq!(std::fs::read_dir(d.join(sub)).unwrap().count(), 1);
+        }
+    }
+
+    #[tokio::test]
+    async fn new_clusters_land_before_the_table_and_old_ones_leave_after() {
+        let d = dir("order");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        envoy.with(|f| {
+            f.cds_lag = 3;
+            f.lag_left = 3;
+            f.healthy_after = 2;
+        });
+        // b moves to c's era: resourceclaims by b and c, deviceclasses by a only.
+        let r2 = resources("g2", &["b", "c"], &["a"]);
+        let outcome = p.push(&r2).await.unwrap();
+        let PushOutcome::Pushed { added, removed, steps } = outcome else { panic!("not pushed") };
+        assert_eq!(added, names(&["skewgate-set-a", "skewgate-set-b_c"]));
+        assert_eq!(removed, names(&["skewgate-set-a_b", "skewgate-set-c"]));
+        let base = ["skewgate-apiserver-a", "skewgate-apiserver-b", "skewgate-apiserver-c", "skewgate-pool"];
+        let mut union: Vec<&str> = base.to_vec();
+        union.extend(["skewgate-set-a", "skewgate-set-a_b", "skewgate-set-b_c", "skewgate-set-c"]);
+        union.sort();
+        let mut fin: Vec<&str> = base.to_vec();
+        fin.extend(["skewgate-set-a", "skewgate-set-b_c"]);
+        fin.sort();
+        assert_eq!(
+            steps,
+            [
+                Step::WroteCds(names(&union)),
+                Step::ClustersPresent,
+                Step::WroteEcds("g2".into()),
+                Step::TableLive("g2".into()),
+                Step::WroteCds(names(&fin)),
+            ]
+        );
+        envoy.load_now();
+        let f = envoy.0.lock().unwrap();
+        assert!(f.violations.is_empty(), "{:?}", f.violations);
+        assert_eq!(f.clusters.keys().map(String::as_str).collect::<Vec<_>>(), fin);
+        assert_eq!(f.live.as_ref().map(|l| l.generation.as_str()), Some("g2"));
+    }
+
+    #[tokio::test]
+    async fn clusters_envoy_never_gets_keep_the_table_back() {
+        let d = dir("missing");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        let ecds_before = std::fs::read(d.join("ecds/ecds.json")).unwrap();
+        envoy.with(|f| {
+            f.cds_lag = 1000;
+            f.lag_left = 1000;
+        });
+        let r2 = resources("g2", &["b", "c"], &["a"]);
+        let error = p.push(&r2).await.unwrap_err();
+        assert!(
+            matches!(&error, PushError::ClustersMissing { missing, .. } if missing.contains(&"skewgate-set-b_c".to_string())),
+            "{error}"
+        );
+        assert_eq!(error.label(), "clusters_missing");
+        assert_eq!(
+            std::fs::read(d.join("ecds/ecds.json")).unwrap(),
+            ecds_before,
+            "table written without its clusters"
+        );
+        // Envoy catches up: the next push resumes after the union CDS it already wrote.
+        envoy.with(|f| {
+            f.cds_lag = 0;
+            f.lag_left = 0;
+        });
+        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        assert!(
+            matches!(
+                &steps[..],
+                [Step::ClustersPresent, Step::WroteEcds(_), Step::TableLive(_), Step::WroteCds(_)]
+            ),
+            "{steps:?}"
+        );
+        assert!(envoy.0.lock().unwrap().violations.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_rejected_table_keeps_the_old_clusters() {
+        let d = dir("rejected");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        envoy.with(|f| f.reject = true);
+        let error = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap_err();
+        assert!(matches!(error, PushError::TableRejected { .. }), "{error}");
+        let cds: Value = serde_json::from_slice(&std::fs::read(d.join("cds/cds.json")).unwrap()).unwrap();
+        let on_disk = cluster_names(Some(&cds));
+        assert!(on_disk.contains("skewgate-set-a_b") && on_disk.contains("skewgate-set-c"), "{on_disk:?}");
+        envoy.load_now();
+        assert!(envoy.0.lock().unwrap().violations.is_empty());
+    }
+
+    #[tokio::test]
+    async fn unhealthy_new_clusters_are_waited_for_then_reported() {
+        let d = dir("unhealthy");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        envoy.with(|f| f.healthy_after = u32::MAX);
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        assert!(
+            steps.contains(&Step::ClustersUnhealthy(names(&["skewgate-set-a", "skewgate-set-b_c"]))),
+            "{steps:?}"
+        );
+        assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
+    }
+
+    /// A restarting apiserver's new set clusters fail their first health check until it is
+    /// ready: the table that routes the other GVRs around it must not wait for that.
+    #[tokio::test]
+    async fn clusters_checked_and_failing_do_not_hold_the_table() {
+        let d = dir("checked-unhealthy");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        envoy.with(|f| {
+            f.healthy_after = u32::MAX;
+            f.checked_unhealthy = true;
+        });
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
+        assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
+    }
+
+    #[tokio::test]
+    async fn without_an_admin_api_each_step_settles() {
+        let d = dir("settle");
+        let p = pusher(&d, None);
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        assert!(
+            matches!(&steps[..], [Step::WroteCds(u), Step::Settled, Step::WroteEcds(_), Step::Settled, Step::WroteCds(f)] if u.len() == 8 && f.len() == 6),
+            "{steps:?}"
+        );
+    }
+
+    fn cds_on_disk(d: &Path) -> Value {
+        serde_json::from_slice(&std::fs::read(d.join("cds/cds.json")).unwrap()).unwrap()
+    }
+
+    /// The overlay goes into every cds.json written, the union of a push included, and changes
+    /// on its own without touching the clusters; a new pusher adopts it from disk.
+    #[tokio::test]
+    async fn the_draining_overlay_survives_pushes_and_restarts() {
+        let d = dir("overlay");
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        let b = BTreeSet::from(["b".to_string()]);
+        assert!(p.set_draining(&b).unwrap(), "nothing on disk yet: only the overlay changes");
+        assert!(!d.join("cds/cds.json").exists());
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        assert_eq!(draining_in(&cds_on_disk(&d)), b);
+        let names_before = cluster_names(Some(&cds_on_disk(&d)));
+
+        // b changed: the new table goes out with b still DRAINING, in the union and after.
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        let wrote_cds = steps.iter().filter(|s| matches!(s, Step::WroteCds(_))).count();
+        assert_eq!(wrote_cds, 2, "{steps:?}");
+        assert_eq!(draining_in(&cds_on_disk(&d)), b);
+        assert!(envoy.0.lock().unwrap().violations.is_empty());
+
+        // Re-admitted: the clusters stay exactly as they are, only the overlay goes.
+        let before = cds_on_disk(&d);
+        assert!(p.set_draining(&BTreeSet::new()).unwrap());
+        let after = cds_on_disk(&d);
+        assert!(draining_in(&after).is_empty());
+        assert_eq!(with_draining(&before, &BTreeSet::new()), after);
+        assert!(!p.set_draining(&BTreeSet::new()).unwrap(), "unchanged overlay: no write");
+        assert_eq!(p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap(), PushOutcome::Unchanged);
+
+        p.set_draining(&b).unwrap();
+        let restarted = pusher(&d, Some(envoy.clone()));
+        assert_eq!(restarted.adopt_draining_from_disk().unwrap(), b);
+        assert_eq!(restarted.draining(), b);
+        assert_ne!(names_before, cluster_names(Some(&cds_on_disk(&d))));
+    }
+
+    #[test]
+    fn union_keeps_new_definitions() {
+        let new = json!({"resources": [{"name": "x", "v": 2}, {"name": "y"}]});
+        let old = json!({"resources": [{"name": "x", "v": 1}, {"name": "z"}]});
+        assert_eq!(
+            union_cds(&new, Some(&old)),
+            json!({"resources": [{"name": "x", "v": 2}, {"name": "y"}, {"name": "z"}]})
+        );
+        assert_eq!(union_cds(&new, None), new);
+    }
+}

@@ -1,0 +1,414 @@
+//! The resources themselves: the clusters (CDS) that reach the apiservers and the filter
+//! configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS reads it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde_json::{Value, json};
+use skewgate_core::table::TableConfig;
+
+/// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
+pub const FILTER_NAME: &str = "skewgate";
+const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+
+/// Where an apiserver listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub id: String,
+    pub address: String,
+    pub port: u16,
+}
+
+/// Envoy's side of the apiservers' TLS: it checks their serving certificates against the peer
+/// CA and presents the front-proxy client certificate (docs/upstream-facts.md, "Front-proxy authentication").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamTls {
+    pub peer_ca: String,
+    pub client_cert: String,
+    pub client_key: String,
+    /// SNI and the DNS SAN required in every apiserver's serving certificate.
+    pub server_name: String,
+    /// Who Envoy's health checks are, in `X-Remote-User` / `X-Remote-Group`: kube-apiserver
+    /// answers 401 to the front-proxy certificate without a user (it is then an unverifiable
+    /// client certificate, not an anonymous request), which would mark every apiserver down.
+    pub health_user: String,
+    pub health_groups: Vec<String>,
+}
+
+/// How Envoy watches the apiservers' health.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for Health {
+    fn default() -> Self {
+        Self { interval_ms: 2000, timeout_ms: 1000, connect_timeout_ms: 1000 }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CdsError(pub String);
+
+impl std::fmt::Display for CdsError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CdsError {}
+
+/// `cds.json`: the pool, one cluster per apiserver and one per serving set of `table`, and the
+/// pool's and every set's twin without the front-proxy certificate when the table has twins.
+pub fn cds(
+    table: &TableConfig,
+    endpoints: &[Endpoint],
+    tls: &UpstreamTls,
+    health: Health,
+) -> Result<Value, CdsError> {
+    let endpoint_of = |id: &str| {
+        endpoints
+            .iter()
+            .find(|e| e.id == id)
+            .ok_or_else(|| CdsError(format!("apiserver {id:?} of the table has no endpoint")))
+    };
+    let all: Vec<&Endpoint> =
+        table.apiservers.iter().map(|a| endpoint_of(&a.id)).collect::<Result<_, _>>()?;
+    let mut resources = vec![cluster(&table.pool_cluster, &all, tls, health, Upstream::FrontProxy)];
+    for (a, e) in table.apiservers.iter().zip(&all) {
+        resources.push(cluster(&a.cluster, &[*e], tls, health, Upstream::FrontProxy));
+    }
+    let mut sets = vec![(&table.pool_cluster, all.clone())];
+    for set in &table.sets {
+        let members: Vec<&Endpoint> = set.members.iter().map(|m| endpoint_of(m)).collect::<Result<_, _>>()?;
+        resources.push(cluster(&set.cluster, &members, tls, health, Upstream::FrontProxy));
+        sets.push((&set.cluster, members));
+    }
+    for (name, members) in sets {
+        if let Some(twin) = table.anonymous_cluster(name) {
+            resources.push(cluster(&twin, &members, tls, health, Upstream::Anonymous));
+        }
+    }
+    Ok(json!({ "resources": resources }))
+}
+
+/// How Envoy presents itself to the apiservers of a cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upstream {
+    /// The front-proxy client certificate: the filter's `X-Remote-*` headers (or a token) say
+    /// who the request is.
+    FrontProxy,
+    /// No client certificate, for requests without any credential: the apiserver treats them
+    /// as it treats an anonymous client, allowing or refusing them by its own flags.
+    Anonymous,
+}
+
+fn cluster(
+    name: &str,
+    members: &[&Endpoint],
+    tls: &UpstreamTls,
+    health: Health,
+    upstream: Upstream,
+) -> Value {
+    let is_ip = members.iter().all(|e| e.address.parse::<std::net::IpAddr>().is_ok());
+    let lb_endpoints: Vec<Value> = members
+        .iter()
+        .map(|e| {
+            json!({
+                "endpoint": {"address": {"socket_address": {"address": e.address, "port_value": e.port}}},
+                "metadata": {"filter_metadata": {"skewgate": {"apiserver": e.id}}}
+            })
+        })
+        .collect();
+    let mut common_tls = json!({
+        "validation_context": {
+            "trusted_ca": {"filename": tls.peer_ca},
+            "match_typed_subject_alt_names": [
+                {"san_type": "DNS", "matcher": {"exact": tls.server_name}}
+            ]
+        }
+    });
+    let http_health_check = match upstream {
+        Upstream::FrontProxy => {
+            common_tls["tls_certificates"] = json!([{
+                "certificate_chain": {"filename": tls.client_cert},
+                "private_key": {"filename": tls.client_key}
+            }]);
+            let identity = std::iter::once(("X-Remote-User", &tls.health_user))
+                .chain(tls.health_groups.iter().map(|g| ("X-Remote-Group", g)))
+                .map(|(key, value)| {
+                    json!({"header": {"key": key, "value": value}, "append_action": "APPEND_IF_EXISTS_OR_ADD"})
+                })
+                .collect::<Vec<_>>();
+            json!({"path": "/readyz", "request_headers_to_add": identity})
+        }
+        // Without credentials `/readyz` is the apiserver's to allow: 200 or 500 where anonymous
+        // access is on, 401 always where it is off. Either way the apiserver is up and answers
+        // anonymous requests as it would directly.
+        Upstream::Anonymous => json!({
+            "path": "/readyz",
+            "expected_statuses": [{"start": 200, "end": 201}, {"start": 401, "end": 402}]
+        }),
+    };
+    json!({
+        "@type": CLUSTER_TYPE,
+        "name": name,
+        "type": if is_ip { "STATIC" } else { "STRICT_DNS" },
+        "connect_timeout": duration(health.connect_timeout_ms),
+        "lb_policy": "RANDOM",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": lb_endpoints}]},
+        // Never fall back to an unhealthy apiserver: a 503 Status beats a request to a server
+        // that is down or was never meant to get it.
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0.0}},
+        "health_checks": [{
+            "timeout": duration(health.timeout_ms),
+            "interval": duration(health.interval_ms),
+            "no_traffic_interval": duration(health.interval_ms),
+            "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
+            "http_health_check": http_health_check
+        }],
+        // Eject on connection-level failures only; apiservers' own 5xx answers are the client's.
+        "outlier_detection": {
+            "split_external_local_origin_errors": true,
+            "consecutive_local_origin_failure": 2,
+            "enforcing_consecutive_local_origin_failure": 100,
+            "enforcing_consecutive_5xx": 0,
+            "enforcing_consecutive_gateway_failure": 0,
+            "enforcing_success_rate": 0,
+            "enforcing_local_origin_success_rate": 0,
+            "base_ejection_time": "5s",
+            "max_ejection_percent": 100
+        },
+        // Each watch holds an HTTP/1.1 connection (upgrades need HTTP/1.1 upstream); Envoy's
+        // default of 1024 would turn the 1025th watch into a 503.
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": 1_000_000, "max_pending_requests": 1_000_000,
+            "max_requests": 1_000_000, "max_retries": 1000
+        }]},
+        "transport_socket": {
+            "name": "envoy.transport_sockets.tls",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                "sni": tls.server_name,
+                "common_tls_context": common_tls
+            }
+        }
+    })
+}
+
+fn duration(ms: u64) -> String {
+    format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// `ecds.json`: the skewgate filter with `table_json` as its plugin configuration.
+pub fn ecds(table_json: &str, wasm: &Path) -> Value {
+    json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": FILTER_NAME,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": FILTER_NAME,
+                "root_id": FILTER_NAME,
+                // A trapped VM is replaced on the next request instead of failing every request
+                // until the next table push.
+                "failure_policy": "FAIL_RELOAD",
+                "vm_config": {
+                    "vm_id": FILTER_NAME,
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm.display().to_string()}}
+                },
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": table_json
+                }
+            }
+        }
+    }]})
+}
+
+/// `cds` with every endpoint of the apiservers in `draining` marked `DRAINING` (and left out of
+/// active health checks) and every other endpoint without a health status of its own (Envoy's
+/// active health checks decide alone).
+/// Envoy sends no new request to a `DRAINING` host, whatever its health checks say; requests
+/// under way (watches included) go on. STATIC and STRICT_DNS clusters both honour it.
+pub fn with_draining(cds: &Value, draining: &BTreeSet<String>) -> Value {
+    let mut cds = cds.clone();
+    let clusters = cds.get_mut("resources").and_then(Value::as_array_mut);
+    for cluster in clusters.into_iter().flatten() {
+        let localities = cluster.pointer_mut("/load_assignment/endpoints").and_then(Value::as_array_mut);
+        for locality in localities.into_iter().flatten() {
+            let endpoints = locality.get_mut("lb_endpoints").and_then(Value::as_array_mut);
+            for endpoint in endpoints.into_iter().flatten() {
+                let id =
+                    endpoint.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str);
+                let drain = id.is_some_and(|id| draining.contains(id));
+                if let Some(lb_endpoint) = endpoint.as_object_mut() {
+                    match drain {
+                        true => lb_endpoint.insert("health_status".into(), json!("DRAINING")),
+                        false => lb_endpoint.remove("health_status"),
+                    };
+                }
+                // A changed cluster takes over only once each of its hosts has been health-checked
+                // (warming): an apiserver that hangs while it stops would hold its own exclusion
+                // back for a whole check timeout. It gets no requests anyway.
+                if let Some(inner) = endpoint.get_mut("endpoint").and_then(Value::as_object_mut) {
+                    match drain {
+                        true => inner.insert(
+                            "health_check_config".into(),
+                            json!({"disable_active_health_check": true}),
+                        ),
+                        false => inner.remove("health_check_config"),
+                    };
+                }
+            }
+        }
+    }
+    cds
+}
+
+/// The apiservers `cds` marks `DRAINING` (what [`with_draining`] wrote).
+pub fn draining_in(cds: &Value) -> BTreeSet<String> {
+    let clusters = cds.get("resources").and_then(Value::as_array).into_iter().flatten();
+    let localities =
+        clusters.filter_map(|c| c.pointer("/load_assignment/endpoints").and_then(Value::as_array)).flatten();
+    localities
+        .filter_map(|l| l.get("lb_endpoints").and_then(Value::as_array))
+        .flatten()
+        .filter(|e| e.get("health_status").and_then(Value::as_str) == Some("DRAINING"))
+        .filter_map(|e| e.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The routing table inside an `ecds.json`, so tools accept either file.
+pub fn table_from_ecds(ecds: &Value) -> Option<&str> {
+    ecds.get("resources")?.get(0)?.pointer("/typed_config/config/configuration/value")?.as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> TableConfig {
+        serde_json::from_value(json!({
+            "schema": 1,
+            "apiservers": [{"id": "a", "cluster": "ap-a"}, {"id": "b", "cluster": "ap-b"}],
+            "poolCluster": "pool",
+            "sets": [{"cluster": "set-b", "members": ["b"]}]
+        }))
+        .unwrap()
+    }
+
+    fn tls() -> UpstreamTls {
+        UpstreamTls {
+            peer_ca: "/ca.crt".into(),
+            client_cert: "/c.crt".into(),
+            client_key: "/c.key".into(),
+            server_name: "kubernetes.default.svc".into(),
+            health_user: "system:apiserver".into(),
+            health_groups: vec!["system:authenticated".into()],
+        }
+    }
+
+    #[test]
+    fn clusters_for_pool_apiservers_and_sets() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "apiserver-b".into(), port: 6443 },
+        ];
+        let v = cds(&table(), &endpoints, &tls(), Health::default()).unwrap();
+        let names: Vec<&str> =
+            v["resources"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["pool", "ap-a", "ap-b", "set-b"]);
+        assert_eq!(v["resources"][1]["type"], "STATIC");
+        assert_eq!(v["resources"][3]["type"], "STRICT_DNS");
+        assert_eq!(
+            v["resources"][0]["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(v["resources"][0]["connect_timeout"], "1.000s");
+        let e = cds(&table(), &endpoints[..1], &tls(), Health::default()).unwrap_err();
+        assert!(e.0.contains("\"b\""), "{e}");
+    }
+
+    /// R1: a real apiserver answers the front-proxy certificate without X-Remote-User with 401.
+    #[test]
+    fn health_checks_assert_an_identity_and_twins_carry_no_certificate() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "127.0.0.1".into(), port: 7002 },
+        ];
+        let mut t = table();
+        t.anonymous_cluster_prefix = Some("anon-".into());
+        let v = cds(&t, &endpoints, &tls(), Health::default()).unwrap();
+        let clusters = v["resources"].as_array().unwrap();
+        let names: Vec<&str> = clusters.iter().map(|c| c["name"].as_str().unwrap()).collect();
+        assert_eq!(names, ["pool", "ap-a", "ap-b", "set-b", "anon-pool", "anon-set-b"]);
+        for c in &clusters[..4] {
+            let check = &c["health_checks"][0]["http_health_check"];
+            let headers: Vec<(&str, &str)> = check["request_headers_to_add"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| (h["header"]["key"].as_str().unwrap(), h["header"]["value"].as_str().unwrap()))
+                .collect();
+            assert_eq!(
+                headers,
+                [("X-Remote-User", "system:apiserver"), ("X-Remote-Group", "system:authenticated")]
+            );
+            let tls = &c["transport_socket"]["typed_config"]["common_tls_context"];
+            assert_eq!(tls["tls_certificates"][0]["certificate_chain"]["filename"], "/c.crt");
+        }
+        for c in &clusters[4..] {
+            let tls = &c["transport_socket"]["typed_config"]["common_tls_context"];
+            assert!(tls.get("tls_certificates").is_none(), "{c}");
+            assert_eq!(tls["validation_context"]["trusted_ca"]["filename"], "/ca.crt");
+            let check = &c["health_checks"][0]["http_health_check"];
+            assert!(check.get("request_headers_to_add").is_none());
+            assert_eq!(check["expected_statuses"][1]["start"], 401);
+        }
+        let hosts = |i: usize| {
+            clusters[i]["load_assignment"]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len()
+        };
+        assert_eq!((hosts(4), hosts(5)), (2, 1));
+    }
+
+    #[test]
+    fn draining_marks_every_endpoint_of_an_apiserver() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "apiserver-b".into(), port: 6443 },
+        ];
+        let v = cds(&table(), &endpoints, &tls(), Health::default()).unwrap();
+        assert!(draining_in(&v).is_empty());
+        let b = BTreeSet::from(["b".to_string()]);
+        let drained = with_draining(&v, &b);
+        assert_eq!(draining_in(&drained), b);
+        let status = |v: &Value, cluster: usize, endpoint: usize| {
+            v["resources"][cluster]["load_assignment"]["endpoints"][0]["lb_endpoints"][endpoint]
+                .get("health_status")
+                .cloned()
+        };
+        // pool: a then b; ap-b; set-b (STRICT_DNS: b has a host name).
+        assert_eq!((status(&drained, 0, 0), status(&drained, 0, 1)), (None, Some(json!("DRAINING"))));
+        assert_eq!(status(&drained, 1, 0), None);
+        assert_eq!(status(&drained, 2, 0), Some(json!("DRAINING")));
+        assert_eq!(status(&drained, 3, 0), Some(json!("DRAINING")));
+        let b_endpoint =
+            &drained["resources"][3]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
+        assert_eq!(b_endpoint["health_check_config"], json!({"disable_active_health_check": true}));
+        assert_eq!(with_draining(&drained, &BTreeSet::new()), v, "undraining restores the clusters exactly");
+    }
+
+    #[test]
+    fn ecds_round_trips_the_table() {
+        let v = ecds("{\"schema\":1}", Path::new("/x/skewgate.wasm"));
+        assert_eq!(table_from_ecds(&v), Some("{\"schema\":1}"));
+        assert_eq!(v["resources"][0]["name"], FILTER_NAME);
+        assert_eq!(v["resources"][0]["typed_config"]["config"]["failure_policy"], "FAIL_RELOAD");
+    }
+}

@@ -1,0 +1,329 @@
+//! A real Envoy process running skewgate's bootstrap from `envoy-config/`, with its CDS and ECDS
+//! files in a private directory.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use skewgate::envoy::{Files, write_atomic};
+
+use crate::paths;
+
+/// Which shipped bootstrap to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Config {
+    /// `envoy-config/bootstrap.yaml`: the skewgate filter, table from ECDS.
+    Skewgate,
+    /// `envoy-config/plain-lb.yaml`: no filter, every request to this pool cluster.
+    PlainLb { pool_cluster: String },
+    /// `plain-lb.yaml` with these routes ahead of the pool route: routing done the way a user
+    /// would without skewgate, by generating Envoy routes (benchmarks compare against it).
+    NativeRoutes { pool_cluster: String, routes: Vec<serde_json::Value> },
+    /// `bootstrap.yaml` with the native dynamic module ahead of the proxy-wasm filter
+    /// ([`crate::native`]); its ECDS file carries the same table.
+    /// Without `wasm`, the module alone (measurements only).
+    Native { module_ecds: Value, wasm: bool },
+    /// A complete bootstrap of its own (e.g. the benchmarks' upstream responder).
+    Custom(String),
+}
+
+/// What the bootstrap template needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub config: Config,
+    pub dir: PathBuf,
+    pub listen_port: u16,
+    pub admin_port: u16,
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    pub client_ca: PathBuf,
+    /// Route timeout for requests that are not long-running, e.g. "65s".
+    pub route_timeout: String,
+    pub concurrency: u32,
+}
+
+impl Settings {
+    pub fn files(&self) -> Files {
+        Files::new(&self.dir)
+    }
+
+    pub fn cds_path(&self) -> PathBuf {
+        self.files().cds_path()
+    }
+
+    pub fn ecds_path(&self) -> PathBuf {
+        self.files().ecds_path()
+    }
+}
+
+/// A raw TLS connection to a listener on 127.0.0.1 (trusting `ca`, presenting `client` if
+/// given), for requests that must reach Envoy byte for byte as written.
+pub async fn connect_tls(
+    ca: &Path,
+    client: Option<&crate::pki::Pair>,
+    port: u16,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in skewgate_pki::load_certs(ca)? {
+        roots.add(cert)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let config = match client {
+        Some(pair) => builder.with_client_auth_cert(
+            skewgate_pki::load_certs(&pair.cert)?,
+            skewgate_pki::load_key(&pair.key)?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    Ok(connector.connect(rustls::pki_types::ServerName::try_from("127.0.0.1")?, tcp).await?)
+}
+
+/// Ports handed out by `free_port` come from below the kernel's ephemeral range (32768–60999 on
+/// Linux): a port the kernel picked for `bind(0)` is released when we return it, and until Envoy
+/// binds it the kernel may give it to any outgoing connection (Envoy's own upstream connections
+/// included) — CI saw "Address already in use" that way. A per-process counter keeps two tests in
+/// one binary from getting the same port; the pid spreads test binaries apart.
+const PORTS: std::ops::Range<u32> = 20_000..32_000;
+
+/// A port free right now on 127.0.0.1, never handed out before by this process.
+pub fn free_port() -> Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = PORTS.end - PORTS.start;
+    let _ = NEXT.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(97) % span,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    for _ in 0..span {
+        let offset = NEXT.fetch_add(1, Ordering::SeqCst) % span;
+        let Ok(port) = u16::try_from(PORTS.start + offset) else { continue };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port on 127.0.0.1 in {PORTS:?}")
+}
+
+/// Fills `{{NAME}}` placeholders; a placeholder left unfilled is an error.
+pub fn render(template: &str, values: &BTreeMap<&str, String>) -> Result<String> {
+    let mut out = template.to_string();
+    for (name, value) in values {
+        out = out.replace(&format!("{{{{{name}}}}}"), value);
+    }
+    if let Some(start) = out.find("{{") {
+        let end = out[start..].find("}}").map_or(out.len(), |e| start + e + 2);
+        bail!("bootstrap template: no value for {}", &out[start..end]);
+    }
+    Ok(out)
+}
+
+pub fn render_bootstrap(s: &Settings) -> Result<String> {
+    let (file, pool) = match &s.config {
+        Config::Skewgate => ("bootstrap.yaml", String::new()),
+        Config::PlainLb { pool_cluster } => ("plain-lb.yaml", pool_cluster.clone()),
+        Config::NativeRoutes { pool_cluster, routes } => {
+            let plain = render_bootstrap(&Settings {
+                config: Config::PlainLb { pool_cluster: pool_cluster.clone() },
+                ..s.clone()
+            })?;
+            return insert_routes(&plain, routes);
+        }
+        Config::Custom(bootstrap) => return Ok(bootstrap.clone()),
+        Config::Native { wasm, .. } => {
+            let shipped = render_bootstrap(&Settings { config: Config::Skewgate, ..s.clone() })?;
+            return crate::native::with_module(&shipped, &s.files().ecds_dir(), *wasm);
+        }
+    };
+    let template = std::fs::read_to_string(paths::envoy_config_dir().join(file))?;
+    let p = |p: &Path| p.display().to_string();
+    let values = BTreeMap::from([
+        ("POOL_CLUSTER", pool),
+        ("ADMIN_PORT", s.admin_port.to_string()),
+        ("LISTEN_ADDRESS", "127.0.0.1".to_string()),
+        ("LISTEN_PORT", s.listen_port.to_string()),
+        ("CDS_DIR", p(&s.files().cds_dir())),
+        ("ECDS_DIR", p(&s.files().ecds_dir())),
+        ("SERVING_CERT", p(&s.serving_cert)),
+        ("SERVING_KEY", p(&s.serving_key)),
+        ("CLIENT_CA", p(&s.client_ca)),
+        ("ROUTE_TIMEOUT", s.route_timeout.clone()),
+    ]);
+    render(&template, &values)
+}
+
+/// JSON is YAML: each route goes in as one flow-style line ahead of plain-lb.yaml's pool route.
+fn insert_routes(plain: &str, routes: &[serde_json::Value]) -> Result<String> {
+    const ROUTES: &str = "              routes:\n";
+    let at = plain.find(ROUTES).context("plain-lb.yaml has no routes list")? + ROUTES.len();
+    let lines: String = routes.iter().map(|r| format!("              - {r}\n")).collect();
+    Ok(format!("{}{lines}{}", &plain[..at], &plain[at..]))
+}
+
+/// Runs `envoy --mode validate` on a bootstrap.
+pub fn validate(bootstrap: &Path) -> Result<()> {
+    let out = Command::new(paths::envoy_binary()?)
+        .args(["--mode", "validate", "-c"])
+        .arg(bootstrap)
+        .output()
+        .context("running envoy --mode validate")?;
+    if !out.status.success() {
+        bail!(
+            "envoy --mode validate {} failed:\n{}{}",
+            bootstrap.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// A running Envoy; killed when dropped.
+pub struct Envoy {
+    pub settings: Settings,
+    pub child: Child,
+    log: PathBuf,
+    http: reqwest::Client,
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Envoy {
+    /// Writes the bootstrap, `cds` and `ecds`, starts Envoy and waits until it is live.
+    pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
+        settings.files().write_first(cds, ecds)?;
+        if let Config::Native { module_ecds, .. } = &settings.config {
+            let path = crate::native::module_ecds_path(&settings.files().ecds_dir());
+            std::fs::create_dir_all(path.parent().context("module ECDS directory")?)?;
+            write_atomic(&path, module_ecds.to_string().as_bytes())?;
+        }
+        Self::start_on_files(settings).await
+    }
+
+    /// Starts Envoy on the `cds.json` and `ecds.json` already in `settings.dir` (with the native
+    /// module, its ECDS file too).
+    pub async fn start_on_files(settings: Settings) -> Result<Self> {
+        let bootstrap = settings.dir.join("bootstrap.yaml");
+        std::fs::write(&bootstrap, render_bootstrap(&settings)?)?;
+        let log = settings.dir.join("envoy.log");
+        std::fs::File::create(&log)?;
+        let append = || std::fs::OpenOptions::new().append(true).open(&log);
+        let mut command = Command::new(paths::envoy_binary()?);
+        if matches!(settings.config, Config::Native { .. }) {
+            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", crate::native::module_dir()?);
+        }
+        let child = command
+            .arg("-c")
+            .arg(&bootstrap)
+            .args(["--concurrency", &settings.concurrency.to_string()])
+            .args(["--use-dynamic-base-id", "--log-level", "warn", "--component-log-level", "wasm:info"])
+            .args(["--drain-time-s", "1"])
+            // The access log (stdout) and Envoy's own log (stderr) in one file, in order.
+            .stdout(append()?)
+            .stderr(append()?)
+            .spawn()
+            .context("starting envoy")?;
+        let mut envoy = Self { settings, child, log, http: reqwest::Client::new() };
+        envoy.wait_live(Duration::from_secs(20)).await?;
+        Ok(envoy)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.settings.admin_port)
+    }
+
+    async fn wait_live(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("envoy exited ({status}):\n{}", self.log());
+            }
+            if let Ok(r) = self.http.get(self.admin_url("/ready")).send().await {
+                if r.status().is_success() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("envoy not live after {timeout:?}:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Counters and gauges from the admin API, by full name.
+    pub async fn stats(&self) -> Result<BTreeMap<String, u64>> {
+        let text = self.http.get(self.admin_url("/stats")).send().await?.text().await?;
+        Ok(text
+            .lines()
+            .filter_map(|l| l.rsplit_once(": "))
+            .filter_map(|(k, v)| v.trim().parse().ok().map(|v| (k.to_string(), v)))
+            .collect())
+    }
+
+    /// A counter or gauge by its full name; a name Envoy does not have is an error, so that a
+    /// check for 0 cannot pass on a misspelt or renamed stat.
+    pub async fn stat(&self, name: &str) -> Result<u64> {
+        let stats = self.stats().await?;
+        if let Some(value) = stats.get(name) {
+            return Ok(*value);
+        }
+        let last = name.rsplit('.').next().unwrap_or(name);
+        let similar: Vec<&String> = stats.keys().filter(|k| k.contains(last)).take(10).collect();
+        bail!("Envoy has no stat {name:?}; similar: {similar:?}")
+    }
+
+    pub async fn prometheus(&self) -> Result<String> {
+        Ok(self.http.get(self.admin_url("/stats/prometheus")).send().await?.text().await?)
+    }
+
+    /// Waits until `name` reaches at least `value`.
+    pub async fn wait_stat(&self, name: &str, value: u64, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = self.stat(name).await?;
+            if now >= value {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{name} = {now}, wanted ≥ {value} within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    pub fn write_cds(&self, cds: &Value) -> Result<()> {
+        Ok(write_atomic(&self.settings.cds_path(), cds.to_string().as_bytes())?)
+    }
+
+    /// Writes the filter's ECDS file; with the native module, the module's too (same table, first).
+    pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
+        if let Config::Native { .. } = self.settings.config {
+            let table =
+                ecds.pointer("/resources/0/typed_config/config/configuration/value").and_then(Value::as_str);
+            let module = crate::native::module_ecds(table.context("ECDS without a table")?);
+            let path = crate::native::module_ecds_path(&self.settings.files().ecds_dir());
+            write_atomic(&path, module.to_string().as_bytes())?;
+            return Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?);
+        }
+        Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?)
+    }
+}
