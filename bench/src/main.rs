@@ -2,13 +2,17 @@
 //! Envoy answering at once), same request mix, three configurations run interleaved:
 //!   (a) plain LB: no filter, one route to the pool (envoy-config/plain-lb.yaml) — the floor;
 //!   (b) skewgate: the filter with the routing table (envoy-config/bootstrap.yaml);
-//!   (c) native: one Envoy route per GVR generated from the same table, no filter.
+//!   (c) native: one Envoy route per GVR generated from the same table, no filter;
+//!   and for issue 17: module (the dynamic module ahead of the filter), bypass (a route that skips
+//!   the filter for resources every apiserver serves), module-only (the module, no filter).
+//! At --concurrency 1 also per request class (uniform, rerouted, discovery, realistic), with a token.
 //! For table sizes real (~110 GVRs), 1,000 and 10,000, at --concurrency 1 (Envoy pinned to a core
 //! of its own) and 2. Also the table reload latency and the errors during reloads under load.
 //! Writes bench/results/latest.json, bench/results/cpu-per-request.svg and the results section
 //! of BENCHMARKS.md.
 //!
-//! Usage: bench [--seconds N] [--rounds N] [--quick]
+//! Usage: bench [--seconds N] [--rounds N] [--sizes real,1000,10000] [--concurrency 1,2]
+//!   [--mixes mix,uniform,rerouted,discovery,realistic] [--no-write] [--quick]
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -24,7 +28,10 @@ use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
 use skewgate_testkit::paths;
 
-const CONFIGS: [&str; 3] = ["plain", "skewgate", "native"];
+/// plain, the filter, generated routes, the native module ahead of the filter (issue 17 (b)), a
+/// route that skips the filter for uniform resources (issue 17 (a), token requests only), and the
+/// module alone (no filter behind it: no discovery composition; to see what the chain costs).
+const CONFIGS: [&str; 6] = ["plain", "skewgate", "native", "module", "bypass", "module-only"];
 const PROBE_GROUP: &str = "probe.bench.skewgate.io";
 
 #[derive(Debug, Serialize)]
@@ -33,6 +40,8 @@ struct Cell {
     table: String,
     gvrs: usize,
     config: &'static str,
+    /// `mix` (the original anonymous mix) or a request class of [`bench::class_mixes`].
+    mix: String,
     round: usize,
     #[serde(flatten)]
     wrk: WrkRun,
@@ -45,6 +54,7 @@ struct Cell {
 
 #[derive(Debug, Serialize)]
 struct Reload {
+    config: &'static str,
     table: String,
     gvrs: usize,
     ecds_bytes: usize,
@@ -62,6 +72,8 @@ struct Args {
     concurrencies: Vec<u32>,
     /// Write results and BENCHMARKS.md (off for experiments).
     write: bool,
+    /// Request mixes to run (`mix` and the classes of `bench::class_mixes`); all when empty.
+    mixes: Vec<String>,
 }
 
 fn args() -> Result<Args> {
@@ -71,6 +83,7 @@ fn args() -> Result<Args> {
         sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
         concurrencies: vec![1, 2],
         write: true,
+        mixes: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -91,13 +104,21 @@ fn args() -> Result<Args> {
                     .collect::<Result<_, _>>()?;
             }
             "--no-write" => a.write = false,
+            "--mixes" => {
+                a.mixes = it
+                    .next()
+                    .context("--mixes mix,uniform,rerouted,discovery,realistic")?
+                    .split(',')
+                    .map(String::from)
+                    .collect();
+            }
             "--quick" => {
                 a.seconds = 2;
                 a.rounds = 1;
                 a.concurrencies = vec![1];
             }
             other => bail!(
-                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --no-write, --quick)"
+                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --no-write, --quick)"
             ),
         }
     }
@@ -149,6 +170,7 @@ async fn main() -> Result<()> {
     let mut cells = Vec::new();
     let mut reloads = Vec::new();
     let mut memory = Vec::new();
+    let mut coverage = Vec::new();
     for &concurrency in &args.concurrencies {
         for (name, size) in &args.sizes {
             let table = with_probes(
@@ -162,18 +184,33 @@ async fn main() -> Result<()> {
             let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
             let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
             let case = dir.join(format!("c{concurrency}-{name}"));
+            let compiled = skewgate_core::table::RoutingTable::compile(table.clone())?;
+            let bypass_regex =
+                skewgate_core::bypass::path_regex(&compiled).context("no uniform resources")?;
             let mut envoys = Vec::new();
             for config in CONFIGS {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
-                    "skewgate" => Config::Skewgate,
+                    "skewgate" | "bypass" => Config::Skewgate,
+                    "module" | "module-only" => Config::Native {
+                        module_ecds: skewgate_testkit::native::module_ecds(&serde_json::to_string(&table)?),
+                        wasm: config == "module",
+                    },
                     _ => Config::NativeRoutes {
                         pool_cluster: table.pool_cluster.clone(),
                         routes: bench::native_routes(&table),
                     },
                 };
-                let envoy =
-                    Envoy::start(settings(&case.join(config), &pki, c, concurrency)?, &cds, &ecds).await?;
+                let mut s = settings(&case.join(config), &pki, c, concurrency)?;
+                if config == "bypass" {
+                    let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
+                    s.config = Config::Custom(skewgate_testkit::native::with_bypass(
+                        &shipped,
+                        &bypass_regex,
+                        &table.pool_cluster,
+                    )?);
+                }
+                let envoy = Envoy::start(s, &cds, &ecds).await?;
                 bench::pin(envoy.child.id(), if concurrency == 1 { "1" } else { "0,1" })?;
                 envoys.push(envoy);
             }
@@ -183,44 +220,63 @@ async fn main() -> Result<()> {
             for envoy in &envoys {
                 wait_routable(envoy, &mix).await?;
             }
+            // The request classes at --concurrency 1 only: they multiply the runs.
+            let mut scripts = vec![("mix".to_string(), script.clone())];
+            if concurrency == 1 {
+                for (class, requests) in bench::class_mixes(&table) {
+                    let (by_route, by_module) = bench::coverage(&compiled, &requests);
+                    println!(
+                        "{name:>5} {class:<9}: of {} requests the bypass route takes {by_route} (token clients; none from certificate clients), the module {by_module} (either)",
+                        requests.len()
+                    );
+                    coverage.push(json!({"table": name, "class": class, "requests": requests.len(), "bypass_route": by_route, "module": by_module}));
+                    let path = case.join(format!("{class}.lua"));
+                    bench::write_wrk_requests(&path, &requests)?;
+                    scripts.push((class.to_string(), path));
+                }
+            }
+            scripts.retain(|(mix, _)| args.mixes.is_empty() || args.mixes.contains(mix));
             let (threads, connections) = if concurrency == 1 { (1, 16) } else { (2, 32) };
             for round in 1..=args.rounds {
-                let mut plain: Option<(f64, f64)> = None;
-                for (config, envoy) in CONFIGS.iter().zip(&envoys) {
-                    let pid = envoy.child.id();
-                    let url = format!("https://127.0.0.1:{}", envoy.settings.listen_port);
-                    let cpu_before = bench::cpu_micros(pid)?;
-                    let script = script.clone();
-                    let seconds = args.seconds;
-                    let wrk = tokio::task::spawn_blocking(move || {
-                        bench::wrk(&url, &script, threads, connections, seconds)
-                    })
-                    .await??;
-                    let cpu = (bench::cpu_micros(pid)? - cpu_before) / wrk.requests.max(1) as f64;
-                    let (base_cpu, base_rps) = *plain.get_or_insert((cpu, wrk.requests_per_second));
-                    let cell = Cell {
-                        concurrency,
-                        table: name.clone(),
-                        gvrs,
-                        config,
-                        round,
-                        cpu_us_per_request: cpu,
-                        rss_kib: bench::rss_kib(pid)?,
-                        cpu_ratio_to_plain: cpu / base_cpu,
-                        rps_ratio_to_plain: wrk.requests_per_second / base_rps,
-                        wrk,
-                    };
-                    println!(
-                        "c{concurrency} {name:>5} {config:<8} round {round}: {:>7.0} req/s  p50 {:.2} ms  p99 {:.2} ms  {:>6.1} µs CPU/req ({:.2}× plain)  RSS {} MiB  errors {}",
-                        cell.wrk.requests_per_second,
-                        cell.wrk.p50_ms,
-                        cell.wrk.p99_ms,
-                        cell.cpu_us_per_request,
-                        cell.cpu_ratio_to_plain,
-                        cell.rss_kib / 1024,
-                        cell.wrk.errors
-                    );
-                    cells.push(cell);
+                for (mix_name, script) in &scripts {
+                    let mut plain: Option<(f64, f64)> = None;
+                    for (config, envoy) in CONFIGS.iter().zip(&envoys) {
+                        let pid = envoy.child.id();
+                        let url = format!("https://127.0.0.1:{}", envoy.settings.listen_port);
+                        let cpu_before = bench::cpu_micros(pid)?;
+                        let script = script.clone();
+                        let seconds = args.seconds;
+                        let wrk = tokio::task::spawn_blocking(move || {
+                            bench::wrk(&url, &script, threads, connections, seconds)
+                        })
+                        .await??;
+                        let cpu = (bench::cpu_micros(pid)? - cpu_before) / wrk.requests.max(1) as f64;
+                        let (base_cpu, base_rps) = *plain.get_or_insert((cpu, wrk.requests_per_second));
+                        let cell = Cell {
+                            concurrency,
+                            table: name.clone(),
+                            gvrs,
+                            config,
+                            mix: mix_name.clone(),
+                            round,
+                            cpu_us_per_request: cpu,
+                            rss_kib: bench::rss_kib(pid)?,
+                            cpu_ratio_to_plain: cpu / base_cpu,
+                            rps_ratio_to_plain: wrk.requests_per_second / base_rps,
+                            wrk,
+                        };
+                        println!(
+                            "c{concurrency} {name:>5} {mix_name:<9} {config:<8} round {round}: {:>7.0} req/s  p50 {:.2} ms  p99 {:.2} ms  {:>6.1} µs CPU/req ({:.2}× plain)  RSS {} MiB  errors {}",
+                            cell.wrk.requests_per_second,
+                            cell.wrk.p50_ms,
+                            cell.wrk.p99_ms,
+                            cell.cpu_us_per_request,
+                            cell.cpu_ratio_to_plain,
+                            cell.rss_kib / 1024,
+                            cell.wrk.errors
+                        );
+                        cells.push(cell);
+                    }
                 }
             }
             memory.push(json!({
@@ -230,7 +286,8 @@ async fn main() -> Result<()> {
                 "wasm_stats": wasm_memory_stats(&envoys[1]).await?,
             }));
             if concurrency == 1 {
-                reloads.push(reload(&envoys[1], &table, name, gvrs, &wasm, &script).await?);
+                reloads.push(reload(&envoys[1], "skewgate", &table, name, gvrs, &wasm, &script).await?);
+                reloads.push(reload(&envoys[3], "module", &table, name, gvrs, &wasm, &script).await?);
             }
         }
     }
@@ -247,6 +304,7 @@ async fn main() -> Result<()> {
         "took_s": started.elapsed().as_secs_f64(),
         "summary": summary,
         "reloads": reloads,
+        "coverage": coverage,
         "wasm_memory": memory,
         "cells": cells,
     });
@@ -335,6 +393,7 @@ async fn served_by(client: &reqwest::Client, url: &str) -> Option<String> {
 /// during a wrk run, counting failed requests.
 async fn reload(
     envoy: &Envoy,
+    config: &'static str,
     table: &TableConfig,
     name: &str,
     gvrs: usize,
@@ -342,9 +401,9 @@ async fn reload(
     script: &Path,
 ) -> Result<Reload> {
     let tables = [with_probes(table, false), with_probes(table, true)];
-    let ecds: Vec<String> = tables
+    let ecds: Vec<Value> = tables
         .iter()
-        .map(|t| Ok(resources::ecds(&serde_json::to_string(t)?, wasm).to_string()))
+        .map(|t| Ok(resources::ecds(&serde_json::to_string(t)?, wasm)))
         .collect::<Result<_>>()?;
     let client = client()?;
     let url = format!("https://127.0.0.1:{}/apis/{PROBE_GROUP}/v1/probes", envoy.settings.listen_port);
@@ -354,7 +413,8 @@ async fn reload(
         let next = 1 - current;
         let want = if next == 1 { "b" } else { "a" };
         let start = Instant::now();
-        resources::write_atomic(&envoy.settings.ecds_path(), ecds[next].as_bytes())?;
+        // With the module, its ECDS file first, then the filter's (Envoy::write_ecds).
+        envoy.write_ecds(&ecds[next])?;
         loop {
             if served_by(&client, &url).await.as_deref() == Some(want) {
                 break;
@@ -374,16 +434,17 @@ async fn reload(
     tokio::time::sleep(Duration::from_millis(500)).await;
     for _ in 0..10 {
         current = 1 - current;
-        resources::write_atomic(&envoy.settings.ecds_path(), ecds[current].as_bytes())?;
+        envoy.write_ecds(&ecds[current])?;
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
     let run = load.await??;
     let mut sorted = latencies.clone();
     sorted.sort_by(f64::total_cmp);
     let r = Reload {
+        config,
         table: name.into(),
         gvrs,
-        ecds_bytes: ecds[0].len(),
+        ecds_bytes: ecds[0].to_string().len(),
         median_ms: sorted[sorted.len() / 2],
         latencies_ms: latencies,
         reloads_under_load: 10,
@@ -391,7 +452,7 @@ async fn reload(
         errors_under_load: run.errors,
     };
     println!(
-        "reload {name:>5} ({gvrs} GVRs, ecds {} KiB): median {:.1} ms {:?}; 10 reloads under load: {} requests, {} errors",
+        "reload {config} {name:>5} ({gvrs} GVRs, ecds {} KiB): median {:.1} ms {:?}; 10 reloads under load: {} requests, {} errors",
         r.ecds_bytes / 1024,
         r.median_ms,
         r.latencies_ms.iter().map(|l| format!("{l:.1}")).collect::<Vec<_>>(),
@@ -410,13 +471,13 @@ async fn wasm_memory_stats(envoy: &Envoy) -> Result<Value> {
 
 /// Medians over rounds, per (concurrency, table, config).
 fn summarize(cells: &[Cell]) -> Vec<Value> {
-    let mut groups: BTreeMap<(u32, usize, &str), Vec<&Cell>> = BTreeMap::new();
+    let mut groups: BTreeMap<(u32, usize, &str, &str), Vec<&Cell>> = BTreeMap::new();
     for c in cells {
-        groups.entry((c.concurrency, c.gvrs, c.config)).or_default().push(c);
+        groups.entry((c.concurrency, c.gvrs, c.mix.as_str(), c.config)).or_default().push(c);
     }
     groups
         .into_iter()
-        .map(|((concurrency, gvrs, config), cs)| {
+        .map(|((concurrency, gvrs, mix, config), cs)| {
             let median = |f: &dyn Fn(&Cell) -> f64| {
                 let mut v: Vec<f64> = cs.iter().map(|c| f(c)).collect();
                 v.sort_by(f64::total_cmp);
@@ -427,6 +488,7 @@ fn summarize(cells: &[Cell]) -> Vec<Value> {
                 "table": cs[0].table,
                 "gvrs": gvrs,
                 "config": config,
+                "mix": mix,
                 "rps": median(&|c| c.wrk.requests_per_second),
                 "p50_ms": median(&|c| c.wrk.p50_ms),
                 "p99_ms": median(&|c| c.wrk.p99_ms),
@@ -443,7 +505,7 @@ fn summarize(cells: &[Cell]) -> Vec<Value> {
 fn markdown_tables(result: &Value) -> String {
     let mut md = String::new();
     md.push_str(&format!(
-        "Measured {} on {} with Envoy {} at commit {} ({} s per run, {} rounds interleaved plain → skewgate → native; medians).\n\n",
+        "Measured {} on {} with Envoy {} at commit {} ({} s per run, {} rounds interleaved plain → skewgate → native → module → bypass; medians; requests: `mix` is the anonymous mix, the others are the token request classes at --concurrency 1).\n\n",
         result["machine"]["date"].as_str().unwrap_or(""),
         result["machine"]["cpu"].as_str().unwrap_or(""),
         result["envoy"].as_str().unwrap_or(""),
@@ -451,14 +513,15 @@ fn markdown_tables(result: &Value) -> String {
         result["seconds_per_run"],
         result["rounds"],
     ));
-    md.push_str("| Envoy concurrency | table | GVRs | config | req/s | p50 ms | p99 ms | CPU µs/req | CPU × plain | req/s × plain | RSS MiB | errors |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| Envoy concurrency | table | GVRs | requests | config | req/s | p50 ms | p99 ms | CPU µs/req | CPU × plain | req/s × plain | RSS MiB | errors |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for s in result["summary"].as_array().into_iter().flatten() {
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {} |\n",
+            "| {} | {} | {} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {} |\n",
             s["concurrency"],
             s["table"].as_str().unwrap_or(""),
             s["gvrs"],
+            s["mix"].as_str().unwrap_or(""),
             s["config"].as_str().unwrap_or(""),
             s["rps"].as_f64().unwrap_or(f64::NAN),
             s["p50_ms"].as_f64().unwrap_or(f64::NAN),
@@ -470,10 +533,11 @@ fn markdown_tables(result: &Value) -> String {
             s["errors"],
         ));
     }
-    md.push_str("\n| table | GVRs | ecds.json KiB | reload: rename → new table answers (median of 5) | requests during 10 reloads | failed |\n|---|---|---|---|---|---|\n");
+    md.push_str("\n| config | table | GVRs | ecds.json KiB | reload: rename → new table answers (median of 5) | requests during 10 reloads | failed |\n|---|---|---|---|---|---|---|\n");
     for r in result["reloads"].as_array().into_iter().flatten() {
         md.push_str(&format!(
-            "| {} | {} | {} | {:.1} ms | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.1} ms | {} | {} |\n",
+            r["config"].as_str().unwrap_or(""),
             r["table"].as_str().unwrap_or(""),
             r["gvrs"],
             r["ecds_bytes"].as_u64().unwrap_or(0) / 1024,
@@ -503,6 +567,7 @@ fn plot(summary: &[Value]) -> String {
     let (w, h, left, right, top, bottom) = (720.0, 420.0, 70.0, 190.0, 30.0, 50.0);
     let points: Vec<(u32, &str, f64, f64)> = summary
         .iter()
+        .filter(|s| s["mix"] == "mix")
         .filter_map(|s| {
             Some((
                 s["concurrency"].as_u64()? as u32,
@@ -518,7 +583,13 @@ fn plot(summary: &[Value]) -> String {
         left + (v.log10() - min_x.log10()) / (max_x.log10() - min_x.log10()).max(1e-9) * (w - left - right)
     };
     let y = |v: f64| h - bottom - v / max_y.max(1e-9) * (h - top - bottom);
-    let colors = [("plain", "#888888"), ("skewgate", "#1f77b4"), ("native", "#d62728")];
+    let colors = [
+        ("plain", "#888888"),
+        ("skewgate", "#1f77b4"),
+        ("native", "#d62728"),
+        ("module", "#2ca02c"),
+        ("bypass", "#9467bd"),
+    ];
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"14\">Envoy CPU per request vs routing table size</text>\n"
     );

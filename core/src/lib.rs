@@ -5,12 +5,14 @@
 
 pub mod accept;
 pub mod build;
+pub mod bypass;
 pub mod decision;
 pub mod discovery;
 pub mod extensions;
 pub mod identity;
 pub mod legacy_build;
 pub mod legacy_documents;
+pub mod native;
 pub mod openapi;
 pub mod request_info;
 pub mod seal;

@@ -15,8 +15,8 @@ use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
 use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
 use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
-use skewgate_testkit::paths;
 use skewgate_testkit::scenario::listing;
+use skewgate_testkit::{native, paths};
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const NOPEER: &str =
@@ -65,6 +65,12 @@ struct Fixture {
 
 impl Fixture {
     async fn start(name: &str) -> Result<Self> {
+        Self::start_with(name, false).await
+    }
+
+    /// With `native`, the dynamic module (crate `skewgate-module`) runs ahead of the filter and
+    /// routes every request that needs no composed answer itself.
+    async fn start_with(name: &str, native: bool) -> Result<Self> {
         let wasm = paths::filter_wasm()?;
         paths::envoy_binary()?;
         let dir = std::env::temp_dir().join(format!("skewgate-it-{name}-{}", std::process::id()));
@@ -89,8 +95,15 @@ impl Fixture {
             health_user: "system:apiserver".into(),
             health_groups: vec!["system:authenticated".into()],
         };
+        let t = table(&["c"]);
         let settings = Settings {
-            config: Config::Skewgate,
+            config: match native {
+                true => Config::Native {
+                    module_ecds: native::module_ecds(&serde_json::to_string(&t)?),
+                    wasm: true,
+                },
+                false => Config::Skewgate,
+            },
             dir: dir.join("envoy"),
             listen_port: free_port()?,
             admin_port: free_port()?,
@@ -100,7 +113,6 @@ impl Fixture {
             route_timeout: "2s".into(),
             concurrency: 2,
         };
-        let t = table(&["c"]);
         let cds = test_cds(&t, &endpoints, &tls)?;
         let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
@@ -286,7 +298,45 @@ async fn rerouted_claims(f: &Fixture) -> Result<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_comes_from_the_client_certificate_only() -> Result<()> {
-    let f = Fixture::start("identity").await?;
+    identity(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_maps_identity_and_strips_spoofed_headers() -> Result<()> {
+    identity(true).await
+}
+
+/// Turns Envoy's access log on for every request: it names the route each one took.
+async fn log_every_request(f: &Fixture) -> Result<()> {
+    let on = reqwest::Client::new()
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .send()
+        .await?;
+    if !on.status().is_success() {
+        bail!("runtime_modify: {}", on.status());
+    }
+    Ok(())
+}
+
+/// Waits until Envoy's access log has `n` lines taking a route whose name starts with `route`.
+async fn wait_routes_logged(f: &Fixture, route: &str, n: usize) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let needle = format!(" route={route}");
+    loop {
+        let seen = f.envoy.log().lines().filter(|l| l.contains(&needle)).count();
+        if seen >= n {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{seen} of {n} requests took route {route}:\n{}", f.envoy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn identity(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "identity-native" } else { "identity" }, native).await?;
+    log_every_request(&f).await?;
     let spoof = [
         ("X-Remote-User", "admin"),
         ("X-Remote-Group", "system:masters"),
@@ -311,12 +361,26 @@ async fn identity_comes_from_the_client_certificate_only() -> Result<()> {
         }
         assert_eq!(header_values(&echo, "authorization"), ["Bearer token-1"], "{path}");
     }
+    if native {
+        // The module routed all four (the proxy-wasm filter's routes are named read, ...).
+        wait_routes_logged(&f, "native-read", 4).await?;
+    }
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serves_merged_discovery_with_etag() -> Result<()> {
-    let f = Fixture::start("discovery").await?;
+    merged_discovery(false).await
+}
+
+/// The module composes the merged discovery document itself, from the same table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_serves_merged_discovery_with_etag() -> Result<()> {
+    merged_discovery(true).await
+}
+
+async fn merged_discovery(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "discovery-native" } else { "discovery" }, native).await?;
     let url = format!("{}/apis", f.base);
     let mut etags = BTreeSet::new();
     for _ in 0..2 {
@@ -339,6 +403,12 @@ async fn serves_merged_discovery_with_etag() -> Result<()> {
         assert!(["a", "b", "c", "d"].contains(&by.as_str()), "{accept}: {by}");
         assert_eq!(echo["target"], "/apis");
     }
+    if native {
+        // Routed (and answered) by the module: the proxy-wasm filter, which counts, never saw them.
+        log_every_request(&f).await?;
+        f.send(&f.anonymous, f.anonymous.get(&url).header("accept", V2)).await?;
+        return wait_routes_logged(&f, "native-read", 1).await;
+    }
     let prom = f.envoy.prometheus().await?;
     assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"200\"} 2"), "{prom}");
     assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"304\"} 1"), "{prom}");
@@ -347,7 +417,17 @@ async fn serves_merged_discovery_with_etag() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_failures_become_503_status() -> Result<()> {
-    let f = Fixture::start("failures").await?;
+    failures_become_503(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_turns_envoy_failures_into_503_status() -> Result<()> {
+    failures_become_503(true).await
+}
+
+async fn failures_become_503(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "failures-native" } else { "failures" }, native).await?;
+    log_every_request(&f).await?;
     let cases = [
         ("resets", "[d]", "connection_termination"),
         // Connection refused; the retries' failures eject the host, so Envoy's last word can be
@@ -382,6 +462,11 @@ async fn envoy_failures_become_503_status() -> Result<()> {
     let (status, h, body) = f.get("/apis/test.skewgate.io/v1/fails").await?;
     assert_eq!((status, body.as_str()), (503, "apiserver says no\n"));
     assert_eq!(h.get(SERVED_BY).map(|v| v.to_str().unwrap_or("")), Some("c"));
+    if native {
+        // The module routed and answered all seven; it keeps no counters of its own yet.
+        wait_routes_logged(&f, "native-read", 7).await?;
+        return Ok(());
+    }
     let prom = f.envoy.prometheus().await?;
     for cluster in ["set-d", "set-e", "set-f", "set-c", "set-a-c"] {
         let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} 1");
@@ -424,7 +509,18 @@ fn grep(text: &str, needle: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn table_reloads_through_ecds_without_failures() -> Result<()> {
-    let f = Fixture::start("reload").await?;
+    reloads(false).await
+}
+
+/// The module's table and the filter's arrive by two ECDS files, the module's first
+/// (`Envoy::write_ecds`); either way a request meets one whole table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_reloads_through_ecds_without_failures() -> Result<()> {
+    reloads(true).await
+}
+
+async fn reloads(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "reload-native" } else { "reload" }, native).await?;
     let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
     // resourceclaims (target 0) and pods.
     let targets = vec![
@@ -449,6 +545,11 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
     f.envoy.wait_stat(rejected, 1, Duration::from_secs(5)).await?;
     f.envoy.write_ecds(&resources::ecds("{not json", &f.wasm))?;
     f.envoy.wait_stat(rejected, 2, Duration::from_secs(5)).await?;
+    let module_stat =
+        |s: &str| format!("extension_config_discovery.http_filter.{}.{s}", native::MODULE_FILTER_NAME);
+    if native {
+        f.envoy.wait_stat(&module_stat("update_rejected"), 2, Duration::from_secs(5)).await?;
+    }
     for _ in 0..10 {
         assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
     }
@@ -482,6 +583,7 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let successes = f.envoy.stat("extension_config_discovery.http_filter.skewgate.update_success").await?;
+    let module_successes = if native { f.envoy.stat(&module_stat("update_success")).await? } else { 0 };
     let swapped = Instant::now();
     f.envoy.write_ecds(&resources::ecds(&serde_json::to_string(&next)?, &f.wasm))?;
     f.envoy
@@ -491,6 +593,11 @@ async fn table_reloads_through_ecds_without_failures() -> Result<()> {
             Duration::from_secs(5),
         )
         .await?;
+    if native {
+        f.envoy
+            .wait_stat(&module_stat("update_success"), module_successes + 1, Duration::from_secs(5))
+            .await?;
+    }
     println!("new table live {:?} after the rename", swapped.elapsed());
     load.wait_for("20 resourceclaims served by b", Duration::from_secs(10), |_, records| {
         records.iter().filter(|r| r.target == 0 && r.ok() && r.served_by.as_deref() == Some("b")).count()
@@ -564,7 +671,17 @@ const REACHING: usize = 13;
 /// GVR the apiserver itself reads out of the path it receives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
-    let f = Fixture::start("hostile").await?;
+    hostile(false).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn module_never_misroutes_hostile_requests() -> Result<()> {
+    hostile(true).await
+}
+
+async fn hostile(native: bool) -> Result<()> {
+    let f = Fixture::start_with(if native { "hostile-native" } else { "hostile" }, native).await?;
+    log_every_request(&f).await?;
     let t = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
     let long_path = format!("/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims", "n".repeat(16 * 1024));
     let many_params =
@@ -641,6 +758,11 @@ async fn hostile_requests_never_misroute_or_crash() -> Result<()> {
     assert!(trouble.is_empty(), "wasm VM trouble: {trouble:?}");
     // Still routing normally afterwards.
     assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
+    if native {
+        // The module, not the filter behind it, routed the hostile requests that reached an
+        // apiserver (the last one is the probe above).
+        wait_routes_logged(&f, "native", REACHING + 1).await?;
+    }
     Ok(())
 }
 

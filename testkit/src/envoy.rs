@@ -23,6 +23,10 @@ pub enum Config {
     /// `plain-lb.yaml` with these routes ahead of the pool route: routing done the way a user
     /// would without skewgate, by generating Envoy routes (benchmarks compare against it).
     NativeRoutes { pool_cluster: String, routes: Vec<serde_json::Value> },
+    /// `bootstrap.yaml` with the native dynamic module ahead of the proxy-wasm filter
+    /// ([`crate::native`]); its ECDS file carries the same table.
+    /// Without `wasm`, the module alone (measurements only).
+    Native { module_ecds: Value, wasm: bool },
     /// A complete bootstrap of its own (e.g. the benchmarks' upstream responder).
     Custom(String),
 }
@@ -136,6 +140,10 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
             return insert_routes(&plain, routes);
         }
         Config::Custom(bootstrap) => return Ok(bootstrap.clone()),
+        Config::Native { wasm, .. } => {
+            let shipped = render_bootstrap(&Settings { config: Config::Skewgate, ..s.clone() })?;
+            return crate::native::with_module(&shipped, &s.files().ecds_dir(), *wasm);
+        }
     };
     let template = std::fs::read_to_string(paths::envoy_config_dir().join(file))?;
     let p = |p: &Path| p.display().to_string();
@@ -199,17 +207,27 @@ impl Envoy {
     /// Writes the bootstrap, `cds` and `ecds`, starts Envoy and waits until it is live.
     pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
         settings.files().write_first(cds, ecds)?;
+        if let Config::Native { module_ecds, .. } = &settings.config {
+            let path = crate::native::module_ecds_path(&settings.files().ecds_dir());
+            std::fs::create_dir_all(path.parent().context("module ECDS directory")?)?;
+            write_atomic(&path, module_ecds.to_string().as_bytes())?;
+        }
         Self::start_on_files(settings).await
     }
 
-    /// Starts Envoy on the `cds.json` and `ecds.json` already in `settings.dir`.
+    /// Starts Envoy on the `cds.json` and `ecds.json` already in `settings.dir` (with the native
+    /// module, its ECDS file too).
     pub async fn start_on_files(settings: Settings) -> Result<Self> {
         let bootstrap = settings.dir.join("bootstrap.yaml");
         std::fs::write(&bootstrap, render_bootstrap(&settings)?)?;
         let log = settings.dir.join("envoy.log");
         std::fs::File::create(&log)?;
         let append = || std::fs::OpenOptions::new().append(true).open(&log);
-        let child = Command::new(paths::envoy_binary()?)
+        let mut command = Command::new(paths::envoy_binary()?);
+        if matches!(settings.config, Config::Native { .. }) {
+            command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", crate::native::module_dir()?);
+        }
+        let child = command
             .arg("-c")
             .arg(&bootstrap)
             .args(["--concurrency", &settings.concurrency.to_string()])
@@ -296,7 +314,16 @@ impl Envoy {
         Ok(write_atomic(&self.settings.cds_path(), cds.to_string().as_bytes())?)
     }
 
+    /// Writes the filter's ECDS file; with the native module, the module's too (same table, first).
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
+        if let Config::Native { .. } = self.settings.config {
+            let table =
+                ecds.pointer("/resources/0/typed_config/config/configuration/value").and_then(Value::as_str);
+            let module = crate::native::module_ecds(table.context("ECDS without a table")?);
+            let path = crate::native::module_ecds_path(&self.settings.files().ecds_dir());
+            write_atomic(&path, module.to_string().as_bytes())?;
+            return Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?);
+        }
         Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?)
     }
 }

@@ -11,6 +11,7 @@ pub mod limits;
 pub mod load;
 pub mod markdown;
 pub mod mvp;
+pub mod native;
 pub mod paths;
 pub mod real;
 pub mod scenario;

@@ -1,0 +1,259 @@
+//! The module's filter: the proxy-wasm filter (filter/src/http.rs) over the same
+//! `skewgate_core::decision::decide`, natively, composed discovery included. Requests whose
+//! decision needs an OpenAPI document composed at the edge are left to the proxy-wasm filter behind it;
+//! every other request is routed here, marked with the `native` route class, and the routes for
+//! that class disable the proxy-wasm filter (envoy-config/bootstrap-native.yaml).
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use skewgate_core::decision::{self, RequestHead};
+use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::native::module_handles;
+use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
+use skewgate_core::status::{self, Unavailable};
+use skewgate_core::table::{RoutingTable, Serving};
+
+use crate::ffi::{Attribute, Stream};
+
+/// Read by the route's `cluster_header` (the proxy-wasm filter's too).
+pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
+/// Selects the route; the `native*` classes skip the proxy-wasm filter.
+pub const ROUTE_HEADER: &str = "x-skewgate-route";
+pub const NATIVE: &str = "native";
+pub const NATIVE_LONG_RUNNING: &str = "native-long-running";
+const XFCC: &str = "x-forwarded-client-cert";
+
+/// One filter configuration: a compiled routing table. A new table is a new configuration
+/// (ECDS); streams keep the one they started with.
+pub struct Config {
+    table: Arc<RoutingTable>,
+}
+
+impl Config {
+    pub fn new(_name: &[u8], config: &[u8]) -> Option<Config> {
+        RoutingTable::from_json(config).ok().map(|table| Config { table: Arc::new(table) })
+    }
+}
+
+/// What Envoy does after a hook.
+pub enum Next {
+    Continue,
+    Stop,
+}
+
+pub struct Filter {
+    table: Arc<RoutingTable>,
+    /// The module routed the request (else the proxy-wasm filter does, or did not need to).
+    routed: bool,
+    replied: bool,
+    /// The composed answer (its status and document) that replaces an authorized upstream one.
+    compose: Option<(u16, decision::Composed)>,
+    serving: Option<Serving>,
+    gvr_id: Option<usize>,
+    unlisted_target: Option<String>,
+}
+
+impl Filter {
+    pub fn new(config: &Config) -> Filter {
+        Filter {
+            table: config.table.clone(),
+            routed: false,
+            replied: false,
+            compose: None,
+            serving: None,
+            gvr_id: None,
+            unlisted_target: None,
+        }
+    }
+
+    pub fn on_request_headers(&mut self, stream: &mut Stream) -> Next {
+        let table = self.table.clone();
+        // Owned copies of what the decision reads and of the names it may strip (all `x-...`):
+        // Envoy's header buffers may move once a header is set, and the decision borrows from
+        // what it read. Everything else is looked at in place.
+        let mut head = RequestHead::default();
+        let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
+        let mut client_cert = false;
+        let mut candidates: Vec<String> = Vec::new();
+        for (name, value) in stream.request_headers() {
+            let owned = || Some(String::from_utf8_lossy(value).into_owned());
+            match name {
+                b":method" => method = owned(),
+                b":path" => target = owned(),
+                b"accept" => accept = owned(),
+                b"if-none-match" => if_none_match = owned(),
+                n if n == XFCC.as_bytes() => client_cert = true,
+                n if n.starts_with(b"x-") => candidates.extend(std::str::from_utf8(n).ok().map(String::from)),
+                n => head.token |= std::str::from_utf8(n).is_ok_and(|n| identity::carries_token(n, value)),
+            }
+        }
+        head.method = method.as_deref().unwrap_or("");
+        head.target = target.as_deref().unwrap_or("");
+        head.accept = accept.as_deref();
+        head.if_none_match = if_none_match.as_deref();
+        // As in the proxy-wasm filter: Envoy's own x-forwarded-client-cert (SANITIZE_SET) says a
+        // verified certificate is there; the subject is read from the connection, never from the
+        // header. Unreadable: passed on empty, and the decision refuses it.
+        let subject = (table.policy().client_cert_identity && client_cert).then(|| {
+            String::from_utf8_lossy(
+                stream.attribute(Attribute::ConnectionSubjectPeerCertificate).unwrap_or_default(),
+            )
+            .into_owned()
+        });
+        head.client_subject = match (client_cert, subject.as_deref()) {
+            (true, Some(s)) => Some(s),
+            (true, None) => Some(""),
+            (false, _) => None,
+        };
+
+        let decision = decision::decide(&table, &head);
+        let strip: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
+        if !module_handles(&decision) {
+            // An OpenAPI composition: the proxy-wasm filter decides it again and does all of it. A
+            // client's own x-skewgate-route must not pick a route that skips it, so what the
+            // decision strips goes here already.
+            if !strip.is_empty() {
+                for name in &strip {
+                    stream.set_request_header(name.as_bytes(), None);
+                }
+                stream.clear_route_cache();
+            }
+            return Next::Continue;
+        }
+        let credential_id = match (&decision.identity, table.policy().x509_credential_id) {
+            (Some(_), true) => stream
+                .attribute(Attribute::ConnectionSha256PeerCertificateDigest)
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(identity::x509_credential_id),
+            _ => None,
+        };
+        let unlisted = (decision.reason == decision::Reason::ServedByNone).then(|| head.target.to_owned());
+        for name in &strip {
+            stream.set_request_header(name.as_bytes(), None);
+        }
+        self.serving = decision.serving;
+        self.gvr_id = decision.gvr.map(|g| g.id);
+        self.unlisted_target = unlisted;
+        match decision.action {
+            decision::Action::Refuse(why) => {
+                let body = status::unauthorized(why.as_str()).to_json();
+                self.replied = true;
+                stream.send_response(
+                    401,
+                    &[("content-type", "application/json")],
+                    body.as_bytes(),
+                    "skewgate_refused",
+                );
+                Next::Stop
+            }
+            decision::Action::Route(route) => {
+                self.routed = true;
+                stream.set_request_header(CLUSTER_HEADER.as_bytes(), Some(route.cluster.as_bytes()));
+                if let Some(reply) = route.compose {
+                    // As in the filter: the apiserver must answer 200 (authorized) or 401/403,
+                    // not 304 for an ETag of its own document.
+                    stream.set_request_header(b"if-none-match", None);
+                    self.compose = Some((reply.status, reply.source));
+                }
+                let class = if route.long_running { NATIVE_LONG_RUNNING } else { NATIVE };
+                stream.set_request_header(ROUTE_HEADER.as_bytes(), Some(class.as_bytes()));
+                if route.rerouted {
+                    stream.set_request_header(PEER_PROXIED.as_bytes(), Some(b"true"));
+                }
+                if let Some(identity) = &decision.identity {
+                    stream.set_request_header(REMOTE_USER.as_bytes(), Some(identity.user.as_bytes()));
+                    for group in &identity.groups {
+                        stream.add_request_header(REMOTE_GROUP.as_bytes(), group.as_bytes());
+                    }
+                    if let Some(id) = &credential_id {
+                        stream.set_request_header(CREDENTIAL_ID_HEADER.as_bytes(), Some(id.as_bytes()));
+                    }
+                }
+                stream.clear_route_cache();
+                Next::Continue
+            }
+        }
+    }
+
+    /// Envoy's own failure (no healthy upstream, connect failure, ...) for a request the module
+    /// routed: the same Status document the proxy-wasm filter answers.
+    pub fn on_response_headers(&mut self, stream: &mut Stream) -> Next {
+        if !self.routed || self.replied {
+            return Next::Continue;
+        }
+        let status = stream
+            .response_header(":status")
+            .and_then(|s| std::str::from_utf8(s).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
+        {
+            let Some(reply) = decision::composed_reply(&self.table, source, compose) else {
+                return Next::Continue;
+            };
+            let headers: Vec<(&str, &str)> =
+                reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
+            self.replied = true;
+            stream.send_response(
+                u32::from(reply.status),
+                &headers,
+                reply.body.as_bytes(),
+                "skewgate_composed",
+            );
+            return Next::Stop;
+        }
+        if status < 500 {
+            return Next::Continue;
+        }
+        let details = stream.attribute(Attribute::ResponseCodeDetails).unwrap_or_default();
+        if details == b"via_upstream" {
+            return Next::Continue;
+        }
+        let details = String::from_utf8_lossy(details).into_owned();
+        let body = unavailable_body(
+            &self.table,
+            self.serving,
+            self.gvr_id,
+            self.unlisted_target.as_deref(),
+            &details,
+        );
+        self.replied = true;
+        stream.send_response(
+            503,
+            &[("content-type", "application/json")],
+            body.as_bytes(),
+            "skewgate_unavailable",
+        );
+        Next::Stop
+    }
+}
+
+fn unavailable_body(
+    table: &RoutingTable,
+    serving: Option<Serving>,
+    gvr_id: Option<usize>,
+    unlisted_target: Option<&str>,
+    envoy_detail: &str,
+) -> String {
+    let serving = serving.unwrap_or(Serving::All);
+    let members: Vec<&str> = table.members(serving).collect();
+    let cluster = table.cluster(serving);
+    let gvr = gvr_id.and_then(|id| table.gvrs().get(id));
+    match gvr {
+        Some(g) => status::service_unavailable(&Unavailable {
+            gvr: Some((&g.group, &g.version, &g.resource)),
+            cluster,
+            members: &members,
+            envoy_detail,
+        })
+        .to_json(),
+        None => {
+            let (raw, query) = split_target(unlisted_target.unwrap_or(""));
+            let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
+            let info = RequestInfo::parse("GET", &path, query);
+            let gvr = info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
+            status::service_unavailable(&Unavailable { gvr, cluster, members: &members, envoy_detail })
+                .to_json()
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The native fast path (crate `skewgate-module`, `libskewgate_module.so`) in front of the
+//! proxy-wasm filter: the bootstrap variant that loads it and the ECDS resource carrying its
+//! routing table.
+//!
+//! The variant is `envoy-config/bootstrap.yaml` with three changes: the module's filter ahead of
+//! the proxy-wasm filter (its table from `{{ECDS_DIR}}/module/ecds.json`); the proxy-wasm filter
+//! moved into a composite filter that creates it only for requests without the route classes the
+//! module sets (`native`, `native-long-running`); and routes for those classes. Requests the module leaves alone
+//! (composed discovery and OpenAPI answers) meet the proxy-wasm filter and its routes as before.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+
+use crate::paths;
+
+pub const MODULE_FILTER_NAME: &str = "skewgate-module";
+/// The shared object's name without `lib` and `.so`, as Envoy looks it up in
+/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+pub const MODULE_NAME: &str = "skewgate_module";
+const DYNAMIC_MODULE_FILTER: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+
+/// The directory holding `libskewgate_module.so` (release build), or `$SKEWGATE_MODULE_DIR`.
+pub fn module_dir() -> Result<PathBuf> {
+    let dir = std::env::var_os("SKEWGATE_MODULE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| paths::workspace_root().join("target/release"));
+    let so = dir.join(format!("lib{MODULE_NAME}.so"));
+    if !so.exists() {
+        bail!("dynamic module not built at {}: run `make module` first", so.display());
+    }
+    dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))
+}
+
+/// The module's ECDS file for `table_json`.
+pub fn module_ecds(table_json: &str) -> Value {
+    json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": MODULE_FILTER_NAME,
+        "typed_config": {
+            "@type": DYNAMIC_MODULE_FILTER,
+            "dynamic_module_config": {"name": MODULE_NAME},
+            "filter_name": "skewgate",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": table_json}
+        }
+    }]})
+}
+
+pub fn module_ecds_path(ecds_dir: &Path) -> PathBuf {
+    ecds_dir.join("module/ecds.json")
+}
+
+const EXTENSION_WITH_MATCHER: &str =
+    "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher";
+const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
+
+/// The proxy-wasm filter behind the module: inside Envoy's composite filter, created for a
+/// request only when the module did not route it (no `native*` route class). A skipped filter
+/// (ExtensionWithMatcher's SkipFilter, or route-level FilterConfig.disabled, which Envoy reads
+/// from the route picked before any filter ran) would still create and destroy a wasm context
+/// per request. Its configuration still arrives by ECDS, the shipped file unchanged.
+fn composite_wasm_filter(bootstrap: &str) -> Result<Value> {
+    let ecds_path = yaml_value(bootstrap, "                  path: ")?;
+    let ecds_dir = yaml_value(bootstrap, "                  watched_directory: {path: ")?
+        .trim_end_matches('}')
+        .to_string();
+    Ok(json!({
+        "name": "skewgate-composite",
+        "typed_config": {
+            "@type": EXTENSION_WITH_MATCHER,
+            "xds_matcher": {"matcher_list": {"matchers": [{
+                "predicate": {"not_matcher": {"single_predicate": {
+                    "input": {"name": "route-class", "typed_config": {
+                        "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
+                        "header_name": "x-skewgate-route"
+                    }},
+                    "value_match": {"prefix": "native"}
+                }}},
+                "on_match": {"action": {"name": "skewgate", "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.composite.v3.ExecuteFilterAction",
+                    "dynamic_config": {
+                        "name": "skewgate",
+                        "config_discovery": {
+                            "config_source": {"path_config_source": {
+                                "path": ecds_path,
+                                "watched_directory": {"path": ecds_dir}
+                            }},
+                            "type_urls": [WASM_TYPE]
+                        }
+                    }
+                }}}
+            }]}},
+            "extension_config": {"name": "composite", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.composite.v3.Composite"
+            }}
+        }
+    }))
+}
+
+/// The value after `key` on the first line, below the skewgate filter, that starts with it.
+fn yaml_value(bootstrap: &str, key: &str) -> Result<String> {
+    let at =
+        bootstrap.find("          - name: skewgate\n").context("bootstrap.yaml has no skewgate filter")?;
+    bootstrap[at..]
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(|v| v.trim().to_string())
+        .with_context(|| format!("skewgate filter without {key:?}"))
+}
+
+/// `bootstrap` (a rendered bootstrap.yaml) with the module ahead of the proxy-wasm filter and
+/// the `native` route classes ahead of the shipped routes. Without `wasm`, the module alone (no
+/// discovery or OpenAPI composition: for measuring the module by itself).
+pub fn with_module(bootstrap: &str, ecds_dir: &Path, wasm: bool) -> Result<String> {
+    const WASM_FILTER: &str = "          - name: skewgate\n";
+    let at = bootstrap.find(WASM_FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let end =
+        at + bootstrap[at..].find("          - name: envoy.filters.http.router").context("no router")?;
+    let bootstrap = match wasm {
+        true => format!(
+            "{}          - {}\n{}",
+            &bootstrap[..at],
+            composite_wasm_filter(bootstrap)?,
+            &bootstrap[end..]
+        ),
+        false => format!("{}{}", &bootstrap[..at], &bootstrap[end..]),
+    };
+    let bootstrap = bootstrap.as_str();
+    let module_dir = module_ecds_path(ecds_dir).parent().map(Path::to_path_buf).unwrap_or_default();
+    let filter = json!({
+        "name": MODULE_FILTER_NAME,
+        "config_discovery": {
+            "config_source": {"path_config_source": {
+                "path": module_ecds_path(ecds_dir).display().to_string(),
+                "watched_directory": {"path": module_dir.display().to_string()}
+            }},
+            "type_urls": [DYNAMIC_MODULE_FILTER]
+        }
+    });
+    let with_filter = format!("{}          - {filter}\n{}", &bootstrap[..at], &bootstrap[at..]);
+
+    const ROUTES: &str = "              routes:\n";
+    let at = with_filter.find(ROUTES).context("bootstrap.yaml has no routes list")? + ROUTES.len();
+    let timeout = route_timeout(bootstrap)?;
+    let lines: String = native_routes(&timeout).iter().map(|r| format!("              - {r}\n")).collect();
+    Ok(format!("{}{lines}{}", &with_filter[..at], &with_filter[at..]))
+}
+
+/// The shipped routes' timeout, read back from the rendered `default` route.
+fn route_timeout(bootstrap: &str) -> Result<String> {
+    let default = bootstrap.rfind("- name: default").context("bootstrap.yaml has no default route")?;
+    let line = bootstrap[default..]
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("timeout: "))
+        .context("default route without a timeout")?;
+    Ok(line.trim().to_string())
+}
+
+/// The shipped routes (long-running, read with retries, default), for requests the module
+/// routed: the same behaviour, and route names that show who routed a request.
+fn native_routes(timeout: &str) -> Vec<Value> {
+    let class = |c: &str| json!({"name": "x-skewgate-route", "string_match": {"exact": c}});
+    let method = |m: &str| json!({"name": ":method", "string_match": {"exact": m}});
+    let host_predicate = json!([{
+        "name": "envoy.retry_host_predicates.previous_hosts",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+    }]);
+    let read = json!({
+        "cluster_header": "x-skewgate-cluster",
+        "timeout": timeout,
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset-before-request,reset",
+            "num_retries": 2,
+            "retry_host_predicate": host_predicate,
+            "host_selection_retry_max_attempts": 3
+        }
+    });
+    vec![
+        json!({"name": "native-long-running", "match": {"prefix": "/", "headers": [class("native-long-running")]},
+               "route": {"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": "3600s"}}),
+        json!({"name": "native-read", "match": {"prefix": "/", "headers": [class("native"), method("GET")]},
+               "route": read}),
+        json!({"name": "native-read-head", "match": {"prefix": "/", "headers": [class("native"), method("HEAD")]},
+               "route": read}),
+        json!({"name": "native", "match": {"prefix": "/", "headers": [class("native")]},
+               "route": {"cluster_header": "x-skewgate-cluster", "timeout": timeout}}),
+    ]
+}
+
+/// Idea (a) of issue 17, for measuring: `bootstrap` (a rendered bootstrap.yaml) with a route ahead
+/// of the shipped ones that sends what [`skewgate_core::bypass::path_regex`] matches, for a GET
+/// with a token and without a client certificate, to the pool with the proxy-wasm filter
+/// disabled; identity headers are removed on that route and, for the `X-Remote-Extra-` prefix
+/// no route can name, by a header-mutation filter ahead of everything.
+pub fn with_bypass(bootstrap: &str, regex: &str, pool_cluster: &str) -> Result<String> {
+    const WASM_FILTER: &str = "          - name: skewgate\n";
+    let at = bootstrap.find(WASM_FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let strip_extra = json!({
+        "name": "strip-remote-extra",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "mutations": {"request_mutations": [{"remove_on_match": {"key_matcher": {"prefix": "x-remote-extra-"}}}]}
+        }
+    });
+    let with_filter = format!("{}          - {strip_extra}\n{}", &bootstrap[..at], &bootstrap[at..]);
+    // One regex over every uniform resource: far past RE2's default program-size limit (100).
+    const STATIC_LAYER: &str = "static_layer: {}";
+    if !with_filter.contains(STATIC_LAYER) {
+        bail!("bootstrap.yaml has no empty static runtime layer");
+    }
+    let with_filter = with_filter.replacen(
+        STATIC_LAYER,
+        "static_layer: {re2.max_program_size.error_level: 100000000, re2.max_program_size.warn_level: 100000000}",
+        1,
+    );
+    // The route names the pool itself, a cluster that arrives by CDS after the listener.
+    const ROUTE_CONFIG: &str = "            name: apiservers\n";
+    let with_filter = with_filter.replacen(
+        ROUTE_CONFIG,
+        "            name: apiservers\n            validate_clusters: false\n",
+        1,
+    );
+    const ROUTES: &str = "              routes:\n";
+    let at = with_filter.find(ROUTES).context("bootstrap.yaml has no routes list")? + ROUTES.len();
+    let timeout = route_timeout(bootstrap)?;
+    let header = |name: &str, m: Value| {
+        let mut h = json!({"name": name});
+        for (k, v) in m.as_object().into_iter().flatten() {
+            h[k] = v.clone();
+        }
+        h
+    };
+    let route = json!({
+        "name": "bypass",
+        "match": {"prefix": "/", "headers": [
+            header(":path", json!({"string_match": {"safe_regex": {"regex": regex}}})),
+            header(":method", json!({"string_match": {"exact": "GET"}})),
+            header("authorization", json!({"present_match": true})),
+            header("x-forwarded-client-cert", json!({"present_match": true, "invert_match": true})),
+        ]},
+        "route": {"cluster": pool_cluster, "timeout": timeout, "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset-before-request,reset", "num_retries": 2
+        }},
+        "request_headers_to_remove": ["x-remote-user", "x-remote-group", "x-remote-uid", "x-kubernetes-peer-proxied"],
+        "typed_per_filter_config": {"skewgate": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true}}
+    });
+    Ok(format!("{}              - {route}\n{}", &with_filter[..at], &with_filter[at..]))
+}
