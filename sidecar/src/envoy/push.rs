@@ -653,6 +653,16 @@ mod tests {
         Pusher::new(&Files::new(dir), admin, Duration::from_millis(600), Duration::from_millis(60))
     }
 
+    /// A pusher whose first table (g1: c alone serves resourceclaims) Envoy has loaded.
+    async fn after_first_table(name: &str) -> (PathBuf, FakeEnvoy, Pusher<FakeEnvoy>) {
+        let d = dir(name);
+        let envoy = FakeEnvoy::new(&d);
+        let p = pusher(&d, Some(envoy.clone()));
+        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
+        envoy.load_now();
+        (d, envoy, p)
+    }
+
     fn names(list: &[&str]) -> Vec<String> {
         list.iter().map(|s| s.to_string()).collect()
     }
@@ -724,11 +734,7 @@ mod tests {
 
     #[tokio::test]
     async fn new_clusters_land_before_the_table_and_old_ones_leave_after() {
-        let d = dir("order");
-        let envoy = FakeEnvoy::new(&d);
-        let p = pusher(&d, Some(envoy.clone()));
-        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        envoy.load_now();
+        let (_, envoy, p) = after_first_table("order").await;
         envoy.with(|f| {
             f.cds_lag = 3;
             f.lag_left = 3;
@@ -766,11 +772,7 @@ mod tests {
 
     #[tokio::test]
     async fn clusters_envoy_never_gets_keep_the_table_back() {
-        let d = dir("missing");
-        let envoy = FakeEnvoy::new(&d);
-        let p = pusher(&d, Some(envoy.clone()));
-        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        envoy.load_now();
+        let (d, envoy, p) = after_first_table("missing").await;
         let ecds_before = std::fs::read(d.join("ecds/ecds.json")).unwrap();
         envoy.with(|f| {
             f.cds_lag = 1000;
@@ -806,11 +808,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_rejected_table_keeps_the_old_clusters() {
-        let d = dir("rejected");
-        let envoy = FakeEnvoy::new(&d);
-        let p = pusher(&d, Some(envoy.clone()));
-        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        envoy.load_now();
+        let (d, envoy, p) = after_first_table("rejected").await;
         envoy.with(|f| f.reject = true);
         let error = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap_err();
         assert!(matches!(error, PushError::TableRejected { .. }), "{error}");
@@ -823,11 +821,7 @@ mod tests {
 
     #[tokio::test]
     async fn unhealthy_new_clusters_are_waited_for_then_reported() {
-        let d = dir("unhealthy");
-        let envoy = FakeEnvoy::new(&d);
-        let p = pusher(&d, Some(envoy.clone()));
-        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        envoy.load_now();
+        let (_, envoy, p) = after_first_table("unhealthy").await;
         envoy.with(|f| f.healthy_after = u32::MAX);
         let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
         else {
@@ -844,11 +838,7 @@ mod tests {
     /// ready: the table that routes the other GVRs around it must not wait for that.
     #[tokio::test]
     async fn clusters_checked_and_failing_do_not_hold_the_table() {
-        let d = dir("checked-unhealthy");
-        let envoy = FakeEnvoy::new(&d);
-        let p = pusher(&d, Some(envoy.clone()));
-        p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        envoy.load_now();
+        let (_, envoy, p) = after_first_table("checked-unhealthy").await;
         envoy.with(|f| {
             f.healthy_after = u32::MAX;
             f.checked_unhealthy = true;
