@@ -97,6 +97,21 @@ impl Cluster {
         Ok(())
     }
 
+    /// A skewgate Envoy in front of this cluster, its files under `dir/envoy`.
+    fn envoy_settings(&self) -> Result<Settings> {
+        Ok(Settings {
+            config: Config::Skewgate,
+            dir: self.dir.join("envoy"),
+            listen_port: free_port()?,
+            admin_port: free_port()?,
+            serving_cert: self.pki.envoy_listener.cert.clone(),
+            serving_key: self.pki.envoy_listener.key.clone(),
+            client_ca: self.pki.cluster_ca.cert_path.clone(),
+            route_timeout: "10s".into(),
+            concurrency: 2,
+        })
+    }
+
     fn port(&self, id: &str) -> u16 {
         self.standins.get(id).map_or(0, |s| s.addr.port())
     }
@@ -685,17 +700,7 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
     let wasm = paths::filter_wasm()?;
     paths::envoy_binary()?;
     let mut cluster = Cluster::start("envoy", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
-    let settings = Settings {
-        config: Config::Skewgate,
-        dir: cluster.dir.join("envoy"),
-        listen_port: free_port()?,
-        admin_port: free_port()?,
-        serving_cert: cluster.pki.envoy_listener.cert.clone(),
-        serving_key: cluster.pki.envoy_listener.key.clone(),
-        client_ca: cluster.pki.cluster_ca.cert_path.clone(),
-        route_timeout: "10s".into(),
-        concurrency: 2,
-    };
+    let settings = cluster.envoy_settings()?;
     let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
     let poll = Duration::from_secs(1);
     let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
@@ -861,17 +866,7 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
     let wasm = paths::filter_wasm()?;
     paths::envoy_binary()?;
     let cluster = Cluster::start("tamper", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
-    let settings = Settings {
-        config: Config::Skewgate,
-        dir: cluster.dir.join("envoy"),
-        listen_port: free_port()?,
-        admin_port: free_port()?,
-        serving_cert: cluster.pki.envoy_listener.cert.clone(),
-        serving_key: cluster.pki.envoy_listener.key.clone(),
-        client_ca: cluster.pki.cluster_ca.cert_path.clone(),
-        route_timeout: "10s".into(),
-        concurrency: 2,
-    };
+    let settings = cluster.envoy_settings()?;
     let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
     let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
     let config = cluster.config(
