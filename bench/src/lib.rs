@@ -11,6 +11,10 @@ use skewgate_core::table::{GroupVersionConfig, TableConfig};
 
 use skewgate_pki::Pki;
 
+/// Envoy's `direct_response` limit for the upstream's discovery documents (the merged `/apis` at
+/// 10,000 GVRs is a few MB).
+const MAX_ANSWER_BYTES: u32 = 64 << 20;
+
 /// Synthetic CRD-like groups hold this many resources each.
 const RESOURCES_PER_GROUP: usize = 10;
 
@@ -118,15 +122,96 @@ pub fn native_routes(table: &TableConfig) -> Vec<Value> {
     routes
 }
 
+/// `bootstrap` (a rendered bootstrap.yaml) without the skewgate filter, every route to `pool`.
+pub fn without_filter(bootstrap: &str, pool: &str) -> Result<String> {
+    const FILTER: &str = "          - name: skewgate\n";
+    const ROUTER: &str = "          - name: envoy.filters.http.router";
+    let at = bootstrap.find(FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let end = at + bootstrap[at..].find(ROUTER).context("bootstrap.yaml has no router after the filter")?;
+    let routed = format!("{}{}", &bootstrap[..at], &bootstrap[end..])
+        .replace("cluster_header: x-skewgate-cluster", &format!("cluster: {pool}"));
+    // The pool arrives by CDS after the listener exists.
+    const ROUTE_CONFIG: &str = "            name: apiservers\n";
+    if !routed.contains(ROUTE_CONFIG) {
+        bail!("bootstrap.yaml has no route configuration named apiservers");
+    }
+    Ok(routed.replacen(ROUTE_CONFIG, &format!("{ROUTE_CONFIG}            validate_clusters: false\n"), 1))
+}
+
 fn regex_escape(s: &str) -> String {
     s.chars().flat_map(|c| if c == '.' { vec!['\\', '.'] } else { vec![c] }).collect()
 }
 
+/// A discovery document an apiserver answers, for one path and `Accept`.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub path: String,
+    pub accept: String,
+    pub content_type: String,
+    pub body: String,
+}
+
+/// What the apiservers answer to the discovery requests among `requests`: the document skewgate
+/// composes for the same request (an apiserver's own is of the same size: it lists nearly the
+/// same groups), so that Envoy alone forwards as many bytes as skewgate sends. A small fixed body
+/// instead made every discovery request look 3× dearer through skewgate than through Envoy alone.
+pub fn discovery_answers(table: &skewgate_core::table::RoutingTable, requests: &[Request]) -> Vec<Answer> {
+    use skewgate_core::decision::{Action, RequestHead, composed_reply, decide};
+    let merged = table.merged_discovery().map(|m| m.document.clone());
+    requests
+        .iter()
+        .filter_map(|r| {
+            let accept = r.headers.iter().find(|(k, _)| k == "accept").map(|(_, v)| v.clone())?;
+            let head = RequestHead {
+                method: "GET",
+                target: &r.path,
+                accept: Some(&accept),
+                if_none_match: None,
+                client_subject: None,
+                token: true,
+            };
+            let composed = match decide(table, &head).action {
+                Action::Route(route) => route
+                    .compose
+                    .and_then(|c| composed_reply(table, c.source, 200))
+                    .map(|reply| (reply.content_type.to_string(), reply.body.to_string())),
+                Action::Refuse(_) => None,
+            };
+            // `/apis` asked for one apiserver's own view (profile=nopeer): its own aggregated
+            // document, as large as the merged one.
+            let (content_type, body) = composed.or_else(|| {
+                let v2 = accept.split(',').next().unwrap_or_default().to_string();
+                (r.path == "/apis").then(|| merged.clone().map(|m| (v2, m))).flatten()
+            })?;
+            Some(Answer { path: r.path.clone(), accept, content_type, body })
+        })
+        .collect()
+}
+
 /// A second Envoy standing in for the apiservers: one mTLS listener per apiserver id answering
-/// every request at once with a small JSON body and `x-skewgate-served-by`, so the Envoy under
-/// test is what the benchmark measures.
-pub fn upstream_bootstrap(pki: &Pki, listeners: &[(String, u16)], admin_port: u16) -> Value {
+/// every request at once with `x-skewgate-served-by` and a small JSON body, or the discovery
+/// document of `answers`, so the Envoy under test is what the benchmark measures.
+pub fn upstream_bootstrap(
+    pki: &Pki,
+    listeners: &[(String, u16)],
+    admin_port: u16,
+    answers: &[Answer],
+) -> Value {
     let p = |path: &Path| path.display().to_string();
+    let mut routes: Vec<Value> = answers
+        .iter()
+        .map(|a| {
+            json!({
+                "match": {"path": a.path, "headers": [{"name": "accept", "string_match": {"exact": a.accept}}]},
+                "direct_response": {"status": 200, "body": {"inline_string": a.body}},
+                "response_headers_to_add": [{"header": {"key": "content-type", "value": a.content_type}}]
+            })
+        })
+        .collect();
+    routes.push(json!({
+        "match": {"prefix": "/"},
+        "direct_response": {"status": 200, "body": {"inline_string": "{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\"}}"}}
+    }));
     let listeners: Vec<Value> = listeners
         .iter()
         .map(|(id, port)| {
@@ -153,14 +238,14 @@ pub fn upstream_bootstrap(pki: &Pki, listeners: &[(String, u16)], admin_port: u1
                         "typed_config": {
                             "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                             "stat_prefix": id,
-                            "route_config": {"virtual_hosts": [{
-                                "name": "all", "domains": ["*"],
-                                "routes": [{
-                                    "match": {"prefix": "/"},
-                                    "direct_response": {"status": 200, "body": {"inline_string": "{\"kind\":\"ConfigMap\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"x\"}}"}},
-                                    "response_headers_to_add": [{"header": {"key": "x-skewgate-served-by", "value": id}}]
+                            "route_config": {
+                                "max_direct_response_body_size_bytes": MAX_ANSWER_BYTES,
+                                "virtual_hosts": [{
+                                    "name": "all", "domains": ["*"],
+                                    "response_headers_to_add": [{"header": {"key": "x-skewgate-served-by", "value": id}}],
+                                    "routes": routes.clone()
                                 }]
-                            }]},
+                            },
                             "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
                         }
                     }]

@@ -31,7 +31,9 @@ use skewgate_testkit::paths;
 /// plain, the filter, generated routes, the native module ahead of the filter (issue 17 (b)), a
 /// route that skips the filter for uniform resources (issue 17 (a), token requests only), and the
 /// module alone (no filter behind it: no discovery composition; to see what the chain costs).
-const CONFIGS: [&str; 6] = ["plain", "skewgate", "native", "module", "bypass", "module-only"];
+/// And `shipped`: bootstrap.yaml's listener and routes with no filter, every route to the pool —
+/// what the shipped Envoy settings cost before any skewgate code runs.
+const CONFIGS: [&str; 7] = ["plain", "skewgate", "native", "module", "bypass", "module-only", "shipped"];
 const PROBE_GROUP: &str = "probe.bench.skewgate.io";
 
 #[derive(Debug, Serialize)]
@@ -137,23 +139,6 @@ async fn main() -> Result<()> {
     let pki = Pki::generate(&dir.join("pki"))?;
     let wasm = paths::filter_wasm()?;
 
-    let ids = ["a", "b", "c"];
-    let upstream_ports: Vec<(String, u16)> =
-        ids.iter().map(|id| Ok((id.to_string(), free_port()?))).collect::<Result<_>>()?;
-    let upstream_admin = free_port()?;
-    let upstream_bootstrap = bench::upstream_bootstrap(&pki, &upstream_ports, upstream_admin).to_string();
-    let upstream_settings = Settings {
-        admin_port: upstream_admin,
-        concurrency: 1,
-        ..Settings::new(Config::Custom(upstream_bootstrap), dir.join("upstream"), &pki)?
-    };
-    let upstream =
-        Envoy::start(upstream_settings, &json!({"resources": []}), &json!({"resources": []})).await?;
-    bench::pin(upstream.child.id(), "0")?;
-    let endpoints: Vec<Endpoint> = upstream_ports
-        .iter()
-        .map(|(id, port)| Endpoint { id: id.clone(), address: "127.0.0.1".into(), port: *port })
-        .collect();
     let tls = upstream_tls(&pki);
     let base: TableConfig = serde_json::from_slice(&std::fs::read(
         paths::workspace_root().join("envoy-config/examples/table.json"),
@@ -173,17 +158,22 @@ async fn main() -> Result<()> {
                 false,
             );
             let gvrs = bench::gvr_count(&table);
-            let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
-            let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
             let case = dir.join(format!("c{concurrency}-{name}"));
             let compiled = skewgate_core::table::RoutingTable::compile(table.clone())?;
+            let answers: Vec<bench::Answer> = bench::class_mixes(&table)
+                .iter()
+                .flat_map(|(_, requests)| bench::discovery_answers(&compiled, requests))
+                .collect();
+            let (upstream, endpoints) = start_upstream(&case.join("upstream"), &pki, &answers).await?;
+            let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
+            let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
             let bypass_regex =
                 skewgate_core::bypass::path_regex(&compiled).context("no uniform resources")?;
             let mut envoys = Vec::new();
             for config in CONFIGS {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
-                    "skewgate" | "bypass" => Config::Skewgate,
+                    "skewgate" | "bypass" | "shipped" => Config::Skewgate,
                     "module" | "module-only" => Config::Native {
                         module_ecds: skewgate_testkit::native::module_ecds(&serde_json::to_string(&table)?),
                         wasm: config == "module",
@@ -194,6 +184,10 @@ async fn main() -> Result<()> {
                     },
                 };
                 let mut s = Settings { concurrency, ..Settings::new(c, case.join(config), &pki)? };
+                if config == "shipped" {
+                    let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
+                    s.config = Config::Custom(bench::without_filter(&shipped, &table.pool_cluster)?);
+                }
                 if config == "bypass" {
                     let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
                     s.config = Config::Custom(skewgate_testkit::native::with_bypass(
@@ -281,9 +275,10 @@ async fn main() -> Result<()> {
                 reloads.push(reload(&envoys[1], "skewgate", &table, name, gvrs, &wasm, &script).await?);
                 reloads.push(reload(&envoys[3], "module", &table, name, gvrs, &wasm, &script).await?);
             }
+            drop(envoys);
+            drop(upstream);
         }
     }
-    drop(upstream);
 
     let summary = summarize(&cells);
     let result = json!({
@@ -314,6 +309,24 @@ async fn main() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The apiservers' stand-in (see [`bench::upstream_bootstrap`]), on core 0 with the driver and wrk.
+async fn start_upstream(dir: &Path, pki: &Pki, answers: &[bench::Answer]) -> Result<(Envoy, Vec<Endpoint>)> {
+    let ports: Vec<(String, u16)> =
+        ["a", "b", "c"].iter().map(|id| Ok((id.to_string(), free_port()?))).collect::<Result<_>>()?;
+    let admin = free_port()?;
+    let bootstrap = bench::upstream_bootstrap(pki, &ports, admin, answers).to_string();
+    let s = Settings {
+        admin_port: admin,
+        concurrency: 1,
+        ..Settings::new(Config::Custom(bootstrap), dir.to_path_buf(), pki)?
+    };
+    let upstream = Envoy::start(s, &json!({"resources": []}), &json!({"resources": []})).await?;
+    bench::pin(upstream.child.id(), "0")?;
+    let endpoints =
+        ports.into_iter().map(|(id, port)| Endpoint { id, address: "127.0.0.1".into(), port }).collect();
+    Ok((upstream, endpoints))
 }
 
 /// Two probe GVRs whose serving apiserver swaps between `a` and `b` when `swapped` flips: the

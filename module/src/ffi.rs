@@ -11,7 +11,7 @@
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
-use crate::filter::{Config, Filter, Next};
+use crate::filter::{BodyNext, Config, Filter, Next};
 
 /// What Envoy logs on load ("Dynamic module ABI version ... matched"); a mismatch only warns.
 static ABI_VERSION: &[u8] = b"v0.2.0\0";
@@ -50,6 +50,16 @@ struct Header {
 // envoy_dynamic_module_type_http_header_type
 const REQUEST_HEADER: u32 = 0;
 const RESPONSE_HEADER: u32 = 2;
+
+/// `envoy_dynamic_module_type_http_body_type` values for the response.
+#[derive(Clone, Copy)]
+#[repr(u32)]
+pub enum Body {
+    /// The chunk of the current body hook.
+    Received = 2,
+    /// What Envoy buffered (also where data added from the trailers hook goes).
+    Buffered = 3,
+}
 
 /// `envoy_dynamic_module_type_attribute_id` values the filter reads.
 #[derive(Clone, Copy)]
@@ -96,6 +106,17 @@ unsafe extern "C" {
         details: Buffer,
     );
     fn envoy_dynamic_module_callback_http_clear_route_cache(filter: *mut c_void);
+    fn envoy_dynamic_module_callback_http_get_body_size(filter: *mut c_void, body_type: u32) -> usize;
+    fn envoy_dynamic_module_callback_http_drain_body(
+        filter: *mut c_void,
+        body_type: u32,
+        bytes: usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_append_body(
+        filter: *mut c_void,
+        body_type: u32,
+        data: Buffer,
+    ) -> bool;
     fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
         filter: *mut c_void,
         id: u32,
@@ -112,18 +133,22 @@ pub struct Stream {
 
 impl Stream {
     pub fn request_headers(&self) -> Vec<(&[u8], &[u8])> {
+        self.headers(REQUEST_HEADER)
+    }
+
+    pub fn response_headers(&self) -> Vec<(&[u8], &[u8])> {
+        self.headers(RESPONSE_HEADER)
+    }
+
+    fn headers(&self, kind: u32) -> Vec<(&[u8], &[u8])> {
         // SAFETY: `envoy` is the live filter Envoy passed to the current hook; the array has the
         // size Envoy reported, and Envoy fills every entry with buffers into its header map,
         // which outlive `&self` (no setter can run while they are borrowed).
         unsafe {
-            let n = envoy_dynamic_module_callback_http_get_headers_size(self.envoy, REQUEST_HEADER);
+            let n = envoy_dynamic_module_callback_http_get_headers_size(self.envoy, kind);
             let mut headers = vec![Header { key: Buffer::NULL, value: Buffer::NULL }; n];
             if n == 0
-                || !envoy_dynamic_module_callback_http_get_headers(
-                    self.envoy,
-                    REQUEST_HEADER,
-                    headers.as_mut_ptr(),
-                )
+                || !envoy_dynamic_module_callback_http_get_headers(self.envoy, kind, headers.as_mut_ptr())
             {
                 return Vec::new();
             }
@@ -183,6 +208,38 @@ impl Stream {
                 Buffer::of(name),
                 Buffer::of(value),
             );
+        }
+    }
+
+    /// Sets a response header, or removes it with `None`.
+    pub fn set_response_header(&mut self, name: &[u8], value: Option<&[u8]>) {
+        let value = value.map_or(Buffer::NULL, Buffer::of);
+        // SAFETY: live filter, during a response hook; Envoy copies key and value.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self.envoy,
+                RESPONSE_HEADER,
+                Buffer::of(name),
+                value,
+            );
+        }
+    }
+
+    /// Drops all of that response body buffer.
+    pub fn drain_response_body(&mut self, body: Body) {
+        // SAFETY: live filter, during a response hook; a missing buffer is reported, not used.
+        unsafe {
+            let size = envoy_dynamic_module_callback_http_get_body_size(self.envoy, body as u32);
+            if size > 0 {
+                envoy_dynamic_module_callback_http_drain_body(self.envoy, body as u32, size);
+            }
+        }
+    }
+
+    pub fn append_response_body(&mut self, body: Body, data: &[u8]) {
+        // SAFETY: live filter, during a response hook; Envoy copies `data` before returning.
+        unsafe {
+            envoy_dynamic_module_callback_http_append_body(self.envoy, body as u32, Buffer::of(data));
         }
     }
 
@@ -299,14 +356,14 @@ extern "C" fn envoy_dynamic_module_on_http_filter_new(
 ///
 /// SAFETY (callers): `module` is a pointer from `filter_new` not yet destroyed, used by this
 /// stream's worker alone, and `envoy` the stream Envoy passed along with it.
-unsafe fn on_stream(
+unsafe fn on_stream<R>(
     envoy: *mut c_void,
     module: *const c_void,
-    hook: fn(&mut Filter, &mut Stream) -> Next,
-) -> u32 {
+    hook: impl FnOnce(&mut Filter, &mut Stream) -> R,
+) -> R {
     // SAFETY: see above; Envoy never calls two hooks of one stream at once.
     let filter = unsafe { &mut *module.cast_mut().cast::<Filter>() };
-    status(hook(filter, &mut Stream { envoy }))
+    hook(filter, &mut Stream { envoy })
 }
 
 #[unsafe(no_mangle)]
@@ -316,17 +373,17 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     _end_of_stream: bool,
 ) -> u32 {
     // SAFETY: Envoy passes this stream's filter and our pointer for it.
-    unsafe { on_stream(envoy, module, Filter::on_request_headers) }
+    status(unsafe { on_stream(envoy, module, Filter::on_request_headers) })
 }
 
 #[unsafe(no_mangle)]
 extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     envoy: *mut c_void,
     module: *const c_void,
-    _end_of_stream: bool,
+    end_of_stream: bool,
 ) -> u32 {
     // SAFETY: as request_headers.
-    unsafe { on_stream(envoy, module, Filter::on_response_headers) }
+    status(unsafe { on_stream(envoy, module, |f, s| f.on_response_headers(s, end_of_stream)) })
 }
 
 #[unsafe(no_mangle)]
@@ -343,18 +400,30 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(_: *mut c_voi
     CONTINUE
 }
 
+// envoy_dynamic_module_type_on_http_filter_response_body_status
+const BODY_CONTINUE: u32 = 0;
+const BODY_STOP_NO_BUFFER: u32 = 3;
+
 #[unsafe(no_mangle)]
 extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
-    _: *mut c_void,
-    _: *const c_void,
-    _: bool,
+    envoy: *mut c_void,
+    module: *const c_void,
+    end_of_stream: bool,
 ) -> u32 {
-    CONTINUE
+    // SAFETY: as request_headers.
+    match unsafe { on_stream(envoy, module, |f, s| f.on_response_body(s, end_of_stream)) } {
+        BodyNext::Continue => BODY_CONTINUE,
+        BodyNext::StopNoBuffer => BODY_STOP_NO_BUFFER,
+    }
 }
 
 #[unsafe(no_mangle)]
-extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(_: *mut c_void, _: *const c_void) -> u32 {
-    CONTINUE
+extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    envoy: *mut c_void,
+    module: *const c_void,
+) -> u32 {
+    // SAFETY: as request_headers.
+    status(unsafe { on_stream(envoy, module, Filter::on_response_trailers) })
 }
 
 #[unsafe(no_mangle)]

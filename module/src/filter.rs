@@ -14,7 +14,7 @@ use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::{RoutingTable, Serving};
 
-use crate::ffi::{Attribute, Stream};
+use crate::ffi::{Attribute, Body, Stream};
 
 /// Read by the route's `cluster_header` (the proxy-wasm filter's too).
 pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
@@ -42,11 +42,20 @@ pub enum Next {
     Stop,
 }
 
+/// What Envoy does after a body hook.
+pub enum BodyNext {
+    Continue,
+    /// Wait for more, without buffering what came (the filter took it).
+    StopNoBuffer,
+}
+
 pub struct Filter {
     table: Arc<RoutingTable>,
     /// The module routed the request (else the proxy-wasm filter does, or did not need to).
     routed: bool,
     replied: bool,
+    /// The apiserver authorized a composed answer; its body is being replaced.
+    replacing: bool,
     /// The composed answer (its status and document) that replaces an authorized upstream one.
     compose: Option<(u16, decision::Composed)>,
     serving: Option<Serving>,
@@ -60,6 +69,7 @@ impl Filter {
             table: config.table.clone(),
             routed: false,
             replied: false,
+            replacing: false,
             compose: None,
             serving: None,
             gvr_id: None,
@@ -178,7 +188,7 @@ impl Filter {
 
     /// Envoy's own failure (no healthy upstream, connect failure, ...) for a request the module
     /// routed: the same Status document the proxy-wasm filter answers.
-    pub fn on_response_headers(&mut self, stream: &mut Stream) -> Next {
+    pub fn on_response_headers(&mut self, stream: &mut Stream, end_of_stream: bool) -> Next {
         if !self.routed || self.replied {
             return Next::Continue;
         }
@@ -191,15 +201,23 @@ impl Filter {
             let Some(reply) = decision::composed_reply(&self.table, source, compose) else {
                 return Next::Continue;
             };
-            let headers: Vec<(&str, &str)> =
-                reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
-            self.replied = true;
-            stream.send_response(
-                u32::from(reply.status),
-                &headers,
-                reply.body.as_bytes(),
-                "skewgate_composed",
-            );
+            if end_of_stream {
+                let headers: Vec<(&str, &str)> =
+                    reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
+                self.replied = true;
+                stream.send_response(
+                    u32::from(reply.status),
+                    &headers,
+                    reply.body.as_bytes(),
+                    "skewgate_composed",
+                );
+                return Next::Stop;
+            }
+            // The apiserver's body is still coming: answering now would reset the upstream
+            // stream, and an HTTP/1.1 upstream connection with it (a new mTLS handshake for the
+            // next request, measured: one connection per composed answer). Its body is dropped
+            // as it arrives and the composed one put in its place at the end.
+            self.replacing = true;
             return Next::Stop;
         }
         if status < 500 {
@@ -225,6 +243,54 @@ impl Filter {
             "skewgate_unavailable",
         );
         Next::Stop
+    }
+}
+
+impl Filter {
+    /// The apiserver's body, while a composed answer replaces it: dropped, and at its end the
+    /// composed answer's status, headers and body in its place.
+    pub fn on_response_body(&mut self, stream: &mut Stream, end_of_stream: bool) -> BodyNext {
+        if !self.replacing {
+            return BodyNext::Continue;
+        }
+        stream.drain_response_body(Body::Received);
+        if !end_of_stream {
+            return BodyNext::StopNoBuffer;
+        }
+        self.replace(stream, Body::Received);
+        BodyNext::Continue
+    }
+
+    /// An apiserver's answer that ends with trailers (HTTP/2): the composed body goes in before them.
+    pub fn on_response_trailers(&mut self, stream: &mut Stream) -> Next {
+        if self.replacing {
+            self.replace(stream, Body::Buffered);
+        }
+        Next::Continue
+    }
+
+    fn replace(&mut self, stream: &mut Stream, body: Body) {
+        self.replacing = false;
+        self.replied = true;
+        let Some((compose, source)) = self.compose else { return };
+        let Some(reply) = decision::composed_reply(&self.table, source, compose) else { return };
+        // The apiserver's headers describe its body (length, encoding, its own ETag): none
+        // stays but the date, as in the answer the filter composes.
+        let upstream: Vec<Vec<u8>> = stream
+            .response_headers()
+            .into_iter()
+            .filter(|(name, _)| !name.starts_with(b":") && *name != b"date")
+            .map(|(name, _)| name.to_vec())
+            .collect();
+        for name in &upstream {
+            stream.set_response_header(name, None);
+        }
+        stream.set_response_header(b":status", Some(reply.status.to_string().as_bytes()));
+        for (name, value) in reply.headers() {
+            stream.set_response_header(name.as_bytes(), (!value.is_empty()).then_some(value.as_bytes()));
+        }
+        stream.set_response_header(b"content-length", Some(reply.body.len().to_string().as_bytes()));
+        stream.append_response_body(body, reply.body.as_bytes());
     }
 }
 
