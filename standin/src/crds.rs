@@ -1,7 +1,7 @@
 //! CustomResourceDefinitions, as kube-apiservers sharing one etcd serve them: a CRD created
 //! through any stand-in is served by every one at once (its objects live in the shared store),
 //! and appears in each one's discovery once that stand-in has seen it — after its injectable
-//! discovery lag ([`super::Standin::set_discovery_lag`]), the way one apiserver's discovery can
+//! discovery lag ([`crate::Standin::set_discovery_lag`]), the way one apiserver's discovery can
 //! trail another's.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,7 +12,8 @@ use skewgate_core::discovery::ApiGroupDiscovery;
 
 use super::catalog::Resource;
 use super::discovery::Discovery;
-use super::{Instance, StoreHandle};
+use super::instance::Instance;
+use super::store_handle::StoreHandle;
 
 pub const GROUP: &str = "apiextensions.k8s.io";
 pub const RESOURCE: &str = "customresourcedefinitions";

@@ -1,4 +1,4 @@
-//! A [`Store`](super::Store) in another process, reached over HTTP/JSON: what stand-ins in
+//! A [`Store`](super::store::Store) in another process, reached over HTTP/JSON: what stand-ins in
 //! separate containers share, as kube-apiservers on separate machines share etcd. The server
 //! side is [`super::store_service`]; this is the client and the wire format both use.
 //!

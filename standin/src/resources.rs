@@ -10,6 +10,8 @@ use serde_json::{Map, Value, json};
 
 use super::call::{Addressed, Call, body_object, decode_body};
 use super::catalog::Resource;
+use super::clock;
+use super::instance::Instance;
 use super::objects::{check_type, new_object, shown, text_at, updated_object};
 use super::patch::{self, PatchType};
 use super::reply::{self, Reply};
@@ -19,7 +21,6 @@ use super::status::{Details, Errors, Status};
 use super::store::{Key, Write, metadata_mut};
 use super::table::{self, Include};
 use super::watch::{self, Start};
-use super::{Instance, clock};
 
 /// Namespaces upstream refuses to delete.
 const UNDELETABLE_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];

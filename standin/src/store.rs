@@ -2,7 +2,7 @@
 //! revision that every write bumps, objects keyed by (group, resource, namespace, name) and not by
 //! version, and a bounded history of events that watches and lists at old revisions read.
 //! Stand-ins in separate processes share one through `skewgate-harness store`
-//! ([`super::store_service`], [`super::RemoteStore`]).
+//! ([`super::store_service`], [`super::remote_store::RemoteStore`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
