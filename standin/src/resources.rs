@@ -18,7 +18,7 @@ use super::reply::{self, Reply};
 use super::reviews::create_only;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{Details, Errors, Status};
-use super::store::{Key, Write, metadata_mut};
+use super::store::{Key, ListQuery, Write, metadata_mut};
 use super::table::{self, Include};
 use super::watch::{self, Start};
 
@@ -229,7 +229,7 @@ fn list(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply
             }
         },
     };
-    let (objects, revision) = instance.store.list(&r.group, &r.name, namespace, at)?;
+    let (objects, revision) = instance.store.list(&ListQuery::new(&r.group, &r.name, namespace, at))?;
     let mut matching = objects.iter().filter(|o| labels.matches(o) && fields.matches(o)).filter(|o| {
         after.as_ref().is_none_or(|(ns, name)| {
             let meta = &o["metadata"];
@@ -476,7 +476,7 @@ fn delete_collection(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) ->
     let r = t.r;
     let (labels, fields) = selectors(call)?;
     let namespace = (!t.namespace.is_empty()).then_some(t.namespace);
-    let (objects, _) = instance.store.list(&r.group, &r.name, namespace, None)?;
+    let (objects, _) = instance.store.list(&ListQuery::new(&r.group, &r.name, namespace, None))?;
     let mut items = Vec::new();
     for object in objects.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
         let key = Key::new(&r.group, &r.name, text_at(object, "namespace"), text_at(object, "name"));
