@@ -64,7 +64,7 @@ pub use store_service::{StoreService, serve_store};
 
 use catalog::Catalog;
 use instance::Instance;
-use skewgate_pki::Pair;
+use skewgate_pki::{FRONT_PROXY_CN, Pair, Pki};
 use tls::Tls;
 
 /// A client that neither starts nor finishes a TLS handshake in this time is dropped
@@ -92,6 +92,26 @@ pub struct Options {
 impl Options {
     /// The default bookmark interval.
     pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(15);
+
+    /// A stand-in of `pki`'s cluster on a free loopback port: it serves the apiserver
+    /// certificate, trusts the front proxy and the cluster CA's client certificates, knows
+    /// `tokens`, lets anonymous requests in and sends bookmarks at the default interval.
+    pub fn of_cluster(pki: &Pki, id: &str, profile: Profile, tokens: Vec<Token>) -> Options {
+        Options {
+            id: id.into(),
+            profile,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            serving: pki.apiserver.clone(),
+            auth: Auth {
+                requestheader_ca: pki.requestheader_ca.cert_path.clone(),
+                requestheader_allowed_names: vec![FRONT_PROXY_CN.into()],
+                client_ca: pki.cluster_ca.cert_path.clone(),
+                tokens,
+                anonymous: true,
+            },
+            bookmark_interval: Options::BOOKMARK_INTERVAL,
+        }
+    }
 }
 
 /// A running stand-in. Stops (ending its watches) on `shutdown().await` or when dropped.
