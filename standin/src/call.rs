@@ -30,6 +30,8 @@ pub(crate) struct Addressed<'a> {
     pub namespace: &'a str,
     /// From the path only (a `metadata.name` field selector on a list does not set it).
     pub name: &'a str,
+    /// The status subresource, not the whole object: writes change only `status`.
+    pub status: bool,
 }
 
 impl Addressed<'_> {

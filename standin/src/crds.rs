@@ -1,7 +1,7 @@
 //! CustomResourceDefinitions, as kube-apiservers sharing one etcd serve them: a CRD created
 //! through any stand-in is served by every one at once (its objects live in the shared store),
 //! and appears in each one's discovery once that stand-in has seen it — after its injectable
-//! discovery lag ([`super::Standin::set_discovery_lag`]), the way one apiserver's discovery can
+//! discovery lag ([`crate::Standin::set_discovery_lag`]), the way one apiserver's discovery can
 //! trail another's.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,7 +12,9 @@ use skewgate_core::discovery::ApiGroupDiscovery;
 
 use super::catalog::Resource;
 use super::discovery::Discovery;
-use super::{Instance, StoreHandle};
+use super::instance::Instance;
+use super::store::ListQuery;
+use super::store_handle::StoreHandle;
 
 pub const GROUP: &str = "apiextensions.k8s.io";
 pub const RESOURCE: &str = "customresourcedefinitions";
@@ -70,7 +72,7 @@ pub(super) fn resource(store: &StoreHandle, group: &str, version: &str, plural: 
     if !group.contains('.') {
         return None;
     }
-    let (crds, _) = store.list(GROUP, RESOURCE, None, None).ok()?;
+    let (crds, _) = store.list(&ListQuery::new(GROUP, RESOURCE, None, None)).ok()?;
     let found = crds
         .iter()
         .flat_map(|crd| served_versions(crd))
@@ -184,7 +186,11 @@ pub(super) async fn follow(instance: Arc<Instance>, address: String) {
         seen = revision;
         first = false;
         if touched {
-            let crds = instance.store.list(GROUP, RESOURCE, None, None).map(|(c, _)| c).unwrap_or_default();
+            let crds = instance
+                .store
+                .list(&ListQuery::new(GROUP, RESOURCE, None, None))
+                .map(|(c, _)| c)
+                .unwrap_or_default();
             let key = |list: &[Arc<Value>]| -> Vec<Value> {
                 list.iter().map(|c| json!([c["metadata"]["name"], c["spec"]])).collect()
             };

@@ -14,6 +14,7 @@ mod catalog;
 mod clock;
 mod crds;
 mod discovery;
+mod instance;
 mod objects;
 mod openapi;
 mod openapi_proto;
@@ -44,20 +45,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
-use hyper::header::{CACHE_CONTROL, HeaderValue};
 use hyper::service::service_fn;
-use hyper::{Method, Request};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::json;
-use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 pub use auth::{Auth, Identity, Method as AuthMethod, Token};
+pub use instance::{MAX_BODY, SERVED_BY, Served};
 pub use profile::Profile;
 pub use remote_store::RemoteStore;
 pub use startup::Startup;
@@ -65,21 +62,11 @@ pub use store::{Key, Store};
 pub use store_handle::StoreHandle;
 pub use store_service::{StoreService, serve_store};
 
-/// The response header that names the apiserver (stand-in or echo double) that answered.
-pub const SERVED_BY: &str = "x-skewgate-served-by";
-
 use catalog::Catalog;
-use reply::Reply;
-use skewgate_pki::Pair;
-use status::{Errors, Status};
-use tls::{PeerCert, Tls};
+use instance::Instance;
+use skewgate_pki::{FRONT_PROXY_CN, Pair, Pki};
+use tls::Tls;
 
-/// Largest request body accepted (kube-apiserver's `MaxRequestBodyBytes`).
-pub const MAX_BODY: usize = 3 * 1024 * 1024;
-/// How many authenticated identities each stand-in remembers for tests.
-const IDENTITIES_KEPT: usize = 32;
-/// How many served requests each stand-in remembers for tests ([`Standin::recent`]).
-const REQUESTS_KEPT: usize = 512;
 /// A client that neither starts nor finishes a TLS handshake in this time is dropped
 /// (Go's `http.Server` does the same with its handshake timeout).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,6 +92,26 @@ pub struct Options {
 impl Options {
     /// The default bookmark interval.
     pub const BOOKMARK_INTERVAL: Duration = Duration::from_secs(15);
+
+    /// A stand-in of `pki`'s cluster on a free loopback port: it serves the apiserver
+    /// certificate, trusts the front proxy and the cluster CA's client certificates, knows
+    /// `tokens`, lets anonymous requests in and sends bookmarks at the default interval.
+    pub fn of_cluster(pki: &Pki, id: &str, profile: Profile, tokens: Vec<Token>) -> Options {
+        Options {
+            id: id.into(),
+            profile,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            serving: pki.apiserver.clone(),
+            auth: Auth {
+                requestheader_ca: pki.requestheader_ca.cert_path.clone(),
+                requestheader_allowed_names: vec![FRONT_PROXY_CN.into()],
+                client_ca: pki.cluster_ca.cert_path.clone(),
+                tokens,
+                anonymous: true,
+            },
+            bookmark_interval: Options::BOOKMARK_INTERVAL,
+        }
+    }
 }
 
 /// A running stand-in. Stops (ending its watches) on `shutdown().await` or when dropped.
@@ -222,19 +229,6 @@ impl Standin {
     }
 }
 
-/// One request a stand-in answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Served {
-    /// The `Audit-Id` response header it carried.
-    pub audit_id: String,
-    pub method: String,
-    /// The request target (path and query) as it arrived, before any decoding.
-    pub target: String,
-    pub status: u16,
-    /// Who it was served as (`None`: not authenticated).
-    pub identity: Option<Identity>,
-}
-
 impl Drop for Standin {
     fn drop(&mut self) {
         self.stop.send_replace(true);
@@ -242,34 +236,6 @@ impl Drop for Standin {
             task.abort();
         }
     }
-}
-
-/// What the request handlers share.
-struct Instance {
-    id: String,
-    profile: Profile,
-    auth: Auth,
-    catalog: Catalog,
-    discovery: discovery::Discovery,
-    openapi: Arc<openapi::OpenApi>,
-    /// `/version`.
-    version: Bytes,
-    store: StoreHandle,
-    identities: Mutex<VecDeque<Identity>>,
-    recent: Mutex<VecDeque<Served>>,
-    watches: Mutex<BTreeMap<String, u64>>,
-    ready: AtomicBool,
-    /// False while a starting server's RBAC is not synced ([`Startup::forbidding`]).
-    authorizing: AtomicBool,
-    /// Whether `/readyz` fails because post-start hooks run (rather than a shutdown).
-    starting: AtomicBool,
-    requests: Arc<AtomicU64>,
-    bookmark_interval: Duration,
-    stopping: tokio::sync::watch::Receiver<bool>,
-    /// Discovery with the CRDs this stand-in has seen.
-    crds: crds::View,
-    /// In the EndpointSlice and with a Lease ([`Standin::publish`]).
-    published: Mutex<bool>,
 }
 
 /// Starts a stand-in. A busy port is an error naming the address.
@@ -482,142 +448,6 @@ async fn connection(
     }
     conn.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(DRAIN_TIMEOUT, conn).await;
-}
-
-impl Instance {
-    async fn handle(&self, req: Request<Incoming>, peer: &PeerCert) -> Reply {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let trace = std::env::var_os("SKEWGATE_STANDIN_TRACE").map(|_| {
-            let headers: Vec<String> = req
-                .headers()
-                .iter()
-                .filter(|(n, _)| matches!(n.as_str(), "accept" | "content-type" | "user-agent"))
-                .map(|(n, v)| format!("{n}={}", String::from_utf8_lossy(v.as_bytes())))
-                .collect();
-            format!("{} {} {}", req.method(), req.uri(), headers.join(" "))
-        });
-        let method = req.method().to_string();
-        let target = req.uri().path_and_query().map_or_else(|| req.uri().to_string(), |p| p.to_string());
-        let mut identity = None;
-        let mut resp = self.route(req, peer, &mut identity).await;
-        if let Some(line) = trace {
-            // Opt-in debugging aid for kubectl trials.
-            eprintln!("[standin {}] {line} -> {}", self.id, resp.status().as_u16());
-        }
-        let audit_id = uuid::Uuid::new_v4().to_string();
-        let status = resp.status().as_u16();
-        self.remember_served(Served { audit_id: audit_id.clone(), method, target, status, identity });
-        let headers = resp.headers_mut();
-        if let Ok(id) = HeaderValue::from_str(&self.id) {
-            headers.insert(SERVED_BY, id);
-        }
-        if let Ok(audit) = HeaderValue::from_str(&audit_id) {
-            headers.insert("audit-id", audit);
-        }
-        if !headers.contains_key(CACHE_CONTROL) {
-            headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache, private"));
-        }
-        resp
-    }
-
-    /// Answers `req`; `seen` gets the identity it was authenticated as, if any.
-    async fn route(&self, req: Request<Incoming>, peer: &PeerCert, seen: &mut Option<Identity>) -> Reply {
-        let (parts, body) = req.into_parts();
-        let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let (raw_path, query) = split_target(target);
-        let Ok(path) = decode_path(raw_path) else {
-            return reply::error(&Status::bad_request(format!("invalid URL escape in {raw_path:?}")));
-        };
-        let identity = match self.auth.authenticate(peer, &parts.headers) {
-            Ok(identity) if identity.method == AuthMethod::Anonymous => {
-                // system:public-info-viewer is all RBAC grants system:anonymous by default.
-                if !auth::anonymous_allowed(&path) {
-                    let verb = parts.method.as_str().to_ascii_lowercase();
-                    return reply::error(&Status::forbidden_path(&identity.user, &verb, &path));
-                }
-                identity
-            }
-            Ok(identity) => {
-                self.remember(&identity);
-                *seen = Some(identity.clone());
-                identity
-            }
-            Err(auth::Unauthorized) => return reply::error(&Status::unauthorized()),
-        };
-        let body = match Limited::new(body, MAX_BODY).collect().await {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => return reply::error(&Status::too_large()),
-            Err(_) => Bytes::new(),
-        };
-        let info = RequestInfo::parse(parts.method.as_str(), &path, query);
-        if !self.authorizing.load(Ordering::SeqCst)
-            && let Some(denied) = startup::forbidden_while_starting(&identity, &info, &path)
-        {
-            return reply::error(&denied);
-        }
-        if info.is_resource_request && info.verb == "watch" {
-            self.count_watch(&info);
-        }
-        if info.is_resource_request {
-            let call = call::Call {
-                info: &info,
-                params: &params::Params::parse(query),
-                headers: &parts.headers,
-                body,
-                identity: &identity,
-            };
-            return resources::handle(self, call);
-        }
-        self.non_resource(&parts.method, &path, query, &parts.headers)
-    }
-
-    fn remember_served(&self, served: Served) {
-        let mut recent = self.recent.lock().unwrap_or_else(PoisonError::into_inner);
-        if recent.len() >= REQUESTS_KEPT {
-            recent.pop_front();
-        }
-        recent.push_back(served);
-    }
-
-    fn count_watch(&self, info: &RequestInfo<'_>) {
-        let mut key = format!("{}.{}", info.resource, info.api_version);
-        if !info.api_group.is_empty() {
-            key = format!("{key}.{}", info.api_group);
-        }
-        *self.watches.lock().unwrap_or_else(PoisonError::into_inner).entry(key).or_default() += 1;
-    }
-
-    fn remember(&self, identity: &Identity) {
-        let mut seen = self.identities.lock().unwrap_or_else(PoisonError::into_inner);
-        if seen.len() >= IDENTITIES_KEPT {
-            seen.pop_front();
-        }
-        seen.push_back(identity.clone());
-    }
-
-    fn non_resource(&self, method: &Method, path: &str, query: &str, headers: &hyper::HeaderMap) -> Reply {
-        if method != Method::GET && method != Method::HEAD {
-            return reply::error(&Status::method_not_allowed());
-        }
-        match path {
-            "/healthz" | "/livez" => return reply::text(200, "ok"),
-            "/readyz" if self.ready.load(Ordering::SeqCst) => return reply::text(200, "ok"),
-            "/readyz" if self.starting.load(Ordering::SeqCst) => {
-                return reply::text(500, startup::STARTING_READYZ);
-            }
-            "/readyz" => {
-                return reply::text(500, "[-]shutdown failed: reason withheld\nreadyz check failed\n");
-            }
-            "/version" | "/version/" => return reply::bytes(200, "application/json", self.version.clone()),
-            _ => {}
-        }
-        if let Some(reply) = self.openapi.respond(path, query, headers) {
-            return reply;
-        }
-        let with_crds = self.crds.current();
-        let discovery = with_crds.as_deref().unwrap_or(&self.discovery);
-        discovery.respond(path, headers).unwrap_or_else(|| reply::error(&Status::no_route()))
-    }
 }
 
 /// `/version`: the captured one, or one in the same shape for an era.

@@ -469,34 +469,130 @@ fn ok(schema: &str, codes: &[&str]) -> Value {
     Value::Object(responses)
 }
 
-struct Operation<'a> {
-    action: &'a str,
-    id: String,
-    gvk: Value,
-    parameters: Vec<Value>,
-    body: Option<(Vec<&'a str>, String)>,
-    responses: Value,
+/// One operation a hand-made path offers, as kube-apiserver's OpenAPI builder describes it.
+struct Op {
+    method: &'static str,
+    /// `x-kubernetes-action`.
+    action: &'static str,
+    /// The resource's verbs that make it offered: any one of them.
+    enabled_by: &'static [&'static str],
+    input: Input,
+    answer: Answer,
 }
 
-impl Operation<'_> {
-    fn to_json(&self, tag: &str) -> Value {
-        let mut op = json!({
-            "tags": [tag],
-            "description": format!("{} {}", self.action, self.gvk["kind"].as_str().unwrap_or_default()),
-            "operationId": self.id,
-            "parameters": self.parameters,
-            "responses": self.responses,
-            "x-kubernetes-action": self.action,
-            "x-kubernetes-group-version-kind": self.gvk,
-        });
-        if let (Some((types, schema)), Some(map)) = (&self.body, op.as_object_mut()) {
-            let content: Map<String, Value> =
-                types.iter().map(|t| ((*t).to_string(), json!({"schema": reference(schema)}))).collect();
-            map.insert("requestBody".into(), json!({"content": content, "required": true}));
+/// What an operation takes besides the path parameters.
+#[derive(Clone, Copy)]
+enum Input {
+    Nothing,
+    ListOptions,
+    /// The whole object, with the write options.
+    Object,
+    /// A patch of it, with the write options and `force`.
+    Patch,
+    DryRun,
+}
+
+/// What an operation answers.
+#[derive(Clone, Copy)]
+enum Answer {
+    Object,
+    /// The object, 200 or 201 Created.
+    Written,
+    List,
+    Status,
+}
+
+const fn op(
+    method: &'static str,
+    action: &'static str,
+    enabled_by: &'static [&'static str],
+    input: Input,
+    answer: Answer,
+) -> Op {
+    Op { method, action, enabled_by, input, answer }
+}
+
+impl Op {
+    /// The verb that starts its `operationId`: upstream names reads, replacements and
+    /// creations after the REST verb, the rest after the action.
+    fn id_verb(&self) -> &'static str {
+        match self.action {
+            "get" => "read",
+            "put" => "replace",
+            "post" => "create",
+            action => action,
         }
-        op
     }
 }
+
+const READ: Op = op("get", "get", &["get"], Input::Nothing, Answer::Object);
+const REPLACE: Op = op("put", "put", &["update"], Input::Object, Answer::Written);
+const PATCH: Op = op("patch", "patch", &["patch"], Input::Patch, Answer::Written);
+/// `/<resource>`.
+const COLLECTION_OPS: &[Op] = &[
+    op("get", "list", &["list", "watch"], Input::ListOptions, Answer::List),
+    op("post", "post", &["create"], Input::Object, Answer::Written),
+    op("delete", "deletecollection", &["deletecollection"], Input::ListOptions, Answer::Status),
+];
+/// `/<resource>/{name}`.
+const ITEM_OPS: &[Op] =
+    &[READ, REPLACE, PATCH, op("delete", "delete", &["delete"], Input::DryRun, Answer::Status)];
+/// `/<resource>/{name}/status`.
+const STATUS_OPS: &[Op] = &[READ, REPLACE, PATCH];
+
+/// What one resource's operations have in common.
+struct OpContext<'a> {
+    tag: &'a str,
+    gvk: Value,
+    /// The rest of every `operationId`: the kind, then `Namespaced` for a namespaced resource.
+    id_kind: String,
+    kind_schema: String,
+}
+
+impl OpContext<'_> {
+    /// The operations of `ops` that `verbs` enable, by HTTP method.
+    fn offered(&self, ops: &[Op], verbs: &[String]) -> Map<String, Value> {
+        ops.iter()
+            .filter(|op| op.enabled_by.iter().any(|e| verbs.iter().any(|v| v == e)))
+            .map(|op| (op.method.to_string(), self.to_json(op)))
+            .collect()
+    }
+
+    fn to_json(&self, op: &Op) -> Value {
+        let kind_schema = &self.kind_schema;
+        let (parameters, body) = match op.input {
+            Input::Nothing => (vec![], None),
+            Input::ListOptions => (list_parameters(), None),
+            Input::Object => (write_parameters(false), Some((vec!["*/*"], kind_schema.clone()))),
+            Input::Patch => (write_parameters(true), Some((PATCH_TYPES.to_vec(), format!("{META}.Patch")))),
+            Input::DryRun => (vec![query("dryRun", "string", "")], None),
+        };
+        let responses = match op.answer {
+            Answer::Object => ok(kind_schema, &["200"]),
+            Answer::Written => ok(kind_schema, &["200", "201"]),
+            Answer::List => ok(&format!("{kind_schema}List"), &["200"]),
+            Answer::Status => ok(&format!("{META}.Status"), &["200"]),
+        };
+        let mut json = json!({
+            "tags": [self.tag],
+            "description": format!("{} {}", op.action, self.gvk["kind"].as_str().unwrap_or_default()),
+            "operationId": format!("{}{}", op.id_verb(), self.id_kind),
+            "parameters": parameters,
+            "responses": responses,
+            "x-kubernetes-action": op.action,
+            "x-kubernetes-group-version-kind": self.gvk,
+        });
+        if let (Some((types, schema)), Some(map)) = (body, json.as_object_mut()) {
+            let content: Map<String, Value> =
+                types.iter().map(|t| ((*t).to_string(), json!({"schema": reference(&schema)}))).collect();
+            map.insert("requestBody".into(), json!({"content": content, "required": true}));
+        }
+        json
+    }
+}
+
+const PATCH_TYPES: [&str; 3] =
+    ["application/json-patch+json", "application/merge-patch+json", "application/apply-patch+yaml"];
 
 /// A whole hand-made document for a group/version no real server was captured serving.
 fn handmade_document(resources: &[&Resource], group: &str, version: &str, era: &str) -> Value {
@@ -534,105 +630,14 @@ fn handmade_parts(
         } else {
             format!("{prefix}/{}", r.name)
         };
-        let id_kind = format!("{}{}", r.kind, if r.namespaced { "Namespaced" } else { "" });
-        let the_gvk = gvk(group, version, &r.kind);
-        let operation = |action: &'static str,
-                         verb: &str,
-                         params: Vec<Value>,
-                         body: Option<(Vec<&'static str>, String)>,
-                         responses: Value| {
-            Operation {
-                action,
-                id: format!("{verb}{id_kind}"),
-                gvk: the_gvk.clone(),
-                parameters: params,
-                body,
-                responses,
-            }
-            .to_json(&tag)
+        let ops = OpContext {
+            tag: &tag,
+            gvk: gvk(group, version, &r.kind),
+            id_kind: format!("{}{}", r.kind, if r.namespaced { "Namespaced" } else { "" }),
+            kind_schema,
         };
-        let patch_types = vec![
-            "application/json-patch+json",
-            "application/merge-patch+json",
-            "application/apply-patch+yaml",
-        ];
-        let mut collection = Map::new();
-        if r.allows("list") || r.allows("watch") {
-            collection.insert(
-                "get".into(),
-                operation(
-                    "list",
-                    "list",
-                    list_parameters(),
-                    None,
-                    ok(&format!("{kind_schema}List"), &["200"]),
-                ),
-            );
-        }
-        if r.allows("create") {
-            collection.insert(
-                "post".into(),
-                operation(
-                    "post",
-                    "create",
-                    write_parameters(false),
-                    Some((vec!["*/*"], kind_schema.clone())),
-                    ok(&kind_schema, &["200", "201"]),
-                ),
-            );
-        }
-        if r.allows("deletecollection") {
-            collection.insert(
-                "delete".into(),
-                operation(
-                    "deletecollection",
-                    "deletecollection",
-                    list_parameters(),
-                    None,
-                    ok(&format!("{META}.Status"), &["200"]),
-                ),
-            );
-        }
-        let mut item = Map::new();
-        if r.allows("get") {
-            item.insert("get".into(), operation("get", "read", vec![], None, ok(&kind_schema, &["200"])));
-        }
-        if r.allows("update") {
-            item.insert(
-                "put".into(),
-                operation(
-                    "put",
-                    "replace",
-                    write_parameters(false),
-                    Some((vec!["*/*"], kind_schema.clone())),
-                    ok(&kind_schema, &["200", "201"]),
-                ),
-            );
-        }
-        if r.allows("patch") {
-            item.insert(
-                "patch".into(),
-                operation(
-                    "patch",
-                    "patch",
-                    write_parameters(true),
-                    Some((patch_types.clone(), format!("{META}.Patch"))),
-                    ok(&kind_schema, &["200", "201"]),
-                ),
-            );
-        }
-        if r.allows("delete") {
-            item.insert(
-                "delete".into(),
-                operation(
-                    "delete",
-                    "delete",
-                    vec![query("dryRun", "string", "")],
-                    None,
-                    ok(&format!("{META}.Status"), &["200"]),
-                ),
-            );
-        }
+        let mut collection = ops.offered(COLLECTION_OPS, &r.verbs);
+        let mut item = ops.offered(ITEM_OPS, &r.verbs);
         let scope = path_parameters(r.namespaced, false);
         if !collection.is_empty() {
             collection.insert("parameters".into(), scope);
@@ -643,37 +648,9 @@ fn handmade_parts(
             paths.insert(format!("{base}/{{name}}"), Value::Object(item));
         }
         if let Some(status) = r.subresource("status") {
-            let mut ops = Map::new();
-            let allows = |v: &str| status.verbs.iter().any(|s| s == v);
-            if allows("get") {
-                ops.insert("get".into(), operation("get", "read", vec![], None, ok(&kind_schema, &["200"])));
-            }
-            if allows("update") {
-                ops.insert(
-                    "put".into(),
-                    operation(
-                        "put",
-                        "replace",
-                        write_parameters(false),
-                        Some((vec!["*/*"], kind_schema.clone())),
-                        ok(&kind_schema, &["200", "201"]),
-                    ),
-                );
-            }
-            if allows("patch") {
-                ops.insert(
-                    "patch".into(),
-                    operation(
-                        "patch",
-                        "patch",
-                        write_parameters(true),
-                        Some((patch_types, format!("{META}.Patch"))),
-                        ok(&kind_schema, &["200", "201"]),
-                    ),
-                );
-            }
-            ops.insert("parameters".into(), path_parameters(r.namespaced, true));
-            paths.insert(format!("{base}/{{name}}/status"), Value::Object(ops));
+            let mut status_ops = ops.offered(STATUS_OPS, &status.verbs);
+            status_ops.insert("parameters".into(), path_parameters(r.namespaced, true));
+            paths.insert(format!("{base}/{{name}}/status"), Value::Object(status_ops));
         }
     }
     (paths, schemas)

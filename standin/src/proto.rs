@@ -9,6 +9,7 @@
 use serde_json::{Map, Value, json};
 
 use super::status::{Errors, Status};
+use Ty::{Bool, Int, MapBytes, MapStr, Msg, RepMsg, RepStr, Str, Time};
 
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
 const MAGIC: &[u8] = b"k8s\0";
@@ -33,118 +34,61 @@ struct Field {
     ty: Ty,
 }
 
-const fn f(number: u64, name: &'static str, ty: Ty) -> Field {
-    Field { number, name, ty }
+/// A message's fields, each `number name: type`, as upstream's `generated.proto` declares them.
+macro_rules! fields {
+    ($($number:literal $name:ident: $ty:expr),* $(,)?) => {
+        &[$(Field { number: $number, name: stringify!($name), ty: $ty }),*]
+    };
 }
 
-const OWNER_REFERENCE: &[Field] = &[
-    f(1, "kind", Ty::Str),
-    f(3, "name", Ty::Str),
-    f(4, "uid", Ty::Str),
-    f(5, "apiVersion", Ty::Str),
-    f(6, "controller", Ty::Bool),
-    f(7, "blockOwnerDeletion", Ty::Bool),
+const OWNER_REFERENCE: &[Field] = fields![
+    1 kind: Str, 3 name: Str, 4 uid: Str, 5 apiVersion: Str, 6 controller: Bool, 7 blockOwnerDeletion: Bool,
 ];
-
-const OBJECT_META: &[Field] = &[
-    f(1, "name", Ty::Str),
-    f(2, "generateName", Ty::Str),
-    f(3, "namespace", Ty::Str),
-    f(5, "uid", Ty::Str),
-    f(6, "resourceVersion", Ty::Str),
-    f(7, "generation", Ty::Int),
-    f(8, "creationTimestamp", Ty::Time),
-    f(11, "labels", Ty::MapStr),
-    f(12, "annotations", Ty::MapStr),
-    f(13, "ownerReferences", Ty::RepMsg(OWNER_REFERENCE)),
-    f(14, "finalizers", Ty::RepStr),
+const OBJECT_META: &[Field] = fields![
+    1 name: Str, 2 generateName: Str, 3 namespace: Str, 5 uid: Str, 6 resourceVersion: Str,
+    7 generation: Int, 8 creationTimestamp: Time, 11 labels: MapStr, 12 annotations: MapStr,
+    13 ownerReferences: RepMsg(OWNER_REFERENCE), 14 finalizers: RepStr,
 ];
-
-const CONFIG_MAP: &[Field] = &[
-    f(1, "metadata", Ty::Msg(OBJECT_META)),
-    f(2, "data", Ty::MapStr),
-    f(3, "binaryData", Ty::MapBytes),
-    f(4, "immutable", Ty::Bool),
+const CONFIG_MAP: &[Field] =
+    fields![1 metadata: Msg(OBJECT_META), 2 data: MapStr, 3 binaryData: MapBytes, 4 immutable: Bool];
+const SECRET: &[Field] = fields![
+    1 metadata: Msg(OBJECT_META), 2 data: MapBytes, 3 type: Str, 4 stringData: MapStr, 5 immutable: Bool,
 ];
-
-const SECRET: &[Field] = &[
-    f(1, "metadata", Ty::Msg(OBJECT_META)),
-    f(2, "data", Ty::MapBytes),
-    f(3, "type", Ty::Str),
-    f(4, "stringData", Ty::MapStr),
-    f(5, "immutable", Ty::Bool),
+const NAMESPACE: &[Field] = fields![1 metadata: Msg(OBJECT_META), 2 spec: Msg(fields![1 finalizers: RepStr])];
+const SERVICE_ACCOUNT: &[Field] = fields![
+    1 metadata: Msg(OBJECT_META), 3 imagePullSecrets: RepMsg(fields![1 name: Str]),
+    4 automountServiceAccountToken: Bool,
 ];
-
-const NAMESPACE: &[Field] =
-    &[f(1, "metadata", Ty::Msg(OBJECT_META)), f(2, "spec", Ty::Msg(&[f(1, "finalizers", Ty::RepStr)]))];
-
-const LOCAL_OBJECT_REFERENCE: &[Field] = &[f(1, "name", Ty::Str)];
-
-const SERVICE_ACCOUNT: &[Field] = &[
-    f(1, "metadata", Ty::Msg(OBJECT_META)),
-    f(3, "imagePullSecrets", Ty::RepMsg(LOCAL_OBJECT_REFERENCE)),
-    f(4, "automountServiceAccountToken", Ty::Bool),
+const METADATA_ONLY: &[Field] = fields![1 metadata: Msg(OBJECT_META)];
+const RESOURCE_ATTRIBUTES: &[Field] = fields![
+    1 namespace: Str, 2 verb: Str, 3 group: Str, 4 version: Str, 5 resource: Str, 6 subresource: Str,
+    7 name: Str,
 ];
-
-const METADATA_ONLY: &[Field] = &[f(1, "metadata", Ty::Msg(OBJECT_META))];
-
-const RESOURCE_ATTRIBUTES: &[Field] = &[
-    f(1, "namespace", Ty::Str),
-    f(2, "verb", Ty::Str),
-    f(3, "group", Ty::Str),
-    f(4, "version", Ty::Str),
-    f(5, "resource", Ty::Str),
-    f(6, "subresource", Ty::Str),
-    f(7, "name", Ty::Str),
+const ACCESS_REVIEW: &[Field] = fields![
+    1 metadata: Msg(OBJECT_META),
+    2 spec: Msg(fields![
+        1 resourceAttributes: Msg(RESOURCE_ATTRIBUTES),
+        2 nonResourceAttributes: Msg(fields![1 path: Str, 2 verb: Str]),
+    ]),
 ];
-
-const ACCESS_REVIEW: &[Field] = &[
-    f(1, "metadata", Ty::Msg(OBJECT_META)),
-    f(
-        2,
-        "spec",
-        Ty::Msg(&[
-            f(1, "resourceAttributes", Ty::Msg(RESOURCE_ATTRIBUTES)),
-            f(2, "nonResourceAttributes", Ty::Msg(&[f(1, "path", Ty::Str), f(2, "verb", Ty::Str)])),
-        ]),
-    ),
+const RULES_REVIEW: &[Field] = fields![1 metadata: Msg(OBJECT_META), 2 spec: Msg(fields![1 namespace: Str])];
+const POLICY_RULE: &[Field] = fields![
+    1 verbs: RepStr, 2 apiGroups: RepStr, 3 resources: RepStr, 4 resourceNames: RepStr,
+    5 nonResourceURLs: RepStr,
 ];
-
-const RULES_REVIEW: &[Field] =
-    &[f(1, "metadata", Ty::Msg(OBJECT_META)), f(2, "spec", Ty::Msg(&[f(1, "namespace", Ty::Str)]))];
-
-const POLICY_RULE: &[Field] = &[
-    f(1, "verbs", Ty::RepStr),
-    f(2, "apiGroups", Ty::RepStr),
-    f(3, "resources", Ty::RepStr),
-    f(4, "resourceNames", Ty::RepStr),
-    f(5, "nonResourceURLs", Ty::RepStr),
+const ROLE: &[Field] = fields![1 metadata: Msg(OBJECT_META), 2 rules: RepMsg(POLICY_RULE)];
+const ROLE_BINDING: &[Field] = fields![
+    1 metadata: Msg(OBJECT_META),
+    2 subjects: RepMsg(fields![1 kind: Str, 2 apiGroup: Str, 3 name: Str, 4 namespace: Str]),
+    3 roleRef: Msg(fields![1 apiGroup: Str, 2 kind: Str, 3 name: Str]),
 ];
-
-const ROLE: &[Field] = &[f(1, "metadata", Ty::Msg(OBJECT_META)), f(2, "rules", Ty::RepMsg(POLICY_RULE))];
-
-const ROLE_BINDING: &[Field] = &[
-    f(1, "metadata", Ty::Msg(OBJECT_META)),
-    f(
-        2,
-        "subjects",
-        Ty::RepMsg(&[
-            f(1, "kind", Ty::Str),
-            f(2, "apiGroup", Ty::Str),
-            f(3, "name", Ty::Str),
-            f(4, "namespace", Ty::Str),
-        ]),
-    ),
-    f(3, "roleRef", Ty::Msg(&[f(1, "apiGroup", Ty::Str), f(2, "kind", Ty::Str), f(3, "name", Ty::Str)])),
+const DELETE_OPTIONS: &[Field] = fields![
+    1 gracePeriodSeconds: Int, 2 preconditions: Msg(fields![1 uid: Str, 2 resourceVersion: Str]),
+    3 orphanDependents: Bool, 4 propagationPolicy: Str, 5 dryRun: RepStr,
 ];
-
-const DELETE_OPTIONS: &[Field] = &[
-    f(1, "gracePeriodSeconds", Ty::Int),
-    f(2, "preconditions", Ty::Msg(&[f(1, "uid", Ty::Str), f(2, "resourceVersion", Ty::Str)])),
-    f(3, "orphanDependents", Ty::Bool),
-    f(4, "propagationPolicy", Ty::Str),
-    f(5, "dryRun", Ty::RepStr),
-];
+/// The envelope, `runtime.Unknown`, but for its `raw` field ([`raw_bytes`]).
+const UNKNOWN: &[Field] =
+    fields![1 typeMeta: Msg(fields![1 apiVersion: Str, 2 kind: Str]), 3 contentEncoding: Str];
 
 fn schema_of(kind: &str) -> Option<&'static [Field]> {
     Some(match kind {
@@ -173,10 +117,8 @@ pub fn decode(body: &[u8]) -> Result<Value, Status> {
     let envelope = body
         .strip_prefix(MAGIC)
         .ok_or_else(|| Status::bad_request("protobuf body without the k8s envelope"))?;
-    const TYPE_META: &[Field] = &[f(1, "apiVersion", Ty::Str), f(2, "kind", Ty::Str)];
     let unknown =
-        message(envelope, &[f(1, "typeMeta", Ty::Msg(TYPE_META)), f(3, "contentEncoding", Ty::Str)])
-            .ok_or_else(|| Status::bad_request("malformed protobuf envelope"))?;
+        message(envelope, UNKNOWN).ok_or_else(|| Status::bad_request("malformed protobuf envelope"))?;
     if unknown.get("contentEncoding").and_then(Value::as_str).is_some_and(|e| !e.is_empty()) {
         return Err(unsupported("content encoding".into()));
     }
@@ -276,7 +218,7 @@ fn message(bytes: &[u8], schema: &[Field]) -> Option<Value> {
                 out.insert(name, json!(v as i64));
             }
             (Ty::Time, Wire::Bytes(b)) => {
-                let seconds = message(b, &[f(1, "seconds", Ty::Int)])?["seconds"].as_i64().unwrap_or(0);
+                let seconds = message(b, fields![1 seconds: Int])?["seconds"].as_i64().unwrap_or(0);
                 out.insert(name, json!(super::clock::rfc3339(seconds)));
             }
             (Ty::Msg(inner), Wire::Bytes(b)) => {
@@ -288,7 +230,7 @@ fn message(bytes: &[u8], schema: &[Field]) -> Option<Value> {
             (Ty::RepStr, Wire::Bytes(b)) => push(&mut out, name, json!(String::from_utf8_lossy(b))),
             (Ty::MapStr | Ty::MapBytes, Wire::Bytes(b)) => {
                 let value_ty = if matches!(field.ty, Ty::MapStr) { Ty::Str } else { Ty::Bytes };
-                let entry = message(b, &[f(1, "k", Ty::Str), f(2, "v", value_ty)])?;
+                let entry = message(b, fields![1 k: Str, 2 v: value_ty])?;
                 let key = entry["k"].as_str().unwrap_or_default().to_string();
                 let value = entry.get("v").cloned().unwrap_or_else(|| json!(""));
                 if let Some(map) = out.entry(name).or_insert_with(|| json!({})).as_object_mut() {

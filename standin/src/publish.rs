@@ -14,10 +14,10 @@ use std::net::SocketAddr;
 
 use serde_json::{Value, json};
 
-use super::StoreHandle;
 use super::clock;
 use super::status::Status;
 use super::store::{Key, Write};
+use super::store_handle::StoreHandle;
 
 const SLICE_GROUP: &str = "discovery.k8s.io";
 const LEASE_GROUP: &str = "coordination.k8s.io";

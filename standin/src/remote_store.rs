@@ -1,4 +1,4 @@
-//! A [`Store`](super::Store) in another process, reached over HTTP/JSON: what stand-ins in
+//! A [`Store`](super::store::Store) in another process, reached over HTTP/JSON: what stand-ins in
 //! separate containers share, as kube-apiservers on separate machines share etcd. The server
 //! side is [`super::store_service`]; this is the client and the wire format both use.
 //!
@@ -22,7 +22,7 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::sync::watch;
 
 use super::status::{Errors, Status, Target};
-use super::store::{Event, EventType, Key, Write};
+use super::store::{Event, EventType, Key, ListQuery, Write};
 
 /// One store call, connect to last byte.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,14 +55,6 @@ pub(super) struct GetRequest {
 pub(super) struct GetReply {
     pub namespace_missing: bool,
     pub object: Option<Value>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-pub(super) struct ListRequest {
-    pub group: String,
-    pub resource: String,
-    pub namespace: Option<String>,
-    pub at: Option<u64>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -250,20 +242,8 @@ impl RemoteStore {
         Ok(reply.object.map(Arc::new))
     }
 
-    pub fn list(
-        &self,
-        group: &str,
-        resource: &str,
-        namespace: Option<&str>,
-        at: Option<u64>,
-    ) -> Result<(Vec<Arc<Value>>, u64), Status> {
-        let request = ListRequest {
-            group: group.to_string(),
-            resource: resource.to_string(),
-            namespace: namespace.map(str::to_string),
-            at,
-        };
-        match self.call("/v1/list", &request)? {
+    pub fn list(&self, query: &ListQuery) -> Result<(Vec<Arc<Value>>, u64), Status> {
+        match self.call("/v1/list", query)? {
             ListReply::Objects { objects, revision } => {
                 Ok((objects.into_iter().map(Arc::new).collect(), revision))
             }

@@ -10,16 +10,17 @@ use serde_json::{Map, Value, json};
 
 use super::call::{Addressed, Call, body_object, decode_body};
 use super::catalog::Resource;
+use super::clock;
+use super::instance::Instance;
 use super::objects::{check_type, new_object, shown, text_at, updated_object};
 use super::patch::{self, PatchType};
 use super::reply::{self, Reply};
 use super::reviews::create_only;
 use super::selector::{FieldSelector, LabelSelector};
 use super::status::{Details, Errors, Status};
-use super::store::{Key, Write, metadata_mut};
+use super::store::{Key, ListQuery, Write, metadata_mut};
 use super::table::{self, Include};
 use super::watch::{self, Start};
-use super::{Instance, clock};
 
 /// Namespaces upstream refuses to delete.
 const UNDELETABLE_NAMESPACES: [&str; 3] = ["default", "kube-system", "kube-public"];
@@ -64,7 +65,7 @@ fn dispatch(instance: &Instance, call: &Call<'_>) -> Result<Reply, Status> {
             return Err(Status::method_not_allowed());
         }
     }
-    let t = Addressed { r, namespace, name: path_name };
+    let t = Addressed { r, namespace, name: path_name, status: info.subresource == "status" };
     if !info.subresource.is_empty() {
         let sub = r.subresource(info.subresource).ok_or_else(Status::no_route)?;
         if !sub.verbs.iter().any(|v| v == verb) {
@@ -76,8 +77,8 @@ fn dispatch(instance: &Instance, call: &Call<'_>) -> Result<Reply, Status> {
         }
         return match verb {
             "get" => get(instance, call, &t),
-            "update" => update(instance, call, &t, true),
-            "patch" => patch_object(instance, call, &t, true),
+            "update" => update(instance, call, &t),
+            "patch" => patch_object(instance, call, &t),
             _ => Err(Status::method_not_allowed()),
         };
     }
@@ -92,8 +93,8 @@ fn dispatch(instance: &Instance, call: &Call<'_>) -> Result<Reply, Status> {
         "list" => list(instance, call, &t),
         "watch" => watch_objects(instance, call, &t),
         "create" => create(instance, call, &t),
-        "update" => update(instance, call, &t, false),
-        "patch" => patch_object(instance, call, &t, false),
+        "update" => update(instance, call, &t),
+        "patch" => patch_object(instance, call, &t),
         "delete" => delete(instance, call, &t),
         "deletecollection" => delete_collection(instance, call, &t),
         _ => Err(Status::method_not_allowed()),
@@ -228,7 +229,7 @@ fn list(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply
             }
         },
     };
-    let (objects, revision) = instance.store.list(&r.group, &r.name, namespace, at)?;
+    let (objects, revision) = instance.store.list(&ListQuery::new(&r.group, &r.name, namespace, at))?;
     let mut matching = objects.iter().filter(|o| labels.matches(o) && fields.matches(o)).filter(|o| {
         after.as_ref().is_none_or(|(ns, name)| {
             let meta = &o["metadata"];
@@ -329,12 +330,7 @@ fn create(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Rep
     object_reply(call, r, 201, &created)
 }
 
-fn update(
-    instance: &Instance,
-    call: &Call<'_>,
-    t: &Addressed<'_>,
-    status_only: bool,
-) -> Result<Reply, Status> {
+fn update(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply, Status> {
     let r = t.r;
     let body = body_object(call, r)?;
     let body_namespace = text_at(&body, "namespace");
@@ -360,7 +356,7 @@ fn update(
         {
             return Err(Status::conflict(target, t.name));
         }
-        Ok(match updated_object(r, current, body.clone(), status_only)? {
+        Ok(match updated_object(r, current, body.clone(), t.status)? {
             Some(next) => Write::Put(next),
             None => Write::Unchanged,
         })
@@ -369,12 +365,7 @@ fn update(
     object_reply(call, r, 200, &written)
 }
 
-fn patch_object(
-    instance: &Instance,
-    call: &Call<'_>,
-    t: &Addressed<'_>,
-    status_only: bool,
-) -> Result<Reply, Status> {
+fn patch_object(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply, Status> {
     let r = t.r;
     let content_type = call.headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let kind = PatchType::from_content_type(content_type)
@@ -386,7 +377,7 @@ fn patch_object(
         // A remote store may ask again after losing a race: only the last answer counts.
         created = false;
         let Some(current) = current else {
-            if kind != PatchType::Apply || status_only {
+            if kind != PatchType::Apply || t.status {
                 return Err(Status::not_found(target, t.name));
             }
             // Server-side apply creates what is missing.
@@ -419,7 +410,7 @@ fn patch_object(
         if let Some(map) = patched.as_object_mut() {
             map.insert("apiVersion".into(), current["apiVersion"].clone());
         }
-        Ok(match updated_object(r, current, patched, status_only)? {
+        Ok(match updated_object(r, current, patched, t.status)? {
             Some(next) => Write::Put(next),
             None => Write::Unchanged,
         })
@@ -475,7 +466,7 @@ fn delete_collection(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) ->
     let r = t.r;
     let (labels, fields) = selectors(call)?;
     let namespace = (!t.namespace.is_empty()).then_some(t.namespace);
-    let (objects, _) = instance.store.list(&r.group, &r.name, namespace, None)?;
+    let (objects, _) = instance.store.list(&ListQuery::new(&r.group, &r.name, namespace, None))?;
     let mut items = Vec::new();
     for object in objects.iter().filter(|o| labels.matches(o) && fields.matches(o)) {
         let key = Key::new(&r.group, &r.name, text_at(object, "namespace"), text_at(object, "name"));

@@ -4,9 +4,9 @@
 
 use serde_json::{Value, json};
 
-use super::Instance;
 use super::auth::Identity;
 use super::call::{Addressed, Call, body_object};
+use super::instance::Instance;
 use super::reply::{self, Reply};
 use super::status::Status;
 use super::store::metadata_mut;

@@ -117,7 +117,7 @@ pub trait Errors {
         Status::failure(
             413,
             "RequestEntityTooLarge",
-            format!("Request entity too large: limit is {}", super::MAX_BODY),
+            format!("Request entity too large: limit is {}", super::instance::MAX_BODY),
         )
     }
 

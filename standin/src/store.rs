@@ -2,7 +2,7 @@
 //! revision that every write bumps, objects keyed by (group, resource, namespace, name) and not by
 //! version, and a bounded history of events that watches and lists at old revisions read.
 //! Stand-ins in separate processes share one through `skewgate-harness store`
-//! ([`super::store_service`], [`super::RemoteStore`]).
+//! ([`super::store_service`], [`super::remote_store::RemoteStore`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -39,6 +39,23 @@ impl Key {
 
     fn same_collection(&self, group: &str, resource: &str) -> bool {
         self.group == group && self.resource == resource
+    }
+}
+
+/// What a list reads: one resource's objects (in one namespace, or all), at the current
+/// revision or at `at` if the history still reaches back there. Also the remote store's
+/// `/v1/list` request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListQuery {
+    pub group: String,
+    pub resource: String,
+    pub namespace: Option<String>,
+    pub at: Option<u64>,
+}
+
+impl ListQuery {
+    pub fn new(group: &str, resource: &str, namespace: Option<&str>, at: Option<u64>) -> ListQuery {
+        ListQuery { group: group.into(), resource: resource.into(), namespace: namespace.map(Into::into), at }
     }
 }
 
@@ -143,22 +160,16 @@ impl Store {
         self.lock().objects.get(key).cloned()
     }
 
-    /// Every object of one resource (in one namespace, or all), in key order, at the current
-    /// revision or at `at` if the history still reaches back there; with the revision served.
-    pub fn list(
-        &self,
-        group: &str,
-        resource: &str,
-        namespace: Option<&str>,
-        at: Option<u64>,
-    ) -> Result<(Vec<Arc<Value>>, u64), Status> {
+    /// The objects `query` asks for, in key order, with the revision served.
+    pub fn list(&self, query: &ListQuery) -> Result<(Vec<Arc<Value>>, u64), Status> {
         let state = self.lock();
         let in_scope = |key: &Key| {
-            key.same_collection(group, resource) && namespace.is_none_or(|ns| key.namespace == ns)
+            key.same_collection(&query.group, &query.resource)
+                && query.namespace.as_ref().is_none_or(|ns| key.namespace == *ns)
         };
         let mut objects: BTreeMap<&Key, &Arc<Value>> =
             state.objects.iter().filter(|(key, _)| in_scope(key)).collect();
-        let Some(at) = at.filter(|at| *at < state.revision) else {
+        let Some(at) = query.at.filter(|at| *at < state.revision) else {
             return Ok((objects.into_values().cloned().collect(), state.revision));
         };
         if at < state.compacted {
@@ -330,7 +341,7 @@ mod tests {
     fn starts_with_the_system_namespaces() {
         let store = Store::new(100);
         assert_eq!(store.revision(), 4);
-        let (namespaces, revision) = store.list("", "namespaces", None, None).unwrap();
+        let (namespaces, revision) = store.list(&ListQuery::new("", "namespaces", None, None)).unwrap();
         assert_eq!(revision, 4);
         let names: Vec<&str> = namespaces.iter().map(|n| n["metadata"]["name"].as_str().unwrap()).collect();
         assert_eq!(names, ["default", "kube-node-lease", "kube-public", "kube-system"]);
@@ -359,16 +370,17 @@ mod tests {
         let a1 = put(&store, "a", "1");
         put(&store, "b", "1");
         put(&store, "a", "2");
-        let (now, _) = store.list("", "configmaps", Some("default"), None).unwrap();
+        let (now, _) = store.list(&ListQuery::new("", "configmaps", Some("default"), None)).unwrap();
         assert_eq!(now[0]["data"]["a"], "2");
-        let (then, at) = store.list("", "configmaps", Some("default"), Some(rv(&a1))).unwrap();
+        let (then, at) =
+            store.list(&ListQuery::new("", "configmaps", Some("default"), Some(rv(&a1)))).unwrap();
         assert_eq!(at, rv(&a1));
         assert_eq!(then.len(), 1);
         assert_eq!(then[0]["data"]["a"], "1");
         for i in 0..4 {
             put(&store, "c", &i.to_string());
         }
-        let err = store.list("", "configmaps", None, Some(rv(&a1))).unwrap_err();
+        let err = store.list(&ListQuery::new("", "configmaps", None, Some(rv(&a1)))).unwrap_err();
         assert_eq!((err.code, err.reason), (410, "Expired"));
         assert_eq!(store.events_after(rv(&a1), 10).unwrap_err(), store.compacted());
     }

@@ -14,7 +14,7 @@ use tokio::sync::watch;
 
 use super::remote_store::RemoteStore;
 use super::status::{Errors, Status};
-use super::store::{Event, Key, Store, Write};
+use super::store::{Event, Key, ListQuery, Store, Write};
 
 /// Where a stand-in keeps its objects. Cheap to clone.
 #[derive(Clone)]
@@ -60,16 +60,10 @@ impl StoreHandle {
     }
 
     /// [`Store::list`].
-    pub fn list(
-        &self,
-        group: &str,
-        resource: &str,
-        namespace: Option<&str>,
-        at: Option<u64>,
-    ) -> Result<(Vec<Arc<Value>>, u64), Status> {
+    pub fn list(&self, query: &ListQuery) -> Result<(Vec<Arc<Value>>, u64), Status> {
         match self {
-            StoreHandle::Local(store) => store.list(group, resource, namespace, at),
-            StoreHandle::Remote(remote) => remote.list(group, resource, namespace, at),
+            StoreHandle::Local(store) => store.list(query),
+            StoreHandle::Remote(remote) => remote.list(query),
         }
     }
 

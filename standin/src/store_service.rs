@@ -20,10 +20,10 @@ use serde::de::DeserializeOwned;
 use tokio::net::TcpListener;
 
 use super::remote_store::{
-    EventsReply, EventsRequest, GetReply, GetRequest, ListReply, ListRequest, RevisionReply, WAIT, WireEvent,
-    WriteReply, WriteRequest, version_of,
+    EventsReply, EventsRequest, GetReply, GetRequest, ListReply, RevisionReply, WAIT, WireEvent, WriteReply,
+    WriteRequest, version_of,
 };
-use super::store::{Key, Store};
+use super::store::{Key, ListQuery, Store};
 
 /// Largest request body: a write carries one object (kube-apiserver's limit is 3 MiB).
 const MAX_REQUEST: usize = 16 * 1024 * 1024;
@@ -110,7 +110,7 @@ async fn handle(store: &Store, req: Request<Incoming>) -> Reply {
             Ok(json(&RevisionReply { revision: store.revision(), compacted: store.compacted() }))
         }
         (&Method::POST, "/v1/get") => body::<GetRequest>(req).await.map(|r| json(&get(store, r))),
-        (&Method::POST, "/v1/list") => body::<ListRequest>(req).await.map(|r| json(&list(store, r))),
+        (&Method::POST, "/v1/list") => body::<ListQuery>(req).await.map(|r| json(&list(store, r))),
         (&Method::POST, "/v1/events") => body::<EventsRequest>(req).await.map(|r| json(&events(store, r))),
         (&Method::POST, "/v1/write") => body::<WriteRequest>(req).await.map(|r| json(&write(store, r))),
         _ => Err(reply(StatusCode::NOT_FOUND, "text/plain", "no such store call")),
@@ -123,8 +123,8 @@ fn get(store: &Store, r: GetRequest) -> GetReply {
     GetReply { namespace_missing, object: store.get(&r.key).map(|o| (*o).clone()) }
 }
 
-fn list(store: &Store, r: ListRequest) -> ListReply {
-    match store.list(&r.group, &r.resource, r.namespace.as_deref(), r.at) {
+fn list(store: &Store, query: ListQuery) -> ListReply {
+    match store.list(&query) {
         Ok((objects, revision)) => {
             ListReply::Objects { objects: objects.iter().map(|o| (**o).clone()).collect(), revision }
         }

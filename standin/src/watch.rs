@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::catalog::Resource;
 use super::reply::{self, Reply};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{Event, EventType};
+use super::store::{Event, EventType, ListQuery};
 use super::store_handle::StoreHandle;
 use super::table::{self, Include};
 
@@ -70,7 +70,7 @@ impl Watcher {
             Start::Current { end_bookmark } => {
                 let r = &self.spec.resource;
                 let Ok((objects, revision)) =
-                    store.list(&r.group, &r.name, self.spec.namespace.as_deref(), None)
+                    store.list(&ListQuery::new(&r.group, &r.name, self.spec.namespace.as_deref(), None))
                 else {
                     return;
                 };

@@ -9,32 +9,16 @@ use std::time::Duration;
 use anyhow::Result;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
-use skewgate_pki::{FRONT_PROXY_CN, Pki};
+use skewgate_pki::Pki;
 use skewgate_standin::{
-    self as standin, Auth, Options, Profile, RemoteStore, Standin, Store, StoreHandle, StoreService, Token,
+    self as standin, Options, Profile, RemoteStore, Standin, Store, StoreHandle, StoreService, Token,
 };
 
 const TOKEN: &str = "remote-store-test-token";
 
 fn options(pki: &Pki, id: &str, profile: &str) -> Result<Options> {
-    Ok(Options {
-        id: id.into(),
-        profile: Profile::parse(profile)?,
-        listen: "127.0.0.1:0".parse()?,
-        serving: pki.apiserver.clone(),
-        auth: Auth {
-            requestheader_ca: pki.requestheader_ca.cert_path.clone(),
-            requestheader_allowed_names: vec![FRONT_PROXY_CN.into()],
-            client_ca: pki.cluster_ca.cert_path.clone(),
-            tokens: vec![Token {
-                token: TOKEN.into(),
-                user: "admin".into(),
-                groups: vec!["system:masters".into()],
-            }],
-            anonymous: true,
-        },
-        bookmark_interval: Duration::from_secs(15),
-    })
+    let admin = Token { token: TOKEN.into(), user: "admin".into(), groups: vec!["system:masters".into()] };
+    Ok(Options::of_cluster(pki, id, Profile::parse(profile)?, vec![admin]))
 }
 
 fn pki(name: &str) -> Result<Pki> {

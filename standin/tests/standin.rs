@@ -7,8 +7,8 @@ use std::time::Duration;
 use anyhow::Result;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
-use skewgate_pki::{FRONT_PROXY_CN, Pair, Pki};
-use skewgate_standin::{self as standin, Auth, AuthMethod, Options, Profile, Standin, Store, Token};
+use skewgate_pki::{Pair, Pki};
+use skewgate_standin::{self as standin, AuthMethod, Options, Profile, Standin, Store, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NOT_FOUND: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"the server could not find the requested resource","reason":"NotFound","details":{},"code":404}"#;
@@ -22,24 +22,11 @@ struct Fixture {
     alice: Client,
 }
 
-fn auth(pki: &Pki) -> Auth {
-    Auth {
-        requestheader_ca: pki.requestheader_ca.cert_path.clone(),
-        requestheader_allowed_names: vec![FRONT_PROXY_CN.into()],
-        client_ca: pki.cluster_ca.cert_path.clone(),
-        tokens: vec![Token { token: "t0k3n".into(), user: "bob".into(), groups: vec!["ops".into()] }],
-        anonymous: true,
-    }
-}
-
 fn options(pki: &Pki, id: &str, profile: &str) -> Result<Options> {
+    let bob = Token { token: "t0k3n".into(), user: "bob".into(), groups: vec!["ops".into()] };
     Ok(Options {
-        id: id.into(),
-        profile: Profile::parse(profile)?,
-        listen: "127.0.0.1:0".parse()?,
-        serving: pki.apiserver.clone(),
-        auth: auth(pki),
         bookmark_interval: Duration::from_millis(300),
+        ..Options::of_cluster(pki, id, Profile::parse(profile)?, vec![bob])
     })
 }
 
