@@ -6,7 +6,7 @@ use anyhow::{Result, ensure};
 use skewgate_testkit::load::{Record, Target};
 use skewgate_testkit::scenario::{Row, ids, listing, scenario, serving, successes_after, until};
 
-use crate::support::{CLAIMS, DEVICECLASSES, ERAS, finish, load, start, ten_by_servers, ten_targets};
+use crate::support::{CLAIMS, DEVICECLASSES, ERAS, SUITE, finish, start};
 
 /// How long a restarted stand-in's `/readyz` fails in scenario 6 (a real kube-apiserver's
 /// post-start hooks take longer still).
@@ -21,9 +21,9 @@ async fn upgrade_in_place() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("s06", ERAS, |_| {}).await?;
     let first = c.table_on_disk()?.generation().to_string();
-    ten_by_servers(&c.table_on_disk()?)?;
-    let load = load(&c, 5, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
+    SUITE.ten_by_servers(&c.table_on_disk()?)?;
+    let load = SUITE.load(&c, 5, Duration::from_millis(20))?;
+    let names: Vec<String> = SUITE.ten_targets().iter().map(Target::name).collect();
     successes_after(&load, &names, Duration::ZERO, 10, Duration::from_secs(20)).await?;
 
     // A: graceful, the way kube-apiserver restarts: unready and drained first
