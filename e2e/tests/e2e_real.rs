@@ -25,7 +25,7 @@ use skewgate_testkit::scenario::{
     Row, cert_sha256, claim_yaml, fresh_dir, ids, kubectl, listing, scenario, serving, successes_after,
     until, vm_untroubled,
 };
-use skewgate_testkit::{paths, real};
+use skewgate_testkit::{clients, paths, real};
 
 use crate::common::peer_loss::Outcomes;
 use crate::common::shared_state::resource_version;
@@ -61,11 +61,7 @@ async fn start(name: &str, tweak: impl FnOnce(&mut Options)) -> Result<Cluster> 
     options.real = Some(binaries);
     tweak(&mut options);
     let c = cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))?;
-    let r = reqwest::Client::new()
-        .post(c.envoy()?.admin_url("/runtime_modify?skewgate.access_log=100"))
-        .send()
-        .await?;
-    ensure!(r.status().is_success(), "turning the access log on: {}", r.status());
+    clients::access_log_on(&c).await?;
     Ok(c)
 }
 
@@ -395,19 +391,12 @@ async fn upgrade_in_place() -> Result<Row> {
     let failures: Vec<&Record> = report.failures();
     let (in_flight, unexpected): (Vec<&Record>, Vec<&Record>) =
         failures.into_iter().partition(|r| r.started >= phase_a_end && raced_the_kill(r, killed));
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
     println!(
         "b: drained in {drained:?}; booted at {booted:?}; the table followed {followed:?} after the boot, \
          Envoy saw b healthy {healthy:?} after it; {} raced the kill (503 Status)",
         in_flight.len()
     );
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected failures:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "failures")?;
     same_table(&table_before, &table_json(&c)?).context("the abrupt restart changed the table")?;
     row.figure(format!(
         "b 1.33→1.36: drain {:.1}s, table followed {:.1}s after boot, healthy {:.1}s after boot, 0 failed; \

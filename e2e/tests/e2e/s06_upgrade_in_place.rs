@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, listing, scenario, serving, successes_after, until};
+use skewgate_testkit::scenario::{Row, ids, scenario, serving, successes_after, until};
 
 use crate::support::{CLAIMS, DEVICECLASSES, ERAS, SUITE, finish, start};
 
@@ -87,14 +87,7 @@ async fn upgrade_in_place() -> Result<Row> {
         in_flight.len(),
         b_failures.len() - in_flight.len()
     );
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected failures:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "failures")?;
     assert_eq!(
         table.generation(),
         generations_after_a,

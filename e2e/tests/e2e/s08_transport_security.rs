@@ -3,11 +3,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use skewgate::fetch::ErrorKind as FetchErrorKind;
 use skewgate::sync::Standing;
 use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, listing, scenario, successes_after, until};
+use skewgate_testkit::scenario::{Row, ids, scenario, successes_after, until};
 
 use crate::support::{SUITE, answers_after, finish, latest_report, prometheus_value, start};
 
@@ -102,14 +102,7 @@ async fn transport_security() -> Result<Row> {
             unexpected.push(r);
         }
     }
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected outcomes:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "outcomes")?;
     row.figure(format!(
         "rogue d: 0 requests, {d_refused} refused handshakes, sidecar tls error; rogue c: {rogue_503}×503 \
          Status for its GVRs, 0 requests, {c_refused} refused handshakes, sidecar tls error (stale)"
