@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 use serde_json::{Value, json};
-use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate::envoy::{self as resources, Endpoint, Health};
 use skewgate_bench::{self as bench, WrkRun};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
-use skewgate_pki::{APISERVER_NAME, Pki};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_pki::Pki;
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
 use skewgate_testkit::paths;
 
 /// plain, the filter, generated routes, the native module ahead of the filter (issue 17 (b)), a
@@ -141,13 +141,12 @@ async fn main() -> Result<()> {
     let upstream_ports: Vec<(String, u16)> =
         ids.iter().map(|id| Ok((id.to_string(), free_port()?))).collect::<Result<_>>()?;
     let upstream_admin = free_port()?;
-    let mut upstream_settings = settings(
-        &dir.join("upstream"),
-        &pki,
-        Config::Custom(bench::upstream_bootstrap(&pki, &upstream_ports, upstream_admin).to_string()),
-        1,
-    )?;
-    upstream_settings.admin_port = upstream_admin;
+    let upstream_bootstrap = bench::upstream_bootstrap(&pki, &upstream_ports, upstream_admin).to_string();
+    let upstream_settings = Settings {
+        admin_port: upstream_admin,
+        concurrency: 1,
+        ..Settings::new(Config::Custom(upstream_bootstrap), dir.join("upstream"), &pki)?
+    };
     let upstream =
         Envoy::start(upstream_settings, &json!({"resources": []}), &json!({"resources": []})).await?;
     bench::pin(upstream.child.id(), "0")?;
@@ -155,14 +154,7 @@ async fn main() -> Result<()> {
         .iter()
         .map(|(id, port)| Endpoint { id: id.clone(), address: "127.0.0.1".into(), port: *port })
         .collect();
-    let tls = UpstreamTls {
-        peer_ca: pki.peer_ca.cert_path.display().to_string(),
-        client_cert: pki.front_proxy.cert.display().to_string(),
-        client_key: pki.front_proxy.key.display().to_string(),
-        server_name: APISERVER_NAME.into(),
-        health_user: "system:apiserver".into(),
-        health_groups: vec!["system:authenticated".into()],
-    };
+    let tls = upstream_tls(&pki);
     let base: TableConfig = serde_json::from_slice(&std::fs::read(
         paths::workspace_root().join("envoy-config/examples/table.json"),
     )?)?;
@@ -201,7 +193,7 @@ async fn main() -> Result<()> {
                         routes: bench::native_routes(&table),
                     },
                 };
-                let mut s = settings(&case.join(config), &pki, c, concurrency)?;
+                let mut s = Settings { concurrency, ..Settings::new(c, case.join(config), &pki)? };
                 if config == "bypass" {
                     let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
                     s.config = Config::Custom(skewgate_testkit::native::with_bypass(
@@ -322,20 +314,6 @@ async fn main() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-fn settings(dir: &Path, pki: &Pki, config: Config, concurrency: u32) -> Result<Settings> {
-    Ok(Settings {
-        config,
-        dir: dir.to_path_buf(),
-        listen_port: free_port()?,
-        admin_port: free_port()?,
-        serving_cert: pki.envoy_listener.cert.clone(),
-        serving_key: pki.envoy_listener.key.clone(),
-        client_ca: pki.cluster_ca.cert_path.clone(),
-        route_timeout: "65s".into(),
-        concurrency,
-    })
 }
 
 /// Two probe GVRs whose serving apiserver swaps between `a` and `b` when `swapped` flips: the

@@ -60,7 +60,7 @@ mod tests {
     use super::*;
     use crate::decision::{Action, RequestHead, decide};
     use crate::identity;
-    use crate::table::tests::sample;
+    use crate::testing::sample;
     use proptest::prelude::*;
 
     #[allow(clippy::unwrap_used)] // a test helper: the sample table always compiles

@@ -444,7 +444,7 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
-    use crate::table::tests::sample;
+    use crate::testing::sample;
 
     const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
     const NOPEER: &str =
@@ -897,7 +897,7 @@ mod tests {
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod prop {
     use super::*;
-    use crate::table::tests::sample;
+    use crate::testing::sample;
     use proptest::prelude::*;
 
     proptest! {

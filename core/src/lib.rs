@@ -18,3 +18,5 @@ pub mod request_info;
 pub mod seal;
 pub mod status;
 pub mod table;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

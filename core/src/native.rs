@@ -18,7 +18,7 @@ mod tests {
     use super::*;
     use crate::decision::{Reason, RequestHead, decide};
     use crate::table::RoutingTable;
-    use crate::table::tests::sample;
+    use crate::testing::sample;
     use proptest::prelude::*;
 
     proptest! {

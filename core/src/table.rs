@@ -687,37 +687,8 @@ pub(crate) mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
+    use crate::testing::sample;
     use serde_json::{Value, json};
-
-    pub(crate) fn sample() -> Value {
-        json!({
-            "schema": 1,
-            "generation": "t1",
-            "apiservers": [
-                {"id": "a", "cluster": "apiserver-a", "version": "v1.33.4"},
-                {"id": "b", "cluster": "apiserver-b", "version": "v1.33.4"},
-                {"id": "c", "cluster": "apiserver-c", "version": "v1.36.0"}
-            ],
-            "poolCluster": "pool",
-            "sets": [
-                {"cluster": "set-c", "members": ["c"]},
-                {"cluster": "set-a-b", "members": ["a", "b"]}
-            ],
-            "groupVersions": [
-                {"group": "", "version": "v1", "servedBy": ["a", "b", "c"],
-                 "resources": {"pods": ["a", "b", "c"], "configmaps": ["a", "b", "c"]}},
-                {"group": "resource.k8s.io", "version": "v1", "servedBy": ["c"],
-                 "resources": {"resourceclaims": ["c"]}},
-                {"group": "resource.k8s.io", "version": "v1beta1", "servedBy": ["a", "b", "c"],
-                 "resources": {"resourceclaims": ["a", "b", "c"]}},
-                {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b", "c"],
-                 "resources": {"deviceclasses": ["a", "b"], "devicetaintrules": ["a", "b", "c"]}},
-                {"group": "lifecycle.k8s.io", "version": "v1alpha1", "servedBy": ["c"],
-                 "resources": {"evictions": ["c"]}}
-            ],
-            "discovery": {"etag": "ABC123", "document": "{\"kind\":\"APIGroupDiscoveryList\"}"}
-        })
-    }
 
     fn compile(v: &Value) -> Result<RoutingTable, TableError> {
         RoutingTable::from_json(v.to_string().as_bytes())

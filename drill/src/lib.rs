@@ -266,37 +266,34 @@ const CREATES: [Gvr; 3] = [
 
 pub use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
 
-/// [`LISTS`] for real 1.36 binaries (same positions: 8 and 9 are watched).
-const REAL_LISTS: [Gvr; 10] = [
-    gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
-    gvr("resource.k8s.io", "v1beta1", "resourceclaims", "ResourceClaim", true, Era::Old),
-    gvr("networking.k8s.io", "v1beta1", "ipaddresses", "IPAddress", false, Era::Old),
-    gvr("storage.k8s.io", "v1beta1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::Old),
-    gvr("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, Era::New),
-    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
-    gvr(
+/// [`LISTS`] for real 1.36 binaries (same positions: 8 and 9 are watched): their old era serves
+/// DRA at v1beta1, and their new-era-only group is mutating admission policies.
+const REAL_LISTS: [Gvr; 10] = {
+    let mut lists = LISTS;
+    lists[0].version = "v1beta1";
+    lists[1].version = "v1beta1";
+    lists[6] = gvr(
         "admissionregistration.k8s.io",
         "v1",
         "mutatingadmissionpolicies",
         "MutatingAdmissionPolicy",
         false,
         Era::New,
-    ),
-    gvr("storage.k8s.io", "v1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::New),
-    gvr("", "v1", "pods", "Pod", true, Era::Both),
-    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
-];
+    );
+    lists
+};
 
 /// The GVRs the drill lists on real binaries: (name, resource, apiVersion), for `kubectl explain`.
 pub(crate) fn real_list_names() -> Vec<(String, String, String)> {
     REAL_LISTS.iter().map(|g| (g.name(), g.resource.to_string(), g.api_version())).collect()
 }
 
-const REAL_CREATES: [Gvr; 3] = [
-    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
-    gvr("resource.k8s.io", "v1beta1", "deviceclasses", "DeviceClass", false, Era::Old),
-    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
-];
+/// [`CREATES`] for real 1.36 binaries: old-era DRA at v1beta1.
+const REAL_CREATES: [Gvr; 3] = {
+    let mut creates = CREATES;
+    creates[1].version = "v1beta1";
+    creates
+};
 
 const DISCOVERY: &str = "apis (aggregated discovery v2)";
 const WATCHES: usize = 3;

@@ -11,9 +11,9 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::table::TableConfig;
-use skewgate_pki::{APISERVER_NAME, Pki};
+use skewgate_pki::Pki;
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
 use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
 use skewgate_testkit::scenario::listing;
 use skewgate_testkit::{native, paths};
@@ -87,32 +87,16 @@ impl Fixture {
             .map(|e| Endpoint { id: e.id.clone(), address: "127.0.0.1".into(), port: e.addr.port() })
             .collect();
         endpoints.push(Endpoint { id: "e".into(), address: "127.0.0.1".into(), port: free_port()? });
-        let tls = UpstreamTls {
-            peer_ca: pki.peer_ca.cert_path.display().to_string(),
-            client_cert: pki.front_proxy.cert.display().to_string(),
-            client_key: pki.front_proxy.key.display().to_string(),
-            server_name: APISERVER_NAME.into(),
-            health_user: "system:apiserver".into(),
-            health_groups: vec!["system:authenticated".into()],
-        };
+        let tls = upstream_tls(&pki);
         let t = table(&["c"]);
-        let settings = Settings {
-            config: match native {
-                true => Config::Native {
-                    module_ecds: native::module_ecds(&serde_json::to_string(&t)?),
-                    wasm: true,
-                },
-                false => Config::Skewgate,
-            },
-            dir: dir.join("envoy"),
-            listen_port: free_port()?,
-            admin_port: free_port()?,
-            serving_cert: pki.envoy_listener.cert.clone(),
-            serving_key: pki.envoy_listener.key.clone(),
-            client_ca: pki.cluster_ca.cert_path.clone(),
-            route_timeout: "2s".into(),
-            concurrency: 2,
+        let config = match native {
+            true => {
+                Config::Native { module_ecds: native::module_ecds(&serde_json::to_string(&t)?), wasm: true }
+            }
+            false => Config::Skewgate,
         };
+        let settings =
+            Settings { route_timeout: "2s".into(), ..Settings::new(config, dir.join("envoy"), &pki)? };
         let cds = test_cds(&t, &endpoints, &tls)?;
         let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
@@ -624,15 +608,10 @@ fn shipped_envoy_configs_validate() -> Result<()> {
     let configs = [Config::Skewgate, Config::PlainLb { pool_cluster: "skewgate-pool".into() }];
     for (i, config) in configs.into_iter().enumerate() {
         let settings = Settings {
-            config,
-            dir: dir.join(i.to_string()),
             listen_port: 6443,
             admin_port: 9901,
-            serving_cert: pki.envoy_listener.cert.clone(),
-            serving_key: pki.envoy_listener.key.clone(),
-            client_ca: pki.cluster_ca.cert_path.clone(),
-            route_timeout: "65s".into(),
             concurrency: 1,
+            ..Settings::new(config, dir.join(i.to_string()), &pki)?
         };
         for sub in ["cds", "ecds"] {
             std::fs::create_dir_all(settings.dir.join(sub))?;
@@ -867,7 +846,8 @@ async fn explain_predicts_what_envoy_does_with_odd_paths() -> Result<()> {
 /// the previous table keeps routing; the filter's log names the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_tables_are_refused_and_the_old_one_keeps_routing() -> Result<()> {
-    use skewgate_core::table::{GroupVersionConfig, MAX_GVRS, MAX_TABLE_BYTES};
+    use skewgate_core::table::{MAX_GVRS, MAX_TABLE_BYTES};
+    use skewgate_testkit::limits::filler_group_versions;
     let f = Fixture::start("oversized").await?;
     let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
     let load = Load::start(
@@ -882,14 +862,11 @@ async fn oversized_tables_are_refused_and_the_old_one_keeps_routing() -> Result<
 
     // Too many GVRs (a few MB): parsed, counted, refused before any map is built.
     let mut wide = table(&["c"]);
-    let all: Vec<String> = ["a", "b", "c", "d", "e", "f"].map(String::from).to_vec();
-    wide.group_versions.extend((0..=MAX_GVRS / 10).map(|g| GroupVersionConfig {
-        group: format!("g{g}.wide.example"),
-        version: "v1".into(),
-        served_by: all.clone(),
-        resources: (0..10).map(|r| (format!("r{r}"), all.clone())).collect(),
-        extension: false,
-    }));
+    wide.group_versions.extend(filler_group_versions(
+        MAX_GVRS / 10 + 1,
+        "wide.example",
+        &["a", "b", "c", "d", "e", "f"],
+    ));
     let wide_json = serde_json::to_string(&wide)?;
     assert!(wide_json.len() < MAX_TABLE_BYTES);
     f.envoy.write_ecds(&resources::ecds(&wide_json, &f.wasm))?;

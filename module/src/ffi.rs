@@ -220,6 +220,22 @@ impl Stream {
 const CONTINUE: u32 = 0;
 const STOP_ITERATION: u32 = 1;
 
+/// Leaks `value` to Envoy as a module pointer, until [`take_back`].
+fn hand_over<T>(value: T) -> *const c_void {
+    Box::into_raw(Box::new(value)).cast_const().cast()
+}
+
+/// Drops what [`hand_over`] leaked.
+///
+/// SAFETY (callers): `module` is null or a pointer [`hand_over`] made from a `T`, not taken back
+/// before and no longer used by Envoy.
+unsafe fn take_back<T>(module: *const c_void) {
+    if !module.is_null() {
+        // SAFETY: see above.
+        drop(unsafe { Box::from_raw(module.cast_mut().cast::<T>()) });
+    }
+}
+
 fn status(next: Next) -> u32 {
     match next {
         Next::Continue => CONTINUE,
@@ -242,17 +258,15 @@ extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     // it keeps.
     let (name, config) = unsafe { (name.bytes(), config.bytes()) };
     match Config::new(name, config) {
-        Some(c) => Box::into_raw(Box::new(c)).cast_const().cast(),
+        Some(c) => hand_over(c),
         None => ptr::null(),
     }
 }
 
 #[unsafe(no_mangle)]
 extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
-    if !config.is_null() {
-        // SAFETY: a pointer from `config_new`'s Box, destroyed once, after every filter made from it.
-        drop(unsafe { Box::from_raw(config.cast_mut().cast::<Config>()) });
-    }
+    // SAFETY: a pointer from `config_new`, destroyed once, after every filter made from it.
+    unsafe { take_back::<Config>(config) }
 }
 
 #[unsafe(no_mangle)]
@@ -277,14 +291,22 @@ extern "C" fn envoy_dynamic_module_on_http_filter_new(
     }
     // SAFETY: a live `Config` from `config_new`: Envoy keeps it until its filters are destroyed.
     let config = unsafe { &*config.cast::<Config>() };
-    Box::into_raw(Box::new(Filter::new(config))).cast_const().cast()
+    hand_over(Filter::new(config))
 }
 
+/// Runs `hook` of the filter behind `module` on its stream `envoy`: the one way a hook reaches
+/// the filter.
+///
 /// SAFETY (callers): `module` is a pointer from `filter_new` not yet destroyed, used by this
-/// stream's worker alone.
-unsafe fn filter<'a>(module: *const c_void) -> &'a mut Filter {
+/// stream's worker alone, and `envoy` the stream Envoy passed along with it.
+unsafe fn on_stream(
+    envoy: *mut c_void,
+    module: *const c_void,
+    hook: fn(&mut Filter, &mut Stream) -> Next,
+) -> u32 {
     // SAFETY: see above; Envoy never calls two hooks of one stream at once.
-    unsafe { &mut *module.cast_mut().cast::<Filter>() }
+    let filter = unsafe { &mut *module.cast_mut().cast::<Filter>() };
+    status(hook(filter, &mut Stream { envoy }))
 }
 
 #[unsafe(no_mangle)]
@@ -294,8 +316,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     _end_of_stream: bool,
 ) -> u32 {
     // SAFETY: Envoy passes this stream's filter and our pointer for it.
-    let filter = unsafe { filter(module) };
-    status(filter.on_request_headers(&mut Stream { envoy }))
+    unsafe { on_stream(envoy, module, Filter::on_request_headers) }
 }
 
 #[unsafe(no_mangle)]
@@ -305,8 +326,7 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     _end_of_stream: bool,
 ) -> u32 {
     // SAFETY: as request_headers.
-    let filter = unsafe { filter(module) };
-    status(filter.on_response_headers(&mut Stream { envoy }))
+    unsafe { on_stream(envoy, module, Filter::on_response_headers) }
 }
 
 #[unsafe(no_mangle)]
@@ -342,10 +362,8 @@ extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(_: *mut c_void
 
 #[unsafe(no_mangle)]
 extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *const c_void) {
-    if !module.is_null() {
-        // SAFETY: our pointer from `filter_new`, destroyed once.
-        drop(unsafe { Box::from_raw(module.cast_mut().cast::<Filter>()) });
-    }
+    // SAFETY: our pointer from `filter_new`, destroyed once.
+    unsafe { take_back::<Filter>(module) }
 }
 
 #[unsafe(no_mangle)]

@@ -143,14 +143,6 @@ impl EnvoyOutput {
     pub fn files(&self) -> Files {
         Files::new(&self.dir)
     }
-
-    pub fn cds_path(&self) -> PathBuf {
-        self.files().cds_path()
-    }
-
-    pub fn ecds_path(&self) -> PathBuf {
-        self.files().ecds_path()
-    }
 }
 
 /// Bounds on what one apiserver's discovery may hold. Past one, that apiserver's fetch fails
@@ -783,8 +775,8 @@ mod tests {
         assert_eq!(c.envoy.admin_url, None);
         assert!(c.tls.peer_ca.is_absolute());
         assert_eq!(c.envoy.dir, f.dir.join("out"));
-        assert_eq!(c.envoy.cds_path(), f.dir.join("out/cds/cds.json"));
-        assert_eq!(c.envoy.ecds_path(), f.dir.join("out/ecds/ecds.json"));
+        assert_eq!(c.envoy.files().cds_path(), f.dir.join("out/cds/cds.json"));
+        assert_eq!(c.envoy.files().ecds_path(), f.dir.join("out/ecds/ecds.json"));
     }
 
     #[test]

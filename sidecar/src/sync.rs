@@ -337,7 +337,7 @@ impl Sidecar {
                 Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() }
             })
             .collect();
-        let live = std::fs::read(config.envoy.ecds_path())
+        let live = std::fs::read(config.envoy.files().ecds_path())
             .ok()
             .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
             .and_then(|ecds| serde_json::from_str::<TableConfig>(table_from_ecds(&ecds)?).ok())
@@ -1056,10 +1056,9 @@ async fn run_with(
     let mut extensions_wanted: Option<Instant> = None;
     let mut ask_again = false;
     let lists_extensions = sidecar.config.cluster.extensions;
-    // The memory changed since the table being pushed (or live) was built.
-    let mut push_wanted = false;
-    // What triggered the wanted push, for its report's `took`.
-    let mut wanted_since = Instant::now();
+    // Since when the memory differs from the table being pushed (or live): what triggered the
+    // wanted push, for its report's `took`.
+    let mut push_wanted: Option<Instant> = None;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
@@ -1099,10 +1098,7 @@ async fn run_with(
                                 poll.reset_immediately();
                             }
                             if changed {
-                                if !push_wanted {
-                                    wanted_since = started;
-                                }
-                                push_wanted = true;
+                                push_wanted.get_or_insert(started);
                             }
                         }
                         Err(error) => tracing::warn!(%error, "cannot ask the cluster; what is known stays"),
@@ -1120,10 +1116,7 @@ async fn run_with(
                         }
                     }
                     // Every poll ends in a push, unchanged or not: its report says the sync ran.
-                    if !push_wanted {
-                        wanted_since = started;
-                    }
-                    push_wanted = true;
+                    push_wanted.get_or_insert(started);
                 }
             }
             Some((id, started, look)) = looks.recv() => {
@@ -1133,10 +1126,7 @@ async fn run_with(
                         extensions_wanted.get_or_insert(started);
                         ask_again = true;
                     }
-                    if !push_wanted {
-                        wanted_since = started;
-                    }
-                    push_wanted = true;
+                    push_wanted.get_or_insert(started);
                 }
             }
             Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
@@ -1166,12 +1156,11 @@ async fn run_with(
             });
         }
         sidecar.apply_eligibility();
-        if push_wanted && pushes.is_empty() && extensions_wanted.is_none() {
-            push_wanted = false;
+        if let Some(started) = push_wanted.filter(|_| pushes.is_empty() && extensions_wanted.is_none()) {
+            push_wanted = None;
             match sidecar.prepare() {
                 Ok(resources) => {
                     let pusher = sidecar.pusher.clone();
-                    let started = wanted_since;
                     pushes.spawn(async move {
                         let result = pusher.push(&resources).await;
                         (resources.table, result, started)

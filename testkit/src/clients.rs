@@ -279,14 +279,7 @@ pub async fn run_process(
             took: started.elapsed(),
         });
     };
-    let out = out?;
-    Ok(Output {
-        ok: out.status.success(),
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        took: started.elapsed(),
-    })
+    Ok(Output::finished(&out?, started))
 }
 
 /// What a failed run said: its exit status and stderr (the first 40 lines), or its stdout when

@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use skewgate::config::{Overrides, SyncConfig};
-use skewgate::envoy::{self as resources, Endpoint, Files, Health, UpstreamTls};
+use skewgate::envoy::{self as resources, Endpoint, Files, Health};
 use skewgate::sync;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 use skewgate_core::table::{RoutingTable, TableConfig};
 
-use crate::envoy::{Config, Envoy, Settings, free_port};
+use crate::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
 use crate::paths;
 use crate::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use crate::real::{self, ControlPlane};
@@ -720,19 +720,14 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     };
 
     let envoy = if o.envoy {
+        let config = match o.plain_lb {
+            true => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
+            false => Config::Skewgate,
+        };
         let settings = Settings {
-            config: match o.plain_lb {
-                true => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
-                false => Config::Skewgate,
-            },
-            dir: envoy_dir.clone(),
             listen_port: envoy_port,
             admin_port,
-            serving_cert: pki.envoy_listener.cert.clone(),
-            serving_key: pki.envoy_listener.key.clone(),
-            client_ca: pki.cluster_ca.cert_path.clone(),
-            route_timeout: "65s".into(),
-            concurrency: 2,
+            ..Settings::new(config, envoy_dir.clone(), &pki)?
         };
         let envoy = Envoy::start_on_files(settings).await?;
         wait_healthy(&envoy, &table, &o.rogue, Duration::from_secs(20)).await?;
@@ -804,17 +799,6 @@ async fn start_real(
     }
     control.bind_demo_users().await?;
     Ok(control)
-}
-
-fn upstream_tls(pki: &Pki) -> UpstreamTls {
-    UpstreamTls {
-        peer_ca: pki.peer_ca.cert_path.display().to_string(),
-        client_cert: pki.front_proxy.cert.display().to_string(),
-        client_key: pki.front_proxy.key.display().to_string(),
-        server_name: APISERVER_NAME.into(),
-        health_user: "system:apiserver".into(),
-        health_groups: vec!["system:authenticated".into()],
-    }
 }
 
 fn health() -> Health {

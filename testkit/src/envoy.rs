@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use skewgate::envoy::{Files, write_atomic};
+use skewgate::envoy::{Files, UpstreamTls, write_atomic};
 
 use crate::paths;
+use crate::pki::{APISERVER_NAME, Pki};
 
 /// Which shipped bootstrap to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +48,22 @@ pub struct Settings {
 }
 
 impl Settings {
+    /// An Envoy on free ports that serves `pki`'s listener certificate to clients of its cluster
+    /// CA, its files under `dir`; callers change what they need with `..`.
+    pub fn new(config: Config, dir: PathBuf, pki: &Pki) -> Result<Settings> {
+        Ok(Settings {
+            config,
+            dir,
+            listen_port: free_port()?,
+            admin_port: free_port()?,
+            serving_cert: pki.envoy_listener.cert.clone(),
+            serving_key: pki.envoy_listener.key.clone(),
+            client_ca: pki.cluster_ca.cert_path.clone(),
+            route_timeout: "65s".into(),
+            concurrency: 2,
+        })
+    }
+
     pub fn files(&self) -> Files {
         Files::new(&self.dir)
     }
@@ -57,6 +74,19 @@ impl Settings {
 
     pub fn ecds_path(&self) -> PathBuf {
         self.files().ecds_path()
+    }
+}
+
+/// How Envoy reaches apiservers of `pki`: as its front proxy, trusting its peer CA, checking
+/// health as `system:apiserver`.
+pub fn upstream_tls(pki: &Pki) -> UpstreamTls {
+    UpstreamTls {
+        peer_ca: pki.peer_ca.cert_path.display().to_string(),
+        client_cert: pki.front_proxy.cert.display().to_string(),
+        client_key: pki.front_proxy.key.display().to_string(),
+        server_name: APISERVER_NAME.into(),
+        health_user: "system:apiserver".into(),
+        health_groups: vec!["system:authenticated".into()],
     }
 }
 

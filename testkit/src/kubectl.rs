@@ -32,6 +32,19 @@ pub struct Output {
     pub took: Duration,
 }
 
+impl Output {
+    /// A process that ran to completion, started at `started`.
+    pub fn finished(out: &std::process::Output, started: Instant) -> Output {
+        Output {
+            ok: out.status.success(),
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            took: started.elapsed(),
+        }
+    }
+}
+
 /// One HTTP exchange from a `-v=8` log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exchange {
@@ -116,13 +129,7 @@ impl Kubectl {
             Ok(out) => out?,
             Err(_) => bail!("kubectl {} still running after {:?}", args.join(" "), self.deadline),
         };
-        Ok(Output {
-            ok: out.status.success(),
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-            took: started.elapsed(),
-        })
+        Ok(Output::finished(&out, started))
     }
 
     /// Runs kubectl and returns its stdout; failing is an error carrying stderr.

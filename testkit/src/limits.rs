@@ -1,5 +1,5 @@
-//! Pieces of `make limits` and of the limit tests: synthetic CRD-like discovery of any size, and a
-//! loopback apiserver double whose `/apis` can be swapped while it runs.
+//! Pieces of `make limits` and of the limit tests: synthetic CRD-like discovery and tables of any
+//! size, and a loopback apiserver double whose `/apis` can be swapped while it runs.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -14,6 +14,7 @@ use skewgate_core::discovery::{
     ApiGroupDiscovery, ApiGroupDiscoveryList, ApiResourceDiscovery, ApiSubresourceDiscovery,
     ApiVersionDiscovery, Freshness, GroupVersionKind, ObjectMeta,
 };
+use skewgate_core::table::GroupVersionConfig;
 
 use crate::echo::{self, SERVED_BY};
 use skewgate_pki::Pki;
@@ -25,6 +26,21 @@ pub struct Shape {
     pub resources: usize,
     /// Verbs, a `status` subresource, short names: what a CRD's discovery entry carries.
     pub full: bool,
+}
+
+/// `count` group-versions `g<N>.<suffix>/v1` of ten resources `r0`..`r9`, each served by all of
+/// `members`: table entries that add GVRs ten at a time.
+pub fn filler_group_versions(count: usize, suffix: &str, members: &[&str]) -> Vec<GroupVersionConfig> {
+    let all: Vec<String> = members.iter().map(|m| m.to_string()).collect();
+    (0..count)
+        .map(|g| GroupVersionConfig {
+            group: format!("g{g}.{suffix}"),
+            version: "v1".into(),
+            served_by: all.clone(),
+            resources: (0..10).map(|r| (format!("r{r}"), all.clone())).collect(),
+            extension: false,
+        })
+        .collect()
 }
 
 /// `count` CRD-like groups `g<N>.<suffix>`, numbered from `first`.

@@ -64,16 +64,16 @@ pub struct Record {
     /// When it was sent, from the load's start.
     pub started: Duration,
     pub latency: Duration,
-    pub status: Option<u16>,
-    /// `x-skewgate-served-by`: the apiserver that answered (absent on Envoy's or the filter's
-    /// own answers).
-    pub served_by: Option<String>,
-    /// `reason` of a `Status` body (`ServiceUnavailable`, `NotFound`, ...).
-    pub reason: Option<String>,
-    pub message: Option<String>,
-    pub error: Option<ErrorKind>,
-    /// The client's error text, when there was no answer.
-    pub detail: Option<String>,
+    pub answer: Answer,
+}
+
+/// A record reads as what its request got (`record.status`, `record.served_by`, ...).
+impl std::ops::Deref for Record {
+    type Target = Answer;
+
+    fn deref(&self) -> &Answer {
+        &self.answer
+    }
 }
 
 impl Record {
@@ -223,17 +223,7 @@ async fn one(
     let request =
         client.get(format!("{base}{}", target.path)).header("accept", "application/json").timeout(timeout);
     let answer = exchange(request, &[200]).await;
-    Record {
-        target: index,
-        started,
-        latency: clock.elapsed(),
-        status: answer.status,
-        served_by: answer.served_by,
-        reason: answer.reason,
-        message: answer.message,
-        error: answer.error,
-        detail: answer.detail,
-    }
+    Record { target: index, started, latency: clock.elapsed(), answer }
 }
 
 /// What one request got: the answer's status, who served it and, unless the status is one of
@@ -241,7 +231,10 @@ async fn one(
 #[derive(Debug, Clone, Default)]
 pub struct Answer {
     pub status: Option<u16>,
+    /// `x-skewgate-served-by`: the apiserver that answered (absent on Envoy's or the filter's
+    /// own answers).
     pub served_by: Option<String>,
+    /// `reason` of a `Status` body (`ServiceUnavailable`, `NotFound`, ...).
     pub reason: Option<String>,
     pub message: Option<String>,
     pub error: Option<ErrorKind>,

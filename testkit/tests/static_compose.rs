@@ -705,7 +705,7 @@ fn compose_envoy_config_validates() -> Result<()> {
     let c = compose()?;
     let dir = temp_dir("validate")?;
     let config = load_sidecar_config(&c, &dir)?;
-    for file in [config.envoy.cds_path(), config.envoy.ecds_path()] {
+    for file in [config.envoy.files().cds_path(), config.envoy.files().ecds_path()] {
         std::fs::create_dir_all(file.parent().context("envoy dir")?)?;
         std::fs::write(&file, "{\"resources\":[]}")?;
     }
@@ -786,7 +786,7 @@ fn kubeadm_envoy_config_is_the_template_rendered_and_validates() -> Result<()> {
     let dir = temp_dir("kubeadm-validate")?;
     kubeadm_node(&dir)?;
     let config = kubeadm_sidecar_config(&dir)?;
-    for file in [config.envoy.cds_path(), config.envoy.ecds_path()] {
+    for file in [config.envoy.files().cds_path(), config.envoy.files().ecds_path()] {
         std::fs::create_dir_all(file.parent().context("envoy dir")?)?;
         std::fs::write(&file, "{\"resources\":[]}")?;
     }

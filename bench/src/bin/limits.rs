@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate::envoy::{self as resources, Endpoint, Health};
 use skewgate_bench::rss_kib;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
@@ -31,8 +31,8 @@ use skewgate_core::table::{GroupVersionConfig, MAX_GROUP_VERSIONS, MAX_GVRS, MAX
 use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_standin::Profile;
 use skewgate_testkit::echo::{self, SERVED_BY};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
-use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
+use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups, filler_group_versions};
 use skewgate_testkit::paths;
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
@@ -169,31 +169,6 @@ fn envoy_version() -> String {
             text.split("version: ").nth(1).and_then(|v| v.split('/').nth(1)).unwrap_or("?").to_string()
         })
         .unwrap_or_default()
-}
-
-fn upstream_tls(pki: &Pki) -> UpstreamTls {
-    UpstreamTls {
-        peer_ca: pki.peer_ca.cert_path.display().to_string(),
-        client_cert: pki.front_proxy.cert.display().to_string(),
-        client_key: pki.front_proxy.key.display().to_string(),
-        server_name: APISERVER_NAME.into(),
-        health_user: "system:apiserver".into(),
-        health_groups: vec!["system:authenticated".into()],
-    }
-}
-
-fn settings(dir: &Path, pki: &Pki) -> Result<Settings> {
-    Ok(Settings {
-        config: Config::Skewgate,
-        dir: dir.to_path_buf(),
-        listen_port: free_port()?,
-        admin_port: free_port()?,
-        serving_cert: pki.envoy_listener.cert.clone(),
-        serving_key: pki.envoy_listener.key.clone(),
-        client_ca: pki.cluster_ca.cert_path.clone(),
-        route_timeout: "65s".into(),
-        concurrency: 2,
-    })
 }
 
 /// Alice's client certificate: requests without credentials would take the anonymous twin
@@ -357,14 +332,7 @@ fn at_the_limits() -> Result<(String, String)> {
 
 fn too_many_gvrs() -> Result<(String, String)> {
     let mut table = wide_table(0)?;
-    let all: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
-    table.group_versions.extend((0..6_000).map(|g| GroupVersionConfig {
-        group: format!("g{g}.many.limits.skewgate.io"),
-        version: "v1".into(),
-        served_by: all.clone(),
-        resources: (0..10).map(|r| (format!("widget{r}s"), all.clone())).collect(),
-        extension: false,
-    }));
+    table.group_versions.extend(filler_group_versions(6_000, "many.limits.skewgate.io", &["a", "b", "c"]));
     let json = serde_json::to_string(&table)?;
     Ok((json.clone(), format!("table {}, 60,000 GVRs; ", size(json.len()))))
 }
@@ -409,7 +377,9 @@ async fn envoy_steps(dir: &Path, pki: &Pki) -> Result<Vec<Row>> {
     ];
     let mut rows = Vec::new();
     for (i, (name, make)) in scenarios.into_iter().enumerate() {
-        let envoy = Envoy::start(settings(&dir.join(i.to_string()), pki)?, &cds, &real_ecds).await?;
+        let envoy =
+            Envoy::start(Settings::new(Config::Skewgate, dir.join(i.to_string()), pki)?, &cds, &real_ecds)
+                .await?;
         let by = claims_served_by(&client, &envoy).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
         let start = rss_kib(envoy.child.id())?;
@@ -480,7 +450,7 @@ async fn sidecar_steps(dir: &Path, pki: &Pki, skewgate: &Path, tunables: &str) -
     let a = DiscoveryServer::start("a", pki, &old.api, &old.apis).await?;
     let b = DiscoveryServer::start("b", pki, &new.api, &new.apis).await?;
     std::fs::create_dir_all(dir)?;
-    let settings = settings(&dir.join("envoy"), pki)?;
+    let settings = Settings::new(Config::Skewgate, dir.join("envoy"), pki)?;
     let sidecar_listen = format!("127.0.0.1:{}", free_port()?);
     let config = json!({
         "apiservers": [

@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::model::{
     ApiGroupDiscovery, ApiGroupDiscoveryList, ApiResourceDiscovery, ApiSubresourceDiscovery,
-    ApiVersionDiscovery, DiscoveryError, Freshness, GroupVersionKind, ObjectMeta,
+    ApiVersionDiscovery, DiscoveryError, Freshness, GroupVersionKind, ObjectMeta, go_struct,
 };
 
 /// `kind` of `/api/v1` and `/apis/<group>/<version>`.
@@ -27,110 +27,98 @@ pub const KIND_API_VERSIONS: &str = "APIVersions";
 const SCOPE_NAMESPACED: &str = "Namespaced";
 const SCOPE_CLUSTER: &str = "Cluster";
 
-/// `metav1.APIResourceList`: the resources of one group-version, subresources as `resource/sub`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiResourceList {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub api_version: String,
-    /// `v1` for the core group, `<group>/<version>` for the others.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub group_version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub resources: Vec<ApiResource>,
+go_struct! {
+    /// `metav1.APIResourceList`: the resources of one group-version, subresources as `resource/sub`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiResourceList {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub kind: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub api_version: String,
+        /// `v1` for the core group, `<group>/<version>` for the others.
+        pub group_version: String,
+        pub resources: Vec<ApiResource>,
+    }
 }
 
-/// `metav1.APIResource`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiResource {
-    /// Plural name; `resource/sub` for a subresource.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub name: String,
-    /// "" for subresources.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub singular_name: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub namespaced: bool,
-    /// Group of `kind` when it is not the containing group (e.g. `pods/eviction` → `policy`).
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub group: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub verbs: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub short_names: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub categories: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub storage_version_hash: String,
+go_struct! {
+    /// `metav1.APIResource`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiResource {
+        /// Plural name; `resource/sub` for a subresource.
+        pub name: String,
+        /// "" for subresources.
+        pub singular_name: String,
+        pub namespaced: bool,
+        /// Group of `kind` when it is not the containing group (e.g. `pods/eviction` → `policy`).
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub group: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub version: String,
+        pub kind: String,
+        pub verbs: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub short_names: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub categories: Vec<String>,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub storage_version_hash: String,
+    }
 }
 
-/// `metav1.APIGroupList`: the legacy `/apis`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiGroupList {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub api_version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub groups: Vec<ApiGroup>,
+go_struct! {
+    /// `metav1.APIGroupList`: the legacy `/apis`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiGroupList {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub kind: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub api_version: String,
+        pub groups: Vec<ApiGroup>,
+    }
 }
 
-/// `metav1.APIGroup`: one entry of `/apis`, and the document at `/apis/<group>`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiGroup {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub api_version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub name: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub versions: Vec<GroupVersionForDiscovery>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub preferred_version: GroupVersionForDiscovery,
-    #[serde(
-        rename = "serverAddressByClientCIDRs",
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub server_address_by_client_cidrs: Vec<Map<String, Value>>,
+go_struct! {
+    /// `metav1.APIGroup`: one entry of `/apis`, and the document at `/apis/<group>`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiGroup {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub kind: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub api_version: String,
+        pub name: String,
+        pub versions: Vec<GroupVersionForDiscovery>,
+        pub preferred_version: GroupVersionForDiscovery,
+        #[serde(rename = "serverAddressByClientCIDRs", skip_serializing_if = "Vec::is_empty")]
+        pub server_address_by_client_cidrs: Vec<Map<String, Value>>,
+    }
 }
 
-/// `metav1.GroupVersionForDiscovery`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct GroupVersionForDiscovery {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub group_version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub version: String,
+go_struct! {
+    /// `metav1.GroupVersionForDiscovery`.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct GroupVersionForDiscovery {
+        pub group_version: String,
+        pub version: String,
+    }
 }
 
-/// `metav1.APIVersions`: the legacy `/api`, naming the core group's versions.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiVersions {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub versions: Vec<String>,
-    #[serde(
-        rename = "serverAddressByClientCIDRs",
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub server_address_by_client_cidrs: Vec<Map<String, Value>>,
+go_struct! {
+    /// `metav1.APIVersions`: the legacy `/api`, naming the core group's versions.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiVersions {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub kind: String,
+        pub versions: Vec<String>,
+        #[serde(rename = "serverAddressByClientCIDRs", skip_serializing_if = "Vec::is_empty")]
+        pub server_address_by_client_cidrs: Vec<Map<String, Value>>,
+    }
 }
 
 impl ApiResourceList {
@@ -356,15 +344,6 @@ fn decode_error(error: &serde_json::Error) -> DiscoveryError {
             DiscoveryError::NotJson(message)
         }
     }
-}
-
-/// Go decodes `null` into the zero value; serde would reject it for non-Option fields.
-fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Default + Deserialize<'de>,
-{
-    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[cfg(test)]

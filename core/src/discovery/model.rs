@@ -11,53 +11,73 @@ use serde_json::{Map, Value};
 
 use super::{API_VERSION_V2, API_VERSION_V2BETA1, KIND_GROUP_DISCOVERY_LIST};
 
-/// The document served at `/api` and `/apis` for aggregated discovery.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiGroupDiscoveryList {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub api_version: String,
-    // Go's omitempty never drops a struct, so `"metadata":{}` is always written.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub metadata: ListMeta,
-    /// Groups in priority order.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub items: Vec<ApiGroupDiscovery>,
+/// Declares the Rust form of a Go API struct, decoded as leniently as Go decodes it: every field
+/// takes its zero value when it is missing or `null`. Field attributes (renames, `omitempty` as
+/// `skip_serializing_if`) are kept; a field that needs a decoder of its own cannot be in one.
+macro_rules! go_struct {
+    (
+        $(#[$meta:meta])*
+        pub struct $name:ident {
+            $($(#[$field_meta:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$meta])*
+        pub struct $name {
+            $(
+                $(#[$field_meta])*
+                #[serde(default, deserialize_with = "crate::discovery::model::null_as_default")]
+                pub $field: $ty,
+            )*
+        }
+    };
+}
+pub(super) use go_struct;
+
+go_struct! {
+    /// The document served at `/api` and `/apis` for aggregated discovery.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiGroupDiscoveryList {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub kind: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub api_version: String,
+        // Go's omitempty never drops a struct, so `"metadata":{}` is always written.
+        pub metadata: ListMeta,
+        /// Groups in priority order.
+        pub items: Vec<ApiGroupDiscovery>,
+    }
 }
 
-/// `metav1.ListMeta`; discovery never fills it, but a peer could.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ListMeta {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub self_link: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub resource_version: String,
-    #[serde(
-        rename = "continue",
-        default,
-        deserialize_with = "null_as_default",
-        skip_serializing_if = "String::is_empty"
-    )]
-    pub continue_token: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub remaining_item_count: Option<i64>,
+go_struct! {
+    /// `metav1.ListMeta`; discovery never fills it, but a peer could.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ListMeta {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub self_link: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub resource_version: String,
+        #[serde(rename = "continue", skip_serializing_if = "String::is_empty")]
+        pub continue_token: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub remaining_item_count: Option<i64>,
+    }
 }
 
-/// One API group and the versions it serves, preferred version first.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiGroupDiscovery {
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub kind: String,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "String::is_empty")]
-    pub api_version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub metadata: ObjectMeta,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub versions: Vec<ApiVersionDiscovery>,
+go_struct! {
+    /// One API group and the versions it serves, preferred version first.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiGroupDiscovery {
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub kind: String,
+        #[serde(skip_serializing_if = "String::is_empty")]
+        pub api_version: String,
+        pub metadata: ObjectMeta,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub versions: Vec<ApiVersionDiscovery>,
+    }
 }
 
 /// The part of `metav1.ObjectMeta` that discovery uses.
@@ -101,54 +121,51 @@ pub enum Freshness {
     Other(String),
 }
 
-/// One top-level resource of a group-version.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiResourceDiscovery {
-    /// Plural name, the URL path segment.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub resource: String,
-    /// Absent when an APIService serves subresources only.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_kind: Option<GroupVersionKind>,
-    /// `Cluster` or `Namespaced`.
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub scope: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub singular_resource: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub verbs: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub short_names: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub categories: Vec<String>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub subresources: Vec<ApiSubresourceDiscovery>,
+go_struct! {
+    /// One top-level resource of a group-version.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiResourceDiscovery {
+        /// Plural name, the URL path segment.
+        pub resource: String,
+        /// Absent when an APIService serves subresources only.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub response_kind: Option<GroupVersionKind>,
+        /// `Cluster` or `Namespaced`.
+        pub scope: String,
+        pub singular_resource: String,
+        pub verbs: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub short_names: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub categories: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub subresources: Vec<ApiSubresourceDiscovery>,
+    }
 }
 
-/// One subresource (`status`, `scale`, ...) of a resource.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiSubresourceDiscovery {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub subresource: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_kind: Option<GroupVersionKind>,
-    #[serde(default, deserialize_with = "null_as_default", skip_serializing_if = "Vec::is_empty")]
-    pub accepted_types: Vec<GroupVersionKind>,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub verbs: Vec<String>,
+go_struct! {
+    /// One subresource (`status`, `scale`, ...) of a resource.
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ApiSubresourceDiscovery {
+        pub subresource: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub response_kind: Option<GroupVersionKind>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        pub accepted_types: Vec<GroupVersionKind>,
+        pub verbs: Vec<String>,
+    }
 }
 
-/// `metav1.GroupVersionKind`; empty group and version mean "the containing group-version".
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct GroupVersionKind {
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub group: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub version: String,
-    #[serde(default, deserialize_with = "null_as_default")]
-    pub kind: String,
+go_struct! {
+    /// `metav1.GroupVersionKind`; empty group and version mean "the containing group-version".
+    #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+    pub struct GroupVersionKind {
+        pub group: String,
+        pub version: String,
+        pub kind: String,
+    }
 }
 
 /// Why a body is not a usable aggregated discovery list.
@@ -319,7 +336,7 @@ fn text_of(object: &Map<String, Value>, field: &str) -> String {
 }
 
 /// Go decodes `null` into the zero value; serde would reject it for non-Option fields.
-fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+pub(super) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where
     D: Deserializer<'de>,
     T: Default + Deserialize<'de>,

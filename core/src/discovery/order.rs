@@ -234,6 +234,14 @@ mod prop {
         })
     }
 
+    /// Every name of every list, once, sorted: what a merge must hold.
+    fn distinct_names(lists: &[Vec<String>]) -> Vec<&String> {
+        let mut names: Vec<&String> = lists.iter().flatten().collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     fn position(merged: &[String], name: &str) -> Option<usize> {
         merged.iter().position(|candidate| candidate == name)
     }
@@ -242,12 +250,9 @@ mod prop {
         #[test]
         fn every_name_appears_exactly_once(lists in consistent_lists()) {
             let merged = merge_preserving_relative_order(&lists);
-            let mut expected: Vec<&String> = lists.iter().flatten().collect();
-            expected.sort();
-            expected.dedup();
             let mut got: Vec<&String> = merged.iter().collect();
             got.sort();
-            prop_assert_eq!(got, expected);
+            prop_assert_eq!(got, distinct_names(&lists));
         }
 
         #[test]
@@ -279,14 +284,11 @@ mod prop {
             lists in prop::collection::vec(prop::collection::vec("[a-e]", 0..6), 0..5)
         ) {
             let merged = merge_preserving_relative_order(&lists);
-            let mut expected: Vec<&String> = lists.iter().flatten().collect();
-            expected.sort();
-            expected.dedup();
             let mut got: Vec<&String> = merged.iter().collect();
             got.sort();
             got.dedup();
             prop_assert_eq!(got.len(), merged.len(), "duplicates in {:?}", merged);
-            prop_assert_eq!(got, expected);
+            prop_assert_eq!(got, distinct_names(&lists));
         }
     }
 }

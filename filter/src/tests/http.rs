@@ -211,17 +211,18 @@ fn an_apiservers_own_errors_pass_unchanged() {
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 
+/// An authorized GET of `/apis` asking for aggregated discovery, revalidating `if_none_match`.
+fn discovery(if_none_match: Option<&'static str>) -> Vec<(&'static str, &'static str)> {
+    let mut headers = get("/apis");
+    headers.push(("accept", V2));
+    headers.extend(if_none_match.map(|etag| ("if-none-match", etag)));
+    headers
+}
+
 #[test]
 fn merged_discovery_replaces_an_authorized_answer() {
     let (fake, root) = configured(&sample());
-    let headers = [
-        (":method", "GET"),
-        (":path", "/apis"),
-        ("accept", V2),
-        ("authorization", "Bearer t"),
-        ("if-none-match", "\"OLD\""),
-    ];
-    let mut http = stream(&fake, &root, &headers);
+    let mut http = stream(&fake, &root, &discovery(Some("\"OLD\"")));
     assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
     // The apiserver must authorize it, not answer 304 for its own document.
     assert!(fake.header("if-none-match").is_empty());
@@ -238,14 +239,7 @@ fn merged_discovery_replaces_an_authorized_answer() {
 #[test]
 fn merged_discovery_answers_304_to_its_own_etag() {
     let (fake, root) = configured(&sample());
-    let headers = [
-        (":method", "GET"),
-        (":path", "/apis"),
-        ("accept", V2),
-        ("authorization", "Bearer t"),
-        ("if-none-match", "\"ABC123\""),
-    ];
-    let mut http = stream(&fake, &root, &headers);
+    let mut http = stream(&fake, &root, &discovery(Some("\"ABC123\"")));
     http.on_http_request_headers(0, true);
     fake.respond(&[(":status", "200")]);
     assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
@@ -258,8 +252,7 @@ fn merged_discovery_answers_304_to_its_own_etag() {
 #[test]
 fn merged_discovery_denied_upstream_reaches_the_client_as_sent() {
     let (fake, root) = configured(&sample());
-    let headers = [(":method", "GET"), (":path", "/apis"), ("accept", V2), ("authorization", "Bearer t")];
-    let mut http = stream(&fake, &root, &headers);
+    let mut http = stream(&fake, &root, &discovery(None));
     http.on_http_request_headers(0, true);
     fake.respond(&[(":status", "403")]);
     assert_eq!(http.on_http_response_headers(0, false), Action::Continue);

@@ -14,32 +14,12 @@ use serde_json::{Value, json};
 use crate::host::fake::Fake;
 use crate::root::Root;
 
-/// Three apiservers, c the newest: resourceclaims v1 only on c, deviceclasses v1alpha3 on a and b.
+/// Core's sample table ([`skewgate_core::testing::sample`]), with a composer for OpenAPI
+/// documents.
 fn sample() -> Value {
-    json!({
-        "schema": 1,
-        "generation": "t1",
-        "apiservers": [
-            {"id": "a", "cluster": "apiserver-a", "version": "v1.33.4"},
-            {"id": "b", "cluster": "apiserver-b", "version": "v1.33.4"},
-            {"id": "c", "cluster": "apiserver-c", "version": "v1.36.0"}
-        ],
-        "poolCluster": "pool",
-        "sets": [
-            {"cluster": "set-c", "members": ["c"]},
-            {"cluster": "set-a-b", "members": ["a", "b"]}
-        ],
-        "groupVersions": [
-            {"group": "", "version": "v1", "servedBy": ["a", "b", "c"],
-             "resources": {"pods": ["a", "b", "c"], "configmaps": ["a", "b", "c"]}},
-            {"group": "resource.k8s.io", "version": "v1", "servedBy": ["c"],
-             "resources": {"resourceclaims": ["c"]}},
-            {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b", "c"],
-             "resources": {"deviceclasses": ["a", "b"], "devicetaintrules": ["a", "b", "c"]}}
-        ],
-        "discovery": {"etag": "ABC123", "document": "{\"kind\":\"APIGroupDiscoveryList\"}"},
-        "openapiCluster": "openapi-composer"
-    })
+    let mut table = skewgate_core::testing::sample();
+    table["openapiCluster"] = json!("openapi-composer");
+    table
 }
 
 /// A root context that has taken `table` (asserted), and the fake it talks to.

@@ -345,6 +345,16 @@ impl<A: EnvoyAdmin> Pusher<A> {
         self.admin.as_ref()
     }
 
+    /// The admin API to confirm a step with; without one, the step counts as done once the
+    /// settle delay is over (recorded in `steps`).
+    async fn admin_or_settle(&self, steps: &mut Vec<Step>) -> Option<&A> {
+        if self.admin.is_none() {
+            tokio::time::sleep(self.settle_delay).await;
+            steps.push(Step::Settled);
+        }
+        self.admin.as_ref()
+    }
+
     /// Every cluster of the new CDS present (else the table must not go out), and each one the
     /// table newly routes to past its first health check: a cluster Envoy has not checked yet
     /// would answer "no healthy upstream". A cluster whose hosts were checked and failed is not
@@ -357,11 +367,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
         newly_routed: &BTreeSet<String>,
         steps: &mut Vec<Step>,
     ) -> Result<(), PushError> {
-        let Some(admin) = &self.admin else {
-            tokio::time::sleep(self.settle_delay).await;
-            steps.push(Step::Settled);
-            return Ok(());
-        };
+        let Some(admin) = self.admin_or_settle(steps).await else { return Ok(()) };
         let deadline = Instant::now() + self.confirm_timeout;
         let mut present = false;
         loop {
@@ -399,11 +405,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
         rejections_before: Option<u64>,
         steps: &mut Vec<Step>,
     ) -> Result<(), PushError> {
-        let Some(admin) = &self.admin else {
-            tokio::time::sleep(self.settle_delay).await;
-            steps.push(Step::Settled);
-            return Ok(());
-        };
+        let Some(admin) = self.admin_or_settle(steps).await else { return Ok(()) };
         let deadline = Instant::now() + self.confirm_timeout;
         loop {
             let live = admin.live_table().await?.map(|t| t.generation);

@@ -1,0 +1,35 @@
+//! Fixtures for the tests of core and of the crates built on it (feature `testing`).
+
+use serde_json::{Value, json};
+
+/// A routing table of three apiservers, c the newest: resourceclaims v1 and evictions only on c,
+/// deviceclasses v1alpha3 only on a and b, everything else on all three.
+pub fn sample() -> Value {
+    json!({
+        "schema": 1,
+        "generation": "t1",
+        "apiservers": [
+            {"id": "a", "cluster": "apiserver-a", "version": "v1.33.4"},
+            {"id": "b", "cluster": "apiserver-b", "version": "v1.33.4"},
+            {"id": "c", "cluster": "apiserver-c", "version": "v1.36.0"}
+        ],
+        "poolCluster": "pool",
+        "sets": [
+            {"cluster": "set-c", "members": ["c"]},
+            {"cluster": "set-a-b", "members": ["a", "b"]}
+        ],
+        "groupVersions": [
+            {"group": "", "version": "v1", "servedBy": ["a", "b", "c"],
+             "resources": {"pods": ["a", "b", "c"], "configmaps": ["a", "b", "c"]}},
+            {"group": "resource.k8s.io", "version": "v1", "servedBy": ["c"],
+             "resources": {"resourceclaims": ["c"]}},
+            {"group": "resource.k8s.io", "version": "v1beta1", "servedBy": ["a", "b", "c"],
+             "resources": {"resourceclaims": ["a", "b", "c"]}},
+            {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b", "c"],
+             "resources": {"deviceclasses": ["a", "b"], "devicetaintrules": ["a", "b", "c"]}},
+            {"group": "lifecycle.k8s.io", "version": "v1alpha1", "servedBy": ["c"],
+             "resources": {"evictions": ["c"]}}
+        ],
+        "discovery": {"etag": "ABC123", "document": "{\"kind\":\"APIGroupDiscoveryList\"}"}
+    })
+}
