@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use skewgate_testkit::clients::{self, Loop, failure_detail, run_process};
-use skewgate_testkit::cluster::{self, Cluster, Options};
+use skewgate_testkit::cluster::Cluster;
 use skewgate_testkit::kubectl::{Kubectl, Output};
 use skewgate_testkit::paths;
 
@@ -55,21 +55,8 @@ fn runs() -> Result<(usize, usize, usize)> {
 static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn start(name: &str, apiservers: &[(&str, &str)]) -> Result<Cluster> {
-    paths::envoy_binary()?;
     paths::kubectl_binary()?;
-    paths::filter_wasm()?;
-    let out =
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join("clients").join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let options = Options::ephemeral(&out, apiservers);
-    let c = cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))?;
-    clients::access_log_on(&c).await?;
-    let ready = clients::edge_ready(&c, Duration::from_secs(60)).await?;
-    println!(
-        "{name}: the edge answered discovery and OpenAPI {:.1}s after the cluster started",
-        ready.as_secs_f64()
-    );
-    Ok(c)
+    clients::start_edge(Path::new(env!("CARGO_TARGET_TMPDIR")), "clients", name, apiservers).await
 }
 
 async fn finish(c: Cluster) -> Result<()> {

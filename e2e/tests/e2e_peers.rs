@@ -17,7 +17,7 @@ use skewgate_core::table::{RoutingTable, Serving};
 use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
 use skewgate_testkit::load::{Load, Record, Settings, Target};
 use skewgate_testkit::paths;
-use skewgate_testkit::scenario::{Row, fresh_dir, listing, scenario, until};
+use skewgate_testkit::scenario::{Row, fresh_dir, listing, scenario, ten_targets, until};
 
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -45,21 +45,6 @@ async fn finish(c: Cluster) -> Result<()> {
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(out);
     Ok(())
-}
-
-fn ten_targets() -> Vec<Target> {
-    vec![
-        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
-        Target::list("storage.k8s.io", "v1", "volumeattributesclasses", None),
-        Target::list("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", None),
-        Target::list("resource.k8s.io", "v1alpha3", "deviceclasses", None),
-        Target::list("networking.k8s.io", "v1beta1", "ipaddresses", None),
-        Target::list("admissionregistration.k8s.io", "v1beta1", "validatingadmissionpolicies", None),
-        Target::list("", "v1", "pods", Some("default")),
-        Target::list("", "v1", "configmaps", Some("default")),
-        Target::list("apps", "v1", "deployments", Some("default")),
-        Target::list("", "v1", "namespaces", None),
-    ]
 }
 
 fn load(c: &Cluster, targets: Vec<Target>, workers: usize) -> Result<Load> {
@@ -95,7 +80,7 @@ async fn join_and_leave(leases: bool) -> Result<Row> {
     let mut row = Row::default();
     let mut c = start_with(if leases { "s14" } else { "s12" }, leases).await?;
     ensure!(ids(&c.table_on_disk()?) == ["a", "b", "c"], "the first table: {:?}", ids(&c.table_on_disk()?));
-    let load = load(&c, ten_targets(), 5)?;
+    let load = load(&c, ten_targets("v1alpha3"), 5)?;
     load.wait_for("10 successes each", Duration::from_secs(20), |targets, records| {
         (0..targets.len()).all(|t| records.iter().filter(|r| r.target == t && r.ok()).count() >= 10)
     })
@@ -177,14 +162,7 @@ async fn join_and_leave(leases: bool) -> Result<Row> {
         report.records.len(),
         unexpected.len() + in_flight,
     );
-    row.requests = report.records.len();
-    row.failures = unexpected.len();
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected failures:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "failures")?;
     ensure!(after_d == 0, "{after_d} requests served by d after it stopped");
     row.figure(format!(
         "join: in table {:.2}s, first request to d {:.2}s; leave: out of table {:.2}s; {in_flight} in-flight failures",

@@ -12,37 +12,37 @@
 //! `SKEWGATE_KUBE_APISERVER` and `SKEWGATE_ETCD` every scenario fails, never skips.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::BufReader;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use skewgate_core::table::RoutingTable;
 use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
 use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::load::{Load, Record, Settings, Target};
+use skewgate_testkit::load::Record;
 use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
 use skewgate_testkit::scenario::{
-    KillOnDrop, Row, cert_sha256, fresh_dir, header, ids, kubectl, listing, scenario, serving,
-    successes_after, until, vm_untroubled,
+    Row, cert_sha256, claim_yaml, fresh_dir, ids, kubectl, listing, scenario, serving, successes_after,
+    until, vm_untroubled,
 };
-use skewgate_testkit::{paths, real};
+use skewgate_testkit::{clients, paths, real};
+
+use crate::common::peer_loss::Outcomes;
+use crate::common::shared_state::resource_version;
+use crate::common::watch::{Watch, claim, same_events, write_claims};
+use crate::common::{CLAIMS, CREDENTIAL_ID, Suite, TIMEOUT, V2};
+
+mod common;
 
 /// A rolling upgrade one third done: a and b at 1.33 (betas on), c upgraded.
 const ERAS: [(&str, &str); 3] = [("a", REAL_OLD), ("b", REAL_OLD), ("c", REAL_NEW)];
-/// Only the native (1.36) apiserver serves it.
-const CLAIMS: &str = "resourceclaims.v1.resource.k8s.io";
 /// Only the 1.33 apiservers (betas on) serve it.
 const OLD_CLASSES: &str = "deviceclasses.v1beta1.resource.k8s.io";
-const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
-const NOPEER: &str =
-    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer,application/json";
-const CREDENTIAL_ID: &str = "authentication.kubernetes.io/credential-id";
-const TIMEOUT: Duration = Duration::from_secs(10);
+const SUITE: Suite = Suite { old_classes: "v1beta1", new_profile: REAL_NEW, names_itself: false };
 
 // ---------------------------------------------------------------------------------------------
-// Scaffolding (the rest is in skewgate_testkit::scenario, shared with e2e/ and e2e_peers.rs)
+// Scaffolding (the rest is in skewgate_testkit::scenario, shared with e2e/ and e2e_peers.rs,
+// and the scenario steps in common/, shared with e2e/)
 
 /// A cluster of real apiservers under `target/tmp/e2e-real/<name>-<pid>`, Envoy's access log on.
 async fn start(name: &str, tweak: impl FnOnce(&mut Options)) -> Result<Cluster> {
@@ -61,11 +61,7 @@ async fn start(name: &str, tweak: impl FnOnce(&mut Options)) -> Result<Cluster> 
     options.real = Some(binaries);
     tweak(&mut options);
     let c = cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))?;
-    let r = reqwest::Client::new()
-        .post(c.envoy()?.admin_url("/runtime_modify?skewgate.access_log=100"))
-        .send()
-        .await?;
-    ensure!(r.status().is_success(), "turning the access log on: {}", r.status());
+    clients::access_log_on(&c).await?;
     Ok(c)
 }
 
@@ -126,41 +122,6 @@ async fn served_by(c: &Cluster, marker: &str, n: usize) -> Result<BTreeMap<Strin
     Ok(by)
 }
 
-/// Ten GVRs: three only c serves, three only a and b serve, four everybody serves.
-fn ten_targets() -> Vec<Target> {
-    vec![
-        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
-        Target::list("storage.k8s.io", "v1", "volumeattributesclasses", None),
-        Target::list("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", None),
-        Target::list("resource.k8s.io", "v1beta1", "deviceclasses", None),
-        Target::list("networking.k8s.io", "v1beta1", "ipaddresses", None),
-        Target::list("admissionregistration.k8s.io", "v1beta1", "validatingadmissionpolicies", None),
-        Target::list("", "v1", "pods", Some("default")),
-        Target::list("", "v1", "configmaps", Some("default")),
-        Target::list("apps", "v1", "deployments", Some("default")),
-        Target::list("", "v1", "namespaces", None),
-    ]
-}
-
-/// The ten targets by who serves them in `table`, checked against what the binaries serve.
-fn ten_by_servers(table: &RoutingTable) -> Result<BTreeMap<Vec<String>, Vec<String>>> {
-    let mut by: BTreeMap<Vec<String>, Vec<String>> = BTreeMap::new();
-    for t in ten_targets() {
-        by.entry(serving(table, &t.name())).or_default().push(t.name());
-    }
-    let sizes: Vec<(Vec<String>, usize)> = by.iter().map(|(k, v)| (k.clone(), v.len())).collect();
-    ensure!(
-        sizes == [(ids(&["a", "b"]), 3), (ids(&["a", "b", "c"]), 4), (ids(&["c"]), 3)],
-        "unexpected serving sets for the ten GVRs: {by:?}"
-    );
-    Ok(by)
-}
-
-fn load(c: &Cluster, workers: usize, pause: Duration) -> Result<Load> {
-    let client = c.client(Credentials::Alice, TIMEOUT)?;
-    Ok(Load::start(&client, &c.envoy_url()?, ten_targets(), Settings { workers, pause, timeout: TIMEOUT }))
-}
-
 /// Envoy's health checks (1 s apart, two failed connections) take this long at most to see a
 /// killed apiserver down.
 const KILL_WINDOW: Duration = Duration::from_secs(2);
@@ -175,22 +136,6 @@ fn raced_the_kill(r: &Record, killed: Duration) -> bool {
         && r.message.as_deref().is_some_and(|m| m.contains("upstream_reset_before_response_started"))
 }
 
-/// (group, version, resource) of the top-level resources of an aggregated discovery document.
-fn gvrs_of(doc: &Value) -> BTreeSet<(String, String, String)> {
-    let mut out = BTreeSet::new();
-    for group in doc["items"].as_array().into_iter().flatten() {
-        let g = group["metadata"]["name"].as_str().unwrap_or("").to_string();
-        for version in group["versions"].as_array().into_iter().flatten() {
-            let v = version["version"].as_str().unwrap_or("").to_string();
-            for resource in version["resources"].as_array().into_iter().flatten() {
-                let r = resource["resource"].as_str().unwrap_or("").to_string();
-                out.insert((g.clone(), v.clone(), r));
-            }
-        }
-    }
-    out
-}
-
 // ---------------------------------------------------------------------------------------------
 // 1. Rerouting
 
@@ -203,7 +148,7 @@ async fn rerouting() -> Result<Row> {
     let mut row = Row::default();
     let c = start("r01", |_| {}).await?;
     let table = c.table_on_disk()?;
-    ten_by_servers(&table)?;
+    SUITE.ten_by_servers(&table)?;
     assert_eq!(serving(&table, CLAIMS), ids(&["c"]));
     assert_eq!(serving(&table, OLD_CLASSES), ids(&["a", "b"]));
     let alice = c.client(Credentials::Alice, TIMEOUT)?;
@@ -252,101 +197,14 @@ async fn r02_discovery() -> Result<()> {
 async fn discovery() -> Result<Row> {
     let mut row = Row::default();
     let c = start("r02", |_| {}).await?;
-    let direct = c.direct_client(TIMEOUT)?;
-    let mut own: BTreeMap<String, (Value, Value)> = BTreeMap::new();
-    for id in ["a", "b", "c"] {
-        let url = c.apiserver_url(id)?;
-        let get = |path: &str| direct.get(format!("{url}{path}")).header("accept", NOPEER).send();
-        let core: Value = get("/api").await?.json().await?;
-        let apis: Value = get("/apis").await?.json().await?;
-        own.insert(id.to_string(), (core, apis));
-        row.requests += 2;
-    }
-    let mut union = BTreeSet::new();
-    for (core, apis) in own.values() {
-        union.extend(gvrs_of(core));
-        union.extend(gvrs_of(apis));
-    }
-    let union_names: BTreeSet<String> = union
-        .iter()
-        .filter(|(_, _, r)| !r.contains('/'))
-        .map(|(g, _, r)| if g.is_empty() { r.clone() } else { format!("{r}.{g}") })
-        .collect();
-    let union_versions: BTreeSet<String> =
-        union.iter().map(|(g, v, _)| if g.is_empty() { v.clone() } else { format!("{g}/{v}") }).collect();
-    let k = kubectl(&c)?.with_cache(&c.out.join("fresh-cache"));
-    let names: BTreeSet<String> =
-        k.ok(&["api-resources", "-o", "name"]).await?.lines().map(str::to_owned).collect();
-    let versions: BTreeSet<String> = k.ok(&["api-versions"]).await?.lines().map(str::to_owned).collect();
-    row.requests += 2;
-    ensure!(names == union_names, "api-resources ≠ union: {:?}", names.symmetric_difference(&union_names));
-    ensure!(
-        versions == union_versions,
-        "api-versions ≠ union: {:?}",
-        versions.symmetric_difference(&union_versions)
-    );
-    for gv in ["resource.k8s.io/v1", "resource.k8s.io/v1beta1", "networking.k8s.io/v1beta1"] {
-        ensure!(versions.contains(gv), "{gv} missing from kubectl api-versions");
-    }
-    row.figure(format!("api-resources {} names, api-versions {}", names.len(), versions.len()));
-
-    let alice = c.client(Credentials::Alice, TIMEOUT)?;
-    let url = format!("{}/apis", c.envoy_url()?);
-    let merged = c.table_on_disk()?.merged_discovery().context("no merged document")?.clone();
-    for _ in 0..2 {
-        let r = alice.get(&url).header("accept", V2).send().await?;
-        row.requests += 1;
-        ensure!(r.status() == 200, "/apis: {}", r.status());
-        ensure!(header(r.headers(), "etag").as_deref() == Some(merged.quoted_etag.as_str()), "ETag");
-        let doc: Value = r.json().await?;
-        let apis: BTreeSet<_> = union.iter().filter(|(g, _, _)| !g.is_empty()).cloned().collect();
-        ensure!(gvrs_of(&doc) == apis, "the merged /apis is not the union of the apiservers' /apis");
-    }
-    let r = alice.get(&url).header("accept", V2).header("if-none-match", &merged.quoted_etag).send().await?;
-    row.requests += 1;
-    ensure!(r.status() == 304, "If-None-Match: {}", r.status());
-
-    // profile=nopeer: some apiserver's own document, never the merged one.
-    let mut nopeer_by: BTreeMap<String, usize> = BTreeMap::new();
-    for _ in 0..12 {
-        let r = alice.get(&url).header("accept", NOPEER).send().await?;
-        row.requests += 1;
-        ensure!(r.status() == 200, "nopeer: {}", r.status());
-        let body: Value = r.json().await?;
-        let by = own.iter().find(|(_, docs)| docs.1 == body).map(|(id, _)| id.clone());
-        *nopeer_by.entry(by.context("nopeer /apis is no apiserver's own document")?).or_default() += 1;
-    }
-    ensure!(own["a"].1 != own["c"].1);
-    row.figure(format!("merged /apis ETag stable, 304; nopeer ×12 → {nopeer_by:?}"));
+    let era_only = ["resource.k8s.io/v1", "resource.k8s.io/v1beta1", "networking.k8s.io/v1beta1"];
+    SUITE.discovery(&c, &mut row, &era_only).await?;
     finish(c, &mut row).await?;
     Ok(row)
 }
 
 // ---------------------------------------------------------------------------------------------
 // 3. Shared state
-
-const DEVICECLASS_YAML: &str = "apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata:
-  name: gpu-e2e
-spec:
-  selectors:
-  - cel:
-      expression: 'device.driver == \"gpu.example.com\"'
-";
-
-const CLAIM_YAML: &str = "apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: claim-e2e
-  namespace: e2e-state
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu-e2e
-";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn r03_shared_state() -> Result<()> {
@@ -356,66 +214,45 @@ async fn r03_shared_state() -> Result<()> {
 async fn shared_state() -> Result<Row> {
     let mut row = Row::default();
     let c = start("r03", |_| {}).await?;
-    let k = kubectl(&c)?;
-    let (dc_file, claim_file) = (c.out.join("deviceclass.yaml"), c.out.join("claim.yaml"));
-    std::fs::write(&dc_file, DEVICECLASS_YAML)?;
-    std::fs::write(&claim_file, CLAIM_YAML)?;
-    let (dc, claim) = (dc_file.to_str().context("path")?, claim_file.to_str().context("path")?);
-    let mut runs = 0;
-    macro_rules! ok {
-        ($($arg:expr),+) => {{ runs += 1; k.ok(&[$($arg),+]).await? }};
-    }
-    ok!("create", "namespace", "e2e-state");
+    let mut s = SUITE.shared_state(&c, "resource.k8s.io/v1").await?;
+    let (dc, claim) = (&s.dc.clone(), &s.claim.clone());
     // Only c serves resource.k8s.io/v1; kubectl's validation (OpenAPI) goes through Envoy too.
-    ensure!(ok!("apply", "-f", dc).contains("deviceclass.resource.k8s.io/gpu-e2e created"));
-    ensure!(ok!("apply", "-f", claim).contains("resourceclaim.resource.k8s.io/claim-e2e created"));
-    let dc_v1: Value = serde_json::from_str(&ok!("get", "-f", dc, "-o", "json"))?;
+    ensure!(s.ok(&["apply", "-f", dc]).await?.contains("deviceclass.resource.k8s.io/gpu-e2e created"));
+    ensure!(s.ok(&["apply", "-f", claim]).await?.contains("resourceclaim.resource.k8s.io/claim-e2e created"));
+    let dc_v1: Value = serde_json::from_str(&s.ok(&["get", "-f", dc, "-o", "json"]).await?)?;
     // The same object through the 1.33 servers' v1beta1 (one etcd, converted on read).
-    let dc_beta: Value = serde_json::from_str(&ok!("get", OLD_CLASSES, "gpu-e2e", "-o", "json"))?;
+    let dc_beta: Value = serde_json::from_str(&s.ok(&["get", OLD_CLASSES, "gpu-e2e", "-o", "json"]).await?)?;
     ensure!(dc_beta["apiVersion"] == "resource.k8s.io/v1beta1", "{dc_beta}");
-    let rv = |v: &Value| v["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
-    ensure!(rv(&dc_beta) == rv(&dc_v1) && dc_beta["metadata"]["uid"] == dc_v1["metadata"]["uid"]);
-    for id in ["a", "b"] {
-        let v: Value = serde_json::from_str(
-            &k.with_context(&format!("direct-{id}"))
-                .ok(&["get", OLD_CLASSES, "gpu-e2e", "-o", "json"])
-                .await?,
-        )?;
-        runs += 1;
-        ensure!(rv(&v) == rv(&dc_v1), "{id} sees another deviceclass");
-    }
     ensure!(
-        ok!("get", CLAIMS, "-n", "e2e-state", "-o", "name")
+        resource_version(&dc_beta) == resource_version(&dc_v1)
+            && dc_beta["metadata"]["uid"] == dc_v1["metadata"]["uid"]
+    );
+    s.same_on_old_servers(OLD_CLASSES, "gpu-e2e", &dc_v1).await?;
+    ensure!(
+        s.ok(&["get", CLAIMS, "-n", "e2e-state", "-o", "name"])
+            .await?
             .contains("resourceclaim.resource.k8s.io/claim-e2e")
     );
-    ensure!(
-        ok!(
-            "patch",
-            CLAIMS,
-            "claim-e2e",
-            "-n",
-            "e2e-state",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"labels":{"e2e":"patched"}}}"#
-        )
-        .contains("patched")
-    );
+    s.label_patched(CLAIMS, "claim-e2e", Some("e2e-state")).await?;
     let claim_now: Value =
-        serde_json::from_str(&ok!("get", CLAIMS, "claim-e2e", "-n", "e2e-state", "-o", "json"))?;
+        serde_json::from_str(&s.ok(&["get", CLAIMS, "claim-e2e", "-n", "e2e-state", "-o", "json"]).await?)?;
     ensure!(claim_now["metadata"]["labels"]["e2e"] == "patched");
     // A ConfigMap, which every server serves: create, get, list, patch, delete.
-    ok!("create", "configmap", "cm-e2e", "-n", "e2e-state", "--from-literal=k=v");
-    ensure!(ok!("get", "configmap", "cm-e2e", "-n", "e2e-state", "-o", "jsonpath={.data.k}") == "v");
-    ensure!(ok!("get", "configmaps", "-n", "e2e-state", "-o", "name").contains("configmap/cm-e2e"));
-    ok!("patch", "configmap", "cm-e2e", "-n", "e2e-state", "--type=merge", "-p", r#"{"data":{"k":"w"}}"#);
-    ensure!(ok!("get", "configmap", "cm-e2e", "-n", "e2e-state", "-o", "jsonpath={.data.k}") == "w");
-    ok!("delete", "configmap", "cm-e2e", "-n", "e2e-state");
-    ok!("delete", "-f", claim);
-    ok!("delete", OLD_CLASSES, "gpu-e2e");
-    let gone = k.fails(&["get", "-f", dc]).await?;
-    runs += 1;
+    s.ok(&["create", "configmap", "cm-e2e", "-n", "e2e-state", "--from-literal=k=v"]).await?;
+    let data = ["get", "configmap", "cm-e2e", "-n", "e2e-state", "-o", "jsonpath={.data.k}"];
+    ensure!(s.ok(&data).await? == "v");
+    ensure!(
+        s.ok(&["get", "configmaps", "-n", "e2e-state", "-o", "name"]).await?.contains("configmap/cm-e2e")
+    );
+    let patch = r#"{"data":{"k":"w"}}"#;
+    s.ok(&["patch", "configmap", "cm-e2e", "-n", "e2e-state", "--type=merge", "-p", patch]).await?;
+    ensure!(s.ok(&data).await? == "w");
+    s.ok(&["delete", "configmap", "cm-e2e", "-n", "e2e-state"]).await?;
+    s.ok(&["delete", "-f", claim]).await?;
+    s.ok(&["delete", OLD_CLASSES, "gpu-e2e"]).await?;
+    let gone = s.fails(&["get", "-f", dc]).await?;
     ensure!(gone.contains("NotFound") || gone.contains("not found"), "{gone}");
+    let runs = s.runs;
     row.requests += runs;
     row.figure(format!(
         "{runs} kubectl runs: DeviceClass v1 written via c, read as v1beta1 via a/b (same uid and \
@@ -440,79 +277,17 @@ async fn watch() -> Result<Row> {
     k.ok(&["create", "namespace", "e2e-watch"]).await?;
     let alice = c.client(Credentials::Alice, TIMEOUT)?;
     let base = format!("{}/apis/resource.k8s.io/v1/namespaces/e2e-watch/resourceclaims", c.envoy_url()?);
-    let claim = |name: &str| {
-        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name}, "spec": {"devices": {"requests": []}}})
-    };
     let r = alice.post(&base).json(&claim("claim-first")).send().await?;
     ensure!(r.status() == 201, "{}", r.status());
     row.requests += 2;
-    let mut watch = KillOnDrop(
-        k.std_command(&["get", CLAIMS, "-n", "e2e-watch", "-w", "--output-watch-events", "-o", "json"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::fs::File::create(c.out.join("watch.stderr"))?)
-            .spawn()?,
-    );
-    let stdout = watch.0.stdout.take().context("watch stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel::<(String, String, String)>();
-    std::thread::spawn(move || {
-        for event in serde_json::Deserializer::from_reader(BufReader::new(stdout)).into_iter::<Value>() {
-            let Ok(e) = event else { break };
-            let meta = &e["object"]["metadata"];
-            let field = |v: &Value| v.as_str().unwrap_or("").to_string();
-            if tx.send((field(&e["type"]), field(&meta["name"]), field(&meta["resourceVersion"]))).is_err() {
-                break;
-            }
-        }
-    });
+    let watch = Watch::start(&k, &c, "e2e-watch")?;
     // The initial ADDED of the existing claim: the watch is established.
-    let first = rx.recv_timeout(Duration::from_secs(20)).context("no initial event")?;
+    let first = watch.events.recv_timeout(Duration::from_secs(20)).context("no initial event")?;
     ensure!(first.0 == "ADDED" && first.1 == "claim-first", "{first:?}");
-    let opened = Instant::now();
-    let mut written: Vec<(String, String, String)> = Vec::new();
-    let mut ticker = tokio::time::interval(Duration::from_secs(1));
-    let mut step = 0usize;
-    while opened.elapsed() < Duration::from_secs(30) {
-        ticker.tick().await;
-        let name = format!("claim-{}", step / 3);
-        let (kind, response) = match step % 3 {
-            0 => ("ADDED", alice.post(&base).json(&claim(&name)).send().await?),
-            1 => {
-                let patch = json!({"metadata": {"labels": {"step": step.to_string()}}});
-                let req = alice
-                    .patch(format!("{base}/{name}"))
-                    .header("content-type", "application/merge-patch+json");
-                ("MODIFIED", req.body(patch.to_string()).send().await?)
-            }
-            _ => ("DELETED", alice.delete(format!("{base}/{name}")).send().await?),
-        };
-        let status = response.status();
-        ensure!(status.is_success(), "{kind} {name}: {status} {}", response.text().await?);
-        let object: Value = response.json().await?;
-        written.push((
-            kind.into(),
-            name,
-            object["metadata"]["resourceVersion"].as_str().unwrap_or("").into(),
-        ));
-        step += 1;
-    }
+    let written = write_claims(&alice, &base, Duration::from_secs(30)).await?;
     row.requests += written.len();
-    let mut received = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while received.len() < written.len() && Instant::now() < deadline {
-        if let Ok(event) = rx.recv_timeout(Duration::from_millis(100)) {
-            received.push(event);
-        }
-    }
-    let still_running = watch.0.try_wait()?.is_none();
-    drop(watch);
-    ensure!(still_running, "kubectl's watch ended: {}", std::fs::read_to_string(c.out.join("watch.stderr"))?);
-    let key = |e: &(String, String, String)| {
-        if e.0 == "DELETED" { (e.0.clone(), e.1.clone(), String::new()) } else { e.clone() }
-    };
-    let want: Vec<_> = written.iter().map(key).collect();
-    let got: Vec<_> = received.iter().map(key).collect();
-    ensure!(got == want, "the watch missed or reordered events:\nwant {want:?}\ngot  {got:?}");
+    let received = watch.stop_after(&written)?;
+    same_events(&written, &received)?;
     let watches = served_by(&c, "watch=true", 1).await?;
     row.figure(format!(
         "{} events written, {} received in order; watch by {watches:?}",
@@ -535,98 +310,20 @@ async fn peer_loss() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("r05", |_| {}).await?;
     let before_outage = table_json(&c)?;
-    let by = ten_by_servers(&c.table_on_disk()?)?;
-    let c_only = by[&ids(&["c"])].clone();
-    let all_served = by[&ids(&["a", "b", "c"])].clone();
-    let others: Vec<String> =
-        ten_targets().iter().map(Target::name).filter(|n| !c_only.contains(n)).collect();
-    let load = load(&c, 5, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
-    successes_after(&load, &names, Duration::ZERO, 10, Duration::from_secs(30)).await?;
-
-    let killed = load.now();
-    c.kill_apiserver("c").await?;
-    let unhealthy_after = c.wait_envoy_sees("c", false, Duration::from_secs(10)).await?;
-    let unhealthy = load.now();
-    load.wait_for(
-        "30 answers per c-only GVR after Envoy's verdict",
-        Duration::from_secs(20),
-        |targets, records| {
-            c_only.iter().all(|name| {
-                let i = targets.iter().position(|t| t.name() == *name);
-                records
-                    .iter()
-                    .filter(|r| Some(r.target) == i && r.started > unhealthy && r.status.is_some())
-                    .count()
-                    >= 30
-            })
-        },
-    )
-    .await?;
-    let e = kubectl(&c)?.fails(&["get", CLAIMS, "-A"]).await?;
-    row.requests += 1;
-    println!("kubectl during the outage: {}", e.trim());
+    let outage = SUITE.peer_loss(&mut c, &mut row, Duration::from_secs(30), Duration::from_secs(60)).await?;
+    let e = &outage.kubectl_error;
     ensure!(e.contains("the server is currently unable to handle the request"), "{e}");
-
-    let restarted = load.now();
-    c.start_apiserver("c", REAL_NEW).await?;
-    successes_after(&load, &c_only, restarted, 20, Duration::from_secs(60)).await?;
-    let healthy_after = c.wait_envoy_sees("c", true, Duration::from_secs(10)).await?;
-    let report = load.finish().await;
-    println!("{}", report.summary());
-
-    let mut unexpected: Vec<&Record> = Vec::new();
-    let mut outage_503 = 0;
-    let mut recovered: BTreeMap<String, Duration> = BTreeMap::new();
-    for name in &c_only {
-        let records: Vec<&Record> = report.of(name).collect();
-        let back = records
-            .iter()
-            .filter(|r| r.started > restarted && r.ok())
-            .map(|r| r.started)
-            .min()
-            .context("never back")?;
-        recovered.insert(name.clone(), back - restarted);
-        for r in records {
-            let expected = if r.ended() < killed || r.started >= back {
-                r.ok()
-            } else if r.in_flight_at(killed) || raced_the_kill(r, killed) {
-                r.ok() || r.is_unavailable_status()
-            } else {
-                r.is_unavailable_status()
-            };
-            if !expected {
-                unexpected.push(r);
-            }
-            outage_503 += usize::from(r.is_unavailable_status());
-        }
-    }
-    let mut in_flight = 0;
-    for name in &others {
-        for r in report.of(name).filter(|r| !r.ok()) {
-            if all_served.contains(name) && raced_the_kill(r, killed) {
-                in_flight += 1;
-            } else {
-                unexpected.push(r);
-            }
-        }
-    }
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
+    let report = &outage.report;
+    let outcomes = outage.outcomes(raced_the_kill)?;
+    let Outcomes { outage_503, in_flight, recovered, .. } = &outcomes;
+    let (unhealthy_after, healthy_after) = (outage.unhealthy_after, outage.healthy_after);
     println!(
         "Envoy saw c unhealthy {unhealthy_after:?} after the kill; {outage_503}×503 Status; back after \
          {recovered:?} (Envoy: healthy {healthy_after:?} after it was ready); {in_flight} raced the kill (503 Status)"
     );
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected outcomes:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
-    ensure!(outage_503 > 0, "no 503 during the outage");
-    ensure!(report.records.iter().all(|r| r.status != Some(404)), "a 404");
+    outcomes.check(&mut row, report)?;
     same_table(&before_outage, &table_json(&c)?).context("c's GVRs left the table while it was away")?;
-    let n = recovered.values().max().copied().unwrap_or_default();
+    let n = outcomes.back_after();
     row.figure(format!(
         "kill c: {outage_503}×503 Status, 0×404, unhealthy after {:.1}s; restart (native, ~real start-up) → \
          back after {:.1}s; {in_flight} raced the kill (503 Status)",
@@ -649,9 +346,9 @@ async fn upgrade_in_place() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("r06", |_| {}).await?;
     let first = c.table_on_disk()?.generation().to_string();
-    ten_by_servers(&c.table_on_disk()?)?;
-    let load = load(&c, 5, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
+    SUITE.ten_by_servers(&c.table_on_disk()?)?;
+    let load = SUITE.load(&c, 5, Duration::from_millis(20))?;
+    let names = SUITE.ten_names();
     successes_after(&load, &names, Duration::ZERO, 10, Duration::from_secs(30)).await?;
 
     // A: b upgraded the way an operator does it: SIGTERM (unready, serving through its
@@ -694,19 +391,12 @@ async fn upgrade_in_place() -> Result<Row> {
     let failures: Vec<&Record> = report.failures();
     let (in_flight, unexpected): (Vec<&Record>, Vec<&Record>) =
         failures.into_iter().partition(|r| r.started >= phase_a_end && raced_the_kill(r, killed));
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
     println!(
         "b: drained in {drained:?}; booted at {booted:?}; the table followed {followed:?} after the boot, \
          Envoy saw b healthy {healthy:?} after it; {} raced the kill (503 Status)",
         in_flight.len()
     );
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected failures:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "failures")?;
     same_table(&table_before, &table_json(&c)?).context("the abrupt restart changed the table")?;
     row.figure(format!(
         "b 1.33→1.36: drain {:.1}s, table followed {:.1}s after boot, healthy {:.1}s after boot, 0 failed; \
@@ -849,8 +539,8 @@ async fn r08_crash_restart() -> Result<()> {
 async fn crash_restart() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("r08", |_| {}).await?;
-    let load = load(&c, 5, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
+    let load = SUITE.load(&c, 5, Duration::from_millis(20))?;
+    let names = SUITE.ten_names();
     successes_after(&load, &names, Duration::ZERO, 10, Duration::from_secs(30)).await?;
     let mut kills = Vec::new();
     for _ in 0..3 {
@@ -899,7 +589,7 @@ async fn openapi() -> Result<Row> {
     let mut row = Row::default();
     let c = start("r09", |_| {}).await?;
     let claim = c.out.join("claim.yaml");
-    std::fs::write(&claim, CLAIM_YAML.replace("namespace: e2e-state", "namespace: default"))?;
+    std::fs::write(&claim, claim_yaml("claim-e2e", "default", "gpu-e2e"))?;
     let claim = claim.to_str().context("path")?.to_string();
     let mut failed: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     // A fresh cache each run: kubectl reads the OpenAPI v3 index again.

@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::Value;
 use skewgate_testkit::cluster::{self, ApiserverSpec, Cluster};
 use skewgate_testkit::paths;
+use skewgate_testkit::scenario::claim_yaml;
 
 async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
     let out = std::env::temp_dir().join(format!("skewgate-kubectl-{name}-{}", std::process::id()));
@@ -148,19 +149,6 @@ async fn kubectl_talks_to_a_standin() -> Result<()> {
     Ok(())
 }
 
-const CLAIM_V1: &str = "apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: gpu
-  namespace: default
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu.example.com
-";
-
 /// `kubectl explain` of a nested field of a new-API kind and `kubectl apply -f` (default
 /// validation) straight against the real profile and the 1.36 era: both read the OpenAPI v3
 /// documents of a real kube-apiserver.
@@ -187,7 +175,7 @@ async fn kubectl_explains_and_applies_with_real_openapi() -> Result<()> {
             continue;
         }
         let manifest = c.out.join("claim.yaml");
-        std::fs::write(&manifest, CLAIM_V1)?;
+        std::fs::write(&manifest, claim_yaml("gpu", "default", "gpu.example.com"))?;
         let applied = k.ok(&[&cache_arg, "apply", "-f", &manifest.display().to_string()])?;
         assert!(applied.contains("resourceclaim.resource.k8s.io/gpu created"), "{profile}: {applied}");
         // kubectl found the fieldValidation parameter in the v3 document: server-side validation.

@@ -12,6 +12,7 @@ use reqwest::header::{ACCEPT, AUTHORIZATION, CACHE_CONTROL, ETAG, LOCATION};
 use serde_json::Value;
 use skewgate_testkit::cluster::{self, Cluster, Credentials};
 use skewgate_testkit::kubectl::Kubectl;
+use skewgate_testkit::scenario::{claim_yaml, device_class_yaml};
 
 const V2_PROTO: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
 
@@ -273,35 +274,20 @@ async fn composed_openapi_through_envoy() -> Result<()> {
     c.shutdown().await
 }
 
-const MANIFEST: &str = "apiVersion: v1
+const CONFIGMAP: &str = "apiVersion: v1
 kind: ConfigMap
 metadata:
   name: edge-config
   namespace: default
 data:
   a: b
----
-apiVersion: resource.k8s.io/v1alpha3
-kind: DeviceClass
-metadata:
-  name: gpu-edge
-spec:
-  selectors:
-  - cel:
-      expression: 'device.driver == \"gpu.example.com\"'
----
-apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: claim-edge
-  namespace: default
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu-edge
 ";
+
+/// A ConfigMap, a DeviceClass of the 1.33 era and a claim of the 1.36 era in one file.
+fn manifest_yaml() -> String {
+    let class = device_class_yaml("resource.k8s.io/v1alpha3", "gpu-edge");
+    format!("{CONFIGMAP}---\n{class}---\n{}", claim_yaml("claim-edge", "default", "gpu-edge"))
+}
 
 /// kubectl with its default (client-side, OpenAPI-backed) validation through the edge on the
 /// 1.33/1.33/1.36 era cluster, a fresh cache each run: known issue #1 (a third to two thirds of
@@ -315,7 +301,7 @@ async fn kubectl_validates_against_composed_openapi() -> Result<()> {
     let admin = c.client(Credentials::AdminToken, Duration::from_secs(20))?;
     composed_index(&c, &admin).await?;
     let manifest = c.out.join("manifest.yaml");
-    std::fs::write(&manifest, MANIFEST)?;
+    std::fs::write(&manifest, manifest_yaml())?;
     let file = manifest.to_str().context("path")?;
     let kubectl = Kubectl::new(&c.kubeconfig, &c.out.join("cache"))?.with_context("skewgate-admin");
     let runs = 5;

@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
 use skewgate::fetch::ErrorKind;
-use skewgate::sync::{self, Standing, SyncConfig};
+use skewgate::sync::{self, Standing, SyncConfig, SyncReport};
 use skewgate_core::table::RoutingTable;
 use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
@@ -37,6 +37,29 @@ struct Cluster {
     pki: Pki,
     store: Arc<Store>,
     standins: BTreeMap<String, Standin>,
+}
+
+/// Envoy and the sidecar in front of a [`Cluster`].
+struct Edge {
+    settings: Settings,
+    admin_url: String,
+    /// The report of the sync that wrote Envoy's first files.
+    first: SyncReport,
+    envoy: Envoy,
+    running: sync::Running,
+    /// A client with alice's certificate, and Envoy's URL.
+    alice: reqwest::Client,
+    base: String,
+}
+
+/// Four workers asking for resourceclaims (target 0) and pods at `base`, no pause.
+fn claims_and_pods(alice: &reqwest::Client, base: &str) -> Load {
+    let targets = vec![
+        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+        Target::list("", "v1", "pods", Some("default")),
+    ];
+    let settings = LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) };
+    Load::start(alice, base, targets, settings)
 }
 
 impl Cluster {
@@ -114,6 +137,37 @@ impl Cluster {
 
     fn port(&self, id: &str) -> u16 {
         self.standins.get(id).map_or(0, |s| s.addr.port())
+    }
+
+    /// A real Envoy with the built filter in front of a, b and c, and the sidecar polling them
+    /// every `poll_period`: the first table is written before Envoy starts (Envoy refuses to
+    /// start without its files).
+    async fn edge(&self, poll_period: &str) -> Result<Edge> {
+        let wasm = paths::filter_wasm()?;
+        paths::envoy_binary()?;
+        let settings = self.envoy_settings()?;
+        let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
+        let apiservers = [("a", self.port("a")), ("b", self.port("b")), ("c", self.port("c"))];
+        let config = self.config(
+            &apiservers,
+            &settings.dir,
+            json!({"pollPeriod": poll_period, "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
+        )?;
+        let first = sync::sync_once(config.clone()).await?;
+        let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
+        let envoy =
+            Envoy::start(settings.clone(), &read(settings.cds_path())?, &read(settings.ecds_path())?).await?;
+        let running = sync::spawn(config).await?;
+        let ca = reqwest::Certificate::from_pem(&std::fs::read(&self.pki.cluster_ca.cert_path)?)?;
+        let alice = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca)
+            .identity(reqwest::Identity::from_pem(&self.pki.alice.identity_pem()?)?)
+            .timeout(Duration::from_secs(10))
+            .build()?;
+        let base = format!("https://127.0.0.1:{}", settings.listen_port);
+        Ok(Edge { settings, admin_url, first, envoy, running, alice, base })
     }
 
     /// A sync config for `apiservers` (id, port), in that order, writing under `envoy_dir`.
@@ -697,35 +751,9 @@ async fn host_healthy(admin: &str, cluster: &str, port: u16) -> Result<bool> {
 /// discovery, with not one failed request meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Result<()> {
-    let wasm = paths::filter_wasm()?;
-    paths::envoy_binary()?;
     let mut cluster = Cluster::start("envoy", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
-    let settings = cluster.envoy_settings()?;
-    let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
     let poll = Duration::from_secs(1);
-    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
-    let config = cluster.config(
-        &apiservers,
-        &settings.dir,
-        json!({"pollPeriod": "1s", "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
-    )?;
-
-    // The first table exists before Envoy starts (Envoy refuses to start without its files).
-    let first = sync::sync_once(config.clone()).await?;
-    let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
-    let envoy =
-        Envoy::start(settings.clone(), &read(settings.cds_path())?, &read(settings.ecds_path())?).await?;
-    let running = sync::spawn(config).await?;
-
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cluster.pki.cluster_ca.cert_path)?)?;
-    let alice = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(ca)
-        .identity(reqwest::Identity::from_pem(&cluster.pki.alice.identity_pem()?)?)
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    let base = format!("https://127.0.0.1:{}", settings.listen_port);
+    let Edge { settings, admin_url, first, envoy, running, alice, base } = cluster.edge("1s").await?;
     // Until the first health checks pass, the set clusters have no healthy host.
     let deadline = Instant::now() + Duration::from_secs(15);
     for path in [CLAIMS_V1, PODS] {
@@ -743,16 +771,7 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
 
     // resourceclaims (target 0) and pods; when each resourceclaims answer was asked for, and who
     // served it.
-    let targets = vec![
-        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
-        Target::list("", "v1", "pods", Some("default")),
-    ];
-    let load = Load::start(
-        &alice,
-        &base,
-        targets,
-        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
-    );
+    let load = claims_and_pods(&alice, &base);
     let claim_answers = |records: &[Record]| -> Vec<(Duration, String)> {
         let ok = records.iter().filter(|r| r.target == 0 && r.ok());
         ok.map(|r| (r.started, r.served_by.clone().unwrap_or_default())).collect()
@@ -863,41 +882,10 @@ fn edit_table(ecds: &Value, edit: impl Fn(&mut Value)) -> Result<Value> {
 /// serves the good one again: no 404 at all, 503s only until then. Prints the window per fault.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
-    let wasm = paths::filter_wasm()?;
-    paths::envoy_binary()?;
     let cluster = Cluster::start("tamper", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
-    let settings = cluster.envoy_settings()?;
-    let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
-    let apiservers = [("a", cluster.port("a")), ("b", cluster.port("b")), ("c", cluster.port("c"))];
-    let config = cluster.config(
-        &apiservers,
-        &settings.dir,
-        json!({"pollPeriod": "30s", "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
-    )?;
-    sync::sync_once(config.clone()).await?;
-    let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
+    let Edge { settings, envoy, running, alice, base, .. } = cluster.edge("30s").await?;
+    let load = claims_and_pods(&alice, &base);
     let (cds_path, ecds_path) = (settings.cds_path(), settings.ecds_path());
-    let envoy = Envoy::start(settings.clone(), &read(cds_path.clone())?, &read(ecds_path.clone())?).await?;
-    let running = sync::spawn(config).await?;
-
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&cluster.pki.cluster_ca.cert_path)?)?;
-    let alice = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(ca)
-        .identity(reqwest::Identity::from_pem(&cluster.pki.alice.identity_pem()?)?)
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    let base = format!("https://127.0.0.1:{}", settings.listen_port);
-    let load = Load::start(
-        &alice,
-        &base,
-        vec![
-            Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
-            Target::list("", "v1", "pods", Some("default")),
-        ],
-        LoadSettings { workers: 4, pause: Duration::ZERO, timeout: Duration::from_secs(10) },
-    );
     let since = |from: Duration| -> Vec<Record> {
         load.snapshot().into_iter().filter(|r| r.started >= from).collect()
     };

@@ -11,12 +11,11 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde_json::{Value, json};
 use skewgate_testkit::clients::{self, Loop};
-use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
+use skewgate_testkit::cluster::{Cluster, Credentials};
 use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::paths;
 
 const ERA: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const REAL: &[(&str, &str)] = &[("a", "1.33-real"), ("b", "1.33-real"), ("c", "1.36-real")];
@@ -28,24 +27,6 @@ const NOPEER: &str =
 /// What kubectl asks `/openapi/v2` for first.
 const V2_PROTOBUF: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-async fn start(name: &str, apiservers: &[(&str, &str)]) -> Result<Cluster> {
-    paths::envoy_binary()?;
-    paths::filter_wasm()?;
-    let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join("unauthenticated")
-        .join(format!("{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let options = Options::ephemeral(&out, apiservers);
-    let c = cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))?;
-    clients::access_log_on(&c).await?;
-    let ready = clients::edge_ready(&c, Duration::from_secs(60)).await?;
-    println!(
-        "{name}: the edge answered discovery and OpenAPI {:.1}s after the cluster started",
-        ready.as_secs_f64()
-    );
-    Ok(c)
-}
 
 /// Every document a client reads to learn the API, with the Accept it asks for it with: the
 /// union of what the apiservers serve (straight from each, so that a group/version only one of
@@ -109,7 +90,8 @@ fn stranger(c: &Cluster, token: Option<&str>) -> Result<reqwest::Client> {
 }
 
 async fn documents_need_authentication(name: &str, apiservers: &[(&str, &str)]) -> Result<()> {
-    let c = start(name, apiservers).await?;
+    let c = clients::start_edge(Path::new(env!("CARGO_TARGET_TMPDIR")), "unauthenticated", name, apiservers)
+        .await?;
     let documents = documents(&c).await?;
     let mut report = Loop::new(format!("unauthenticated {name}"));
     // Anonymous access is on (kube-apiserver's default): system:anonymous gets 403 for discovery

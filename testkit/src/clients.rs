@@ -5,15 +5,17 @@
 //! `e2e/tests/unauthenticated.rs`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use tokio::io::AsyncWriteExt;
 
-use crate::cluster::Cluster;
+use crate::cluster::{self, Cluster, Options};
 use crate::kubectl::Output;
+use crate::paths;
+use crate::scenario::fresh_dir;
 
 /// Failures whose output a report shows in full, per operation.
 pub const SHOWN: usize = 3;
@@ -141,6 +143,22 @@ impl Loop {
         ensure!(failed.is_empty(), "{}: {}", self.title, failed.join("; "));
         Ok(())
     }
+}
+
+/// A cluster of `apiservers` under `<tmp>/<suite>/<name>-<pid>` (kept when a test fails), with
+/// Envoy's access log on, once the edge answers what clients start from.
+pub async fn start_edge(tmp: &Path, suite: &str, name: &str, apiservers: &[(&str, &str)]) -> Result<Cluster> {
+    paths::envoy_binary()?;
+    paths::filter_wasm()?;
+    let options = Options::ephemeral(&fresh_dir(tmp, suite, name), apiservers);
+    let c = cluster::start(&options).await.with_context(|| format!("starting cluster {name}"))?;
+    access_log_on(&c).await?;
+    let ready = edge_ready(&c, Duration::from_secs(60)).await?;
+    println!(
+        "{name}: the edge answered discovery and OpenAPI {:.1}s after the cluster started",
+        ready.as_secs_f64()
+    );
+    Ok(c)
 }
 
 /// Every request through Envoy in its access log (off by default: a runtime key).

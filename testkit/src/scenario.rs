@@ -14,7 +14,7 @@ use skewgate_core::table::RoutingTable;
 use crate::cluster::Cluster;
 use crate::envoy::Envoy;
 use crate::kubectl::Kubectl;
-use crate::load::{Load, Record, Report};
+use crate::load::{Load, Record, Report, Target};
 
 /// What a scenario reports in the summary.
 #[derive(Debug, Default)]
@@ -156,4 +156,71 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+impl Row {
+    /// Counts a load loop's records and the unexpected ones among them; fails when there are any.
+    pub fn tally(&mut self, report: &Report, unexpected: &[&Record], what: &str) -> Result<()> {
+        self.requests += report.records.len();
+        self.failures = unexpected.len();
+        ensure!(
+            unexpected.is_empty(),
+            "{} unexpected {what}:{}",
+            unexpected.len(),
+            listing(report, unexpected)
+        );
+        Ok(())
+    }
+}
+
+/// The ten GVRs of the end-to-end load loops on a cluster of the 1.33 and 1.36 eras: three only
+/// the 1.36 era serves, three only the 1.33 era serves (`old_classes` is the version of
+/// resource.k8s.io's deviceclasses it has: v1alpha3 on the stand-ins, v1beta1 on a real 1.33
+/// with beta APIs on), four everybody serves.
+pub fn ten_targets(old_classes: &str) -> Vec<Target> {
+    vec![
+        Target::list("resource.k8s.io", "v1", "resourceclaims", Some("default")),
+        Target::list("storage.k8s.io", "v1", "volumeattributesclasses", None),
+        Target::list("admissionregistration.k8s.io", "v1", "mutatingadmissionpolicies", None),
+        Target::list("resource.k8s.io", old_classes, "deviceclasses", None),
+        Target::list("networking.k8s.io", "v1beta1", "ipaddresses", None),
+        Target::list("admissionregistration.k8s.io", "v1beta1", "validatingadmissionpolicies", None),
+        Target::list("", "v1", "pods", Some("default")),
+        Target::list("", "v1", "configmaps", Some("default")),
+        Target::list("apps", "v1", "deployments", Some("default")),
+        Target::list("", "v1", "namespaces", None),
+    ]
+}
+
+/// A `resource.k8s.io/v1` ResourceClaim asking for one device of `class`.
+pub fn claim_yaml(name: &str, namespace: &str, class: &str) -> String {
+    format!(
+        "apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata:
+  name: {name}
+  namespace: {namespace}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: {class}
+"
+    )
+}
+
+/// A DeviceClass of `api_version` selecting the devices of driver gpu.example.com.
+pub fn device_class_yaml(api_version: &str, name: &str) -> String {
+    format!(
+        "apiVersion: {api_version}
+kind: DeviceClass
+metadata:
+  name: {name}
+spec:
+  selectors:
+  - cel:
+      expression: 'device.driver == \"gpu.example.com\"'
+"
+    )
 }

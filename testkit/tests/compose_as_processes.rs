@@ -19,6 +19,10 @@ use serde_json::Value;
 use skewgate_testkit::envoy::free_port;
 use skewgate_testkit::paths;
 
+use crate::compose::{interpolate, strings};
+
+mod compose;
+
 /// Files of skewgate's image that commands name, and what stands in for them here.
 fn image_files() -> Result<Vec<(&'static str, PathBuf)>> {
     Ok(vec![("/usr/local/share/skewgate/skewgate_filter.wasm", paths::filter_wasm()?)])
@@ -26,28 +30,6 @@ fn image_files() -> Result<Vec<(&'static str, PathBuf)>> {
 
 fn root() -> PathBuf {
     paths::workspace_root()
-}
-
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
-        .unwrap_or_default()
-}
-
-/// Compose's `${NAME:-default}`, from `env` or the default.
-fn interpolate(s: &str, env: &BTreeMap<&str, &str>) -> String {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let Some(end) = rest[start..].find('}') else { break };
-        let inner = &rest[start + 2..start + end];
-        let (name, default) = inner.split_once(":-").unwrap_or((inner, ""));
-        out.push_str(env.get(name).copied().unwrap_or(default));
-        rest = &rest[start + end + 1..];
-    }
-    out.push_str(rest);
-    out
 }
 
 /// The compose file, read once, with what the processes need to know about it.

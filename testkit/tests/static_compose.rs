@@ -18,6 +18,10 @@ use serde_json::{Map, Value};
 use skewgate::config::{Overrides, SyncConfig};
 use skewgate_testkit::{envoy, paths};
 
+use crate::compose::{interpolate, strings};
+
+mod compose;
+
 const COMPOSE: &str = "docker-compose.yml";
 const ENVOY_YAML: &str = "envoy-config/compose/envoy.yaml";
 const SIDECAR_TOML: &str = "envoy-config/compose/sidecar.toml";
@@ -75,25 +79,9 @@ fn service<'c>(c: &'c Value, name: &str) -> Result<&'c Value> {
     services(c)?.get(name).filter(|s| s.is_object()).with_context(|| format!("no service {name}"))
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .map(|a| a.iter().filter_map(|s| s.as_str().map(str::to_string)).collect())
-        .unwrap_or_default()
-}
-
 /// Compose's `${NAME:-default}` as the default (what runs without the variable set).
 fn interpolated(s: &str) -> String {
-    let mut out = String::new();
-    let mut rest = s;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let Some(end) = rest[start..].find('}') else { break };
-        let inner = &rest[start + 2..start + end];
-        out.push_str(inner.split_once(":-").map_or("", |(_, default)| default));
-        rest = &rest[start + end + 1..];
-    }
-    out.push_str(rest);
-    out
+    interpolate(s, &BTreeMap::new())
 }
 
 fn command(svc: &Value) -> Vec<String> {

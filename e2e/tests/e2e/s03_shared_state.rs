@@ -5,32 +5,10 @@ use serde_json::{Value, json};
 use skewgate_testkit::cluster::Credentials;
 use skewgate_testkit::echo::SERVED_BY;
 use skewgate_testkit::kubectl::{self};
-use skewgate_testkit::scenario::{Row, header, kubectl, scenario, serving};
+use skewgate_testkit::scenario::{Row, header, scenario, serving};
 
-use crate::support::{CLAIMS, DEVICECLASSES, ERAS, TIMEOUT, finish, start};
-
-const DEVICECLASS_YAML: &str = "apiVersion: resource.k8s.io/v1alpha3
-kind: DeviceClass
-metadata:
-  name: gpu-e2e
-spec:
-  selectors:
-  - cel:
-      expression: 'device.driver == \"gpu.example.com\"'
-";
-
-const CLAIM_YAML: &str = "apiVersion: resource.k8s.io/v1
-kind: ResourceClaim
-metadata:
-  name: claim-e2e
-  namespace: e2e-state
-spec:
-  devices:
-    requests:
-    - name: gpu
-      exactly:
-        deviceClassName: gpu-e2e
-";
+use crate::common::shared_state::resource_version;
+use crate::support::{CLAIMS, DEVICECLASSES, ERAS, SUITE, TIMEOUT, finish, start};
 
 /// Who served the one request of a `-v=8` run whose URL path ends with `suffix`.
 fn served_by_in(log: &str, suffix: &str) -> Result<String> {
@@ -51,85 +29,50 @@ async fn s03_shared_state() -> Result<()> {
 async fn shared_state() -> Result<Row> {
     let mut row = Row::default();
     let c = start("s03", ERAS, |_| {}).await?;
-    let k = kubectl(&c)?;
     let table = c.table_on_disk()?;
-    let dc_file = c.out.join("deviceclass.yaml");
-    let claim_file = c.out.join("claim.yaml");
-    std::fs::write(&dc_file, DEVICECLASS_YAML)?;
-    std::fs::write(&claim_file, CLAIM_YAML)?;
-    let (dc, claim) = (dc_file.to_str().context("path")?, claim_file.to_str().context("path")?);
-    let mut runs = 0;
-    macro_rules! ok {
-        ($($arg:expr),+) => {{ runs += 1; k.ok(&[$($arg),+]).await? }};
-    }
-    macro_rules! fails {
-        ($($arg:expr),+) => {{ runs += 1; k.fails(&[$($arg),+]).await? }};
-    }
-    ok!("create", "namespace", "e2e-state");
+    let mut s = SUITE.shared_state(&c, "resource.k8s.io/v1alpha3").await?;
+    let (dc, claim) = (&s.dc.clone(), &s.claim.clone());
     // With kubectl's default validation: it reads the OpenAPI the edge composes.
-    assert!(ok!("create", "-f", dc).contains("deviceclass.resource.k8s.io/gpu-e2e created"));
-    assert!(ok!("create", "-f", claim).contains("resourceclaim.resource.k8s.io/claim-e2e created"));
+    assert!(s.ok(&["create", "-f", dc]).await?.contains("deviceclass.resource.k8s.io/gpu-e2e created"));
+    assert!(
+        s.ok(&["create", "-f", claim]).await?.contains("resourceclaim.resource.k8s.io/claim-e2e created")
+    );
 
     // Read back through Envoy, each from a server that serves it.
-    let out = k.run(&["get", "-f", dc, "-o", "json", "-v=8"]).await?;
-    runs += 1;
+    let out = s.k.run(&["get", "-f", dc, "-o", "json", "-v=8"]).await?;
+    s.runs += 1;
     ensure!(out.ok, "{}", out.stderr);
     let dc_v1: Value = serde_json::from_str(&out.stdout)?;
     let by = served_by_in(&out.stderr, "/deviceclasses/gpu-e2e")?;
     assert!(serving(&table, DEVICECLASSES).contains(&by), "deviceclass read from {by}");
     assert_eq!(dc_v1["spec"]["selectors"][0]["cel"]["expression"], "device.driver == \"gpu.example.com\"");
-    let out = k.run(&["get", "-f", claim, "-o", "json", "-v=8"]).await?;
-    runs += 1;
+    let out = s.k.run(&["get", "-f", claim, "-o", "json", "-v=8"]).await?;
+    s.runs += 1;
     ensure!(out.ok, "{}", out.stderr);
     let claim_v1: Value = serde_json::from_str(&out.stdout)?;
     assert_eq!(served_by_in(&out.stderr, "/resourceclaims/claim-e2e")?, "c");
     assert_eq!(claim_v1["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"], "gpu-e2e");
 
     // One store: both old servers, asked directly, hold the same object.
-    let rv = |v: &Value| v["metadata"]["resourceVersion"].as_str().unwrap_or("").to_string();
-    for id in ["a", "b"] {
-        let direct = k.with_context(&format!("direct-{id}"));
-        let v: Value =
-            serde_json::from_str(&direct.ok(&["get", DEVICECLASSES, "gpu-e2e", "-o", "json"]).await?)?;
-        runs += 1;
-        assert_eq!(rv(&v), rv(&dc_v1), "{id} sees another deviceclass");
-    }
+    s.same_on_old_servers(DEVICECLASSES, "gpu-e2e", &dc_v1).await?;
 
     // Lists through Envoy.
     assert!(
-        ok!("get", DEVICECLASSES, "-o", "name").lines().any(|l| l == "deviceclass.resource.k8s.io/gpu-e2e")
+        s.ok(&["get", DEVICECLASSES, "-o", "name"])
+            .await?
+            .lines()
+            .any(|l| l == "deviceclass.resource.k8s.io/gpu-e2e")
     );
     assert!(
-        ok!("get", CLAIMS, "-n", "e2e-state", "-o", "name")
+        s.ok(&["get", CLAIMS, "-n", "e2e-state", "-o", "name"])
+            .await?
             .lines()
             .any(|l| l == "resourceclaim.resource.k8s.io/claim-e2e")
     );
 
     // Patches.
-    assert!(
-        ok!(
-            "patch",
-            DEVICECLASSES,
-            "gpu-e2e",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"labels":{"e2e":"patched"}}}"#
-        )
-        .contains("patched")
-    );
-    assert!(
-        ok!(
-            "patch",
-            CLAIMS,
-            "claim-e2e",
-            "-n",
-            "e2e-state",
-            "--type=merge",
-            "-p",
-            r#"{"metadata":{"labels":{"e2e":"patched"}}}"#
-        )
-        .contains("patched")
-    );
+    s.label_patched(DEVICECLASSES, "gpu-e2e", None).await?;
+    s.label_patched(CLAIMS, "claim-e2e", Some("e2e-state")).await?;
     for (gvr, ns, name, before) in
         [(DEVICECLASSES, None, "gpu-e2e", &dc_v1), (CLAIMS, Some("e2e-state"), "claim-e2e", &claim_v1)]
     {
@@ -137,18 +80,17 @@ async fn shared_state() -> Result<Row> {
         if let Some(ns) = ns {
             args.extend(["-n", ns]);
         }
-        let now: Value = serde_json::from_str(&k.ok(&args).await?)?;
-        runs += 1;
+        let now: Value = serde_json::from_str(&s.ok(&args).await?)?;
         assert_eq!(now["metadata"]["labels"]["e2e"], "patched", "{gvr}");
-        let (old, new): (u64, u64) = (rv(before).parse()?, rv(&now).parse()?);
+        let (old, new): (u64, u64) = (resource_version(before).parse()?, resource_version(&now).parse()?);
         assert!(new > old, "{gvr}: resourceVersion {old} → {new}");
     }
 
     // A stale update: kubectl replace with the resourceVersion read before the patch.
     let mut stale = claim_v1.clone();
     stale["metadata"]["labels"] = json!({"e2e": "stale"});
-    let out = k.run_with_stdin(&["replace", "-f", "-"], Some(&stale.to_string())).await?;
-    runs += 1;
+    let out = s.k.run_with_stdin(&["replace", "-f", "-"], Some(&stale.to_string())).await?;
+    s.runs += 1;
     ensure!(!out.ok, "a stale replace succeeded: {}", out.stdout);
     assert!(
         out.stderr.contains("Error from server (Conflict)")
@@ -177,14 +119,14 @@ async fn shared_state() -> Result<Row> {
     let mut requests = 2;
 
     // Deletes.
-    assert!(ok!("delete", "-f", claim).contains("deleted"));
-    assert!(ok!("delete", "-f", dc).contains("deleted"));
-    let e = fails!("get", "-f", dc);
+    assert!(s.ok(&["delete", "-f", claim]).await?.contains("deleted"));
+    assert!(s.ok(&["delete", "-f", dc]).await?.contains("deleted"));
+    let e = s.fails(&["get", "-f", dc]).await?;
     assert!(e.contains("NotFound") && e.contains("\"gpu-e2e\" not found"), "{e}");
-    let e = fails!("get", "-f", claim);
+    let e = s.fails(&["get", "-f", claim]).await?;
     assert!(e.contains("NotFound") && e.contains("\"claim-e2e\" not found"), "{e}");
-    assert!(!ok!("get", DEVICECLASSES, "-o", "name").contains("gpu-e2e"));
-    requests += runs;
+    assert!(!s.ok(&["get", DEVICECLASSES, "-o", "name"]).await?.contains("gpu-e2e"));
+    requests += s.runs;
     row.requests = requests;
     row.figure(format!(
         "create/get/list/patch/delete of {DEVICECLASSES} (a,b) and {CLAIMS} (c) via kubectl; \

@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, listing, scenario, serving, successes_after, until};
+use skewgate_testkit::scenario::{Row, ids, scenario, serving, successes_after, until};
 
-use crate::support::{CLAIMS, DEVICECLASSES, ERAS, finish, load, start, ten_by_servers, ten_targets};
+use crate::support::{CLAIMS, DEVICECLASSES, ERAS, SUITE, finish, start};
 
 /// How long a restarted stand-in's `/readyz` fails in scenario 6 (a real kube-apiserver's
 /// post-start hooks take longer still).
@@ -21,9 +21,9 @@ async fn upgrade_in_place() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("s06", ERAS, |_| {}).await?;
     let first = c.table_on_disk()?.generation().to_string();
-    ten_by_servers(&c.table_on_disk()?)?;
-    let load = load(&c, 5, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
+    SUITE.ten_by_servers(&c.table_on_disk()?)?;
+    let load = SUITE.load(&c, 5, Duration::from_millis(20))?;
+    let names: Vec<String> = SUITE.ten_targets().iter().map(Target::name).collect();
     successes_after(&load, &names, Duration::ZERO, 10, Duration::from_secs(20)).await?;
 
     // A: graceful, the way kube-apiserver restarts: unready and drained first
@@ -87,14 +87,7 @@ async fn upgrade_in_place() -> Result<Row> {
         in_flight.len(),
         b_failures.len() - in_flight.len()
     );
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected failures:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "failures")?;
     assert_eq!(
         table.generation(),
         generations_after_a,

@@ -3,15 +3,13 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result};
 use skewgate::fetch::ErrorKind as FetchErrorKind;
 use skewgate::sync::Standing;
 use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, listing, scenario, successes_after, until};
+use skewgate_testkit::scenario::{Row, ids, scenario, successes_after, until};
 
-use crate::support::{
-    answers_after, finish, latest_report, load, prometheus_value, start, ten_by_servers, ten_targets,
-};
+use crate::support::{SUITE, answers_after, finish, latest_report, prometheus_value, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s08_transport_security() -> Result<()> {
@@ -41,8 +39,8 @@ async fn transport_security() -> Result<Row> {
     );
     c.wait_envoy_sees("d", false, Duration::from_secs(10)).await?;
 
-    let load = load(&c, 4, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
+    let load = SUITE.load(&c, 4, Duration::from_millis(20))?;
+    let names: Vec<String> = SUITE.ten_targets().iter().map(Target::name).collect();
     successes_after(&load, &names, Duration::ZERO, 10, Duration::from_secs(20)).await?;
 
     // c turns rogue (a botched certificate rotation): drained first, so that nothing is in
@@ -52,7 +50,7 @@ async fn transport_security() -> Result<Row> {
     c.stop_apiserver("c").await?;
     c.start_rogue_apiserver("c", "1.36").await?;
     let switched = load.now();
-    let by = ten_by_servers(&c.table_on_disk()?)?;
+    let by = SUITE.ten_by_servers(&c.table_on_disk()?)?;
     let c_only = by[&ids(&["c"])].clone();
     answers_after(&load, &c_only, switched, 30, Duration::from_secs(20), Record::is_unavailable_status)
         .await?;
@@ -104,14 +102,7 @@ async fn transport_security() -> Result<Row> {
             unexpected.push(r);
         }
     }
-    row.requests += report.records.len();
-    row.failures = unexpected.len();
-    ensure!(
-        unexpected.is_empty(),
-        "{} unexpected outcomes:{}",
-        unexpected.len(),
-        listing(&report, &unexpected)
-    );
+    row.tally(&report, &unexpected, "outcomes")?;
     row.figure(format!(
         "rogue d: 0 requests, {d_refused} refused handshakes, sidecar tls error; rogue c: {rogue_503}×503 \
          Status for its GVRs, 0 requests, {c_refused} refused handshakes, sidecar tls error (stale)"

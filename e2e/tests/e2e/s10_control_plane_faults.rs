@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use skewgate_testkit::load::Target;
 use skewgate_testkit::scenario::{Row, listing, scenario, successes_after, until};
 
-use crate::support::{ERAS, finish, latest_report, load, start, ten_by_servers, ten_targets};
+use crate::support::{ERAS, SUITE, finish, latest_report, start};
 
 fn stamp(path: &Path) -> Result<(u64, i64, i64)> {
     let m = std::fs::metadata(path)?;
@@ -26,10 +26,10 @@ async fn control_plane_faults() -> Result<Row> {
     let mut c = start("s10", ERAS, |_| {}).await?;
     let ecds = c.envoy_dir().join("ecds/ecds.json");
     let cds = c.envoy_dir().join("cds/cds.json");
-    let by = ten_by_servers(&c.table_on_disk()?)?;
+    let by = SUITE.ten_by_servers(&c.table_on_disk()?)?;
     let generation = c.table_on_disk()?.generation().to_string();
-    let load = load(&c, 3, Duration::from_millis(20))?;
-    let names: Vec<String> = ten_targets().iter().map(Target::name).collect();
+    let load = SUITE.load(&c, 3, Duration::from_millis(20))?;
+    let names: Vec<String> = SUITE.ten_targets().iter().map(Target::name).collect();
     successes_after(&load, &names, Duration::ZERO, 5, Duration::from_secs(20)).await?;
     let stamps = (stamp(&ecds)?, stamp(&cds)?);
 
