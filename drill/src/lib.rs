@@ -187,12 +187,15 @@ impl Era {
     }
 }
 
+/// Names in the GVR tables, all literals.
+type Name = &'static str;
+
 #[derive(Debug, Clone)]
 struct Gvr {
-    group: &'static str,
-    version: &'static str,
-    resource: &'static str,
-    kind: &'static str,
+    group: Name,
+    version: Name,
+    resource: Name,
+    kind: Name,
     namespaced: bool,
     era: Era,
 }
@@ -224,14 +227,8 @@ impl Gvr {
     }
 }
 
-const fn gvr(
-    group: &'static str,
-    version: &'static str,
-    resource: &'static str,
-    kind: &'static str,
-    namespaced: bool,
-    era: Era,
-) -> Gvr {
+/// A row of the GVR tables below: the fields of [`Gvr`] in order.
+const fn gvr(group: Name, version: Name, resource: Name, kind: Name, namespaced: bool, era: Era) -> Gvr {
     Gvr { group, version, resource, kind, namespaced, era }
 }
 

@@ -389,7 +389,9 @@ async fn merged_discovery(native: bool) -> Result<()> {
             .stats()
             .await?
             .iter()
-            .filter(|(name, _)| name.starts_with("cluster.") && name.ends_with(".upstream_cx_destroy_local_with_active_rq"))
+            .filter(|(name, _)| {
+                name.starts_with("cluster.") && name.ends_with(".upstream_cx_destroy_local_with_active_rq")
+            })
             .map(|(_, v)| v)
             .sum();
         assert_eq!(closed, 0, "upstream connections Envoy closed with a request on them");
