@@ -37,6 +37,8 @@ pub struct Http<H: Host> {
     replied: bool,
     /// The composed answer (its status and document) that replaces an authorized upstream one.
     compose: Option<(u16, decision::Composed)>,
+    /// The apiserver authorized the composed answer; its body is being replaced.
+    replacing: bool,
     /// An OpenAPI document composed at the edge, once an apiserver has let the request through.
     openapi: Option<Pending>,
 }
@@ -51,6 +53,7 @@ impl<H: Host> Http<H> {
             unlisted_target: None,
             replied: false,
             compose: None,
+            replacing: false,
             openapi: None,
         }
     }
@@ -182,11 +185,28 @@ impl<H: Host> HttpContext for Http<H> {
         }
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
-        self.on_openapi_body(body_size).unwrap_or(Action::Continue)
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.replacing {
+            return self.on_openapi_body(body_size).unwrap_or(Action::Continue);
+        }
+        if !end_of_stream {
+            // Dropped as it arrives: the apiserver's documents can be several MB.
+            self.host.drop_response_body(body_size);
+            return Action::Pause;
+        }
+        self.replace(body_size);
+        Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    /// An apiserver's answer that ends with trailers: the composed body goes in before them.
+    fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
+        if self.replacing {
+            self.replace(0);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         if self.replied {
             return Action::Continue;
         }
@@ -204,9 +224,16 @@ impl<H: Host> HttpContext for Http<H> {
                 }
             };
         }
-        if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
-        {
-            return self.compose_reply(compose, source);
+        if self.compose.is_some() && ((200..300).contains(&status) || status == 304) {
+            if end_of_stream {
+                return self.compose_reply();
+            }
+            // The apiserver's body is still coming: a local reply now would reset the upstream
+            // stream, and an HTTP/1.1 upstream connection with it (measured: one new connection
+            // and mTLS handshake per composed answer). Its body is dropped as it arrives and the
+            // composed answer put in its place at the end.
+            self.replacing = self.active.as_deref().and_then(|a| self.composed(a)).is_some();
+            return if self.replacing { Action::Pause } else { Action::Continue };
         }
         if status < 500 {
             return Action::Continue;
@@ -259,18 +286,54 @@ impl<H: Host> Http<H> {
     /// The composed document (or 304, or 406) in place of an answer an apiserver authorized.
     /// Read from the table the request was decided on, so a table swap in between cannot mix two
     /// documents.
-    fn compose_reply(&mut self, status: u16, source: decision::Composed) -> Action {
+    fn composed<'t>(&self, active: &'t Active<H>) -> Option<decision::Reply<'t>> {
+        let (status, source) = self.compose?;
+        decision::composed_reply(&active.table, source, status)
+    }
+
+    /// The composed answer as a local reply: the apiserver's answer is complete (or it would be
+    /// reset).
+    fn compose_reply(&mut self) -> Action {
         let Some(active) = self.active.clone() else { return Action::Continue };
-        let Some(reply) = decision::composed_reply(&active.table, source, status) else {
-            return Action::Continue;
-        };
-        if source == decision::Composed::MergedDiscovery {
-            active.metrics.merged_discovery(status);
-        }
-        let status = reply.status;
+        let Some(reply) = self.composed(&active) else { return Action::Continue };
+        count(&active, &reply);
         let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
         let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
-        self.reply(u32::from(status), headers, body)
+        self.reply(u32::from(reply.status), headers, body)
+    }
+
+    /// The apiserver's answer, whose body the filter dropped (`size` bytes are left), turned into
+    /// the composed one: its status, headers and body.
+    fn replace(&mut self, size: usize) {
+        self.replacing = false;
+        let Some(active) = self.active.clone() else { return };
+        let Some(reply) = self.composed(&active) else { return };
+        if !self.host.replace_response_body(size, reply.body.as_bytes()) {
+            // No body to put it in: the answer, complete, no longer holds an upstream stream.
+            self.compose_reply();
+            return;
+        }
+        count(&active, &reply);
+        self.replied = true;
+        // The apiserver's headers describe its body (length, encoding, its own ETag): none
+        // stays but the date, as in a local reply.
+        for (name, _) in self.host.response_headers() {
+            if !name.starts_with(':') && name != "date" {
+                self.host.set_response_header(&name, None);
+            }
+        }
+        self.host.set_response_header(":status", Some(&reply.status.to_string()));
+        for (name, value) in reply.headers() {
+            self.host.set_response_header(name, (!value.is_empty()).then_some(value));
+        }
+        self.host.set_response_header("content-length", Some(&reply.body.len().to_string()));
+    }
+}
+
+/// Every composed answer sent, counted once.
+fn count<H: Host>(active: &Active<H>, reply: &decision::Reply) {
+    if reply.source == decision::Composed::MergedDiscovery {
+        active.metrics.merged_discovery(reply.status);
     }
 }
 

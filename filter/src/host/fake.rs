@@ -21,13 +21,18 @@ pub struct State {
     pub plugin_configuration: Option<Vec<u8>>,
     /// In order, as Envoy hands them to the filter; edited by the filter's set/add/remove.
     pub request_headers: Vec<(String, Vec<u8>)>,
+    /// Edited by the filter's set, once it paused them.
     pub response_headers: Vec<(String, Vec<u8>)>,
+    /// The response body Envoy holds for the filter: what came and the filter left or put there.
+    pub response_body: Vec<u8>,
+    /// Envoy holds no response body to edit (an answer ended with trailers and no data).
+    pub no_response_body: bool,
     /// Envoy attributes by path (`connection.subject_peer_certificate`, ...).
     pub properties: BTreeMap<Vec<String>, Vec<u8>>,
     /// Every attribute the filter asked for, found or not.
     pub property_reads: Vec<Vec<String>>,
     pub replies: Vec<Reply>,
-    /// Bytes of response body the filter dropped.
+    /// Bytes of response body the filter dropped or replaced.
     pub dropped_body: usize,
     /// (cluster, headers) of every call dispatched.
     pub dispatched: Vec<(String, Vec<(String, String)>)>,
@@ -55,11 +60,18 @@ impl Fake {
         s.dispatched.clear();
         s.property_reads.clear();
         s.dropped_body = 0;
+        s.response_body.clear();
+        s.no_response_body = false;
     }
 
     pub fn respond(&self, headers: &[(&str, &str)]) {
         self.state().response_headers =
             headers.iter().map(|(n, v)| (n.to_string(), v.as_bytes().to_vec())).collect();
+    }
+
+    /// A chunk of the upstream response body arrives (the filter's body callback follows).
+    pub fn body_chunk(&self, chunk: &[u8]) {
+        self.state().response_body.extend_from_slice(chunk);
     }
 
     pub fn set_property(&self, path: &[&str], value: &str) {
@@ -119,17 +131,27 @@ impl Host for Fake {
         s.properties.get(&path).cloned()
     }
 
+    fn response_headers(&self) -> Vec<(String, Bytes)> {
+        self.0.borrow().response_headers.clone()
+    }
+
     fn set_request_header(&self, name: &str, value: Option<&str>) {
+        set(&mut self.state().request_headers, name, value);
+    }
+
+    fn set_response_header(&self, name: &str, value: Option<&str>) {
+        set(&mut self.state().response_headers, name, value);
+    }
+
+    fn replace_response_body(&self, size: usize, with: &[u8]) -> bool {
         let mut s = self.state();
-        let at = s.request_headers.iter().position(|(n, _)| n.eq_ignore_ascii_case(name));
-        s.request_headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
-        if let Some(value) = value {
-            let entry = (name.to_string(), value.as_bytes().to_vec());
-            match at {
-                Some(i) => s.request_headers.insert(i, entry),
-                None => s.request_headers.push(entry),
-            }
+        if s.no_response_body {
+            return false;
         }
+        s.dropped_body += size;
+        let held = size.min(s.response_body.len());
+        s.response_body.splice(..held, with.iter().copied());
+        true
     }
 
     fn add_request_header(&self, name: &str, value: &str) {
@@ -139,10 +161,6 @@ impl Host for Fake {
     fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) {
         let headers = headers.into_iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
         self.state().replies.push((status, headers, body.unwrap_or_default().to_vec()));
-    }
-
-    fn drop_response_body(&self, size: usize) {
-        self.state().dropped_body += size;
     }
 
     fn dispatch_call(
@@ -188,5 +206,18 @@ impl Host for Fake {
 
     fn set_tick_period(&self, period: Duration) {
         self.state().tick_period = Some(period);
+    }
+}
+
+/// Envoy's `replace`: every value of `name` goes, the new one in the first one's place.
+fn set(headers: &mut Vec<(String, Vec<u8>)>, name: &str, value: Option<&str>) {
+    let at = headers.iter().position(|(n, _)| n.eq_ignore_ascii_case(name));
+    headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+    if let Some(value) = value {
+        let entry = (name.to_string(), value.as_bytes().to_vec());
+        match at {
+            Some(i) => headers.insert(i, entry),
+            None => headers.push(entry),
+        }
     }
 }

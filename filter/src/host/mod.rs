@@ -22,6 +22,7 @@ pub trait Host: Clone + 'static {
     fn plugin_configuration(&self) -> Option<Bytes>;
     fn request_headers(&self) -> Vec<(String, Bytes)>;
     fn response_header(&self, name: &str) -> Option<Bytes>;
+    fn response_headers(&self) -> Vec<(String, Bytes)>;
     /// An Envoy attribute (`connection.subject_peer_certificate`, `response.code_details`, ...).
     fn property(&self, path: &[&str]) -> Option<Bytes>;
     /// Replaces every value of `name`; `None` removes the header.
@@ -32,8 +33,16 @@ pub trait Host: Clone + 'static {
     }
     /// A local reply in place of the upstream's.
     fn send_response(&self, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>);
+    /// Replaces every value of a response header; `None` removes it. Only before the response
+    /// headers went on (the filter paused them).
+    fn set_response_header(&self, name: &str, value: Option<&str>);
+    /// Puts `with` in place of the first `size` bytes of the response body Envoy holds; false
+    /// when there is no body to edit (the answer ended with trailers and no data).
+    fn replace_response_body(&self, size: usize, with: &[u8]) -> bool;
     /// Drops the response body received so far (what the filter replaces anyway).
-    fn drop_response_body(&self, size: usize);
+    fn drop_response_body(&self, size: usize) {
+        self.replace_response_body(size, &[]);
+    }
     fn dispatch_call(
         &self,
         cluster: &str,

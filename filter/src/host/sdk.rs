@@ -23,6 +23,10 @@ impl Host for ProxyWasm {
         hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
     }
 
+    fn response_headers(&self) -> Vec<(String, Bytes)> {
+        hostcalls::get_map_bytes(MapType::HttpResponseHeaders).unwrap_or_default()
+    }
+
     fn property(&self, path: &[&str]) -> Option<Bytes> {
         hostcalls::get_property(path.to_vec()).ok().flatten()
     }
@@ -45,9 +49,19 @@ impl Host for ProxyWasm {
         }
     }
 
-    fn drop_response_body(&self, size: usize) {
-        if let Err(e) = hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, &[]) {
-            log::warn!("skewgate: dropping a response body: {e:?}");
+    fn set_response_header(&self, name: &str, value: Option<&str>) {
+        if let Err(e) = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value) {
+            log::warn!("skewgate: setting response header {name}: {e:?}");
+        }
+    }
+
+    fn replace_response_body(&self, size: usize, with: &[u8]) -> bool {
+        match hostcalls::set_buffer(BufferType::HttpResponseBody, 0, size, with) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("skewgate: replacing a response body: {e:?}");
+                false
+            }
         }
     }
 

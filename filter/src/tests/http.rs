@@ -228,7 +228,8 @@ fn merged_discovery_replaces_an_authorized_answer() {
     assert!(fake.header("if-none-match").is_empty());
     assert_eq!(fake.header("x-skewgate-cluster"), ["pool"]);
     fake.respond(&[(":status", "200")]);
-    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    // A head that ends the answer: nothing of the apiserver's is left to wait for.
+    assert_eq!(http.on_http_response_headers(0, true), Action::Pause);
     let (status, headers, body) = fake.reply().expect("the merged document");
     assert_eq!(status, 200);
     assert_eq!(body, br#"{"kind":"APIGroupDiscoveryList"}"#);
@@ -242,11 +243,96 @@ fn merged_discovery_answers_304_to_its_own_etag() {
     let mut http = stream(&fake, &root, &discovery(Some("\"ABC123\"")));
     http.on_http_request_headers(0, true);
     fake.respond(&[(":status", "200")]);
-    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    assert_eq!(http.on_http_response_headers(0, true), Action::Pause);
     let (status, headers, body) = fake.reply().expect("a 304");
     assert_eq!((status, body.len()), (304, 0));
     assert!(!headers.iter().any(|(n, _)| n == "content-type"), "{headers:?}");
     assert_eq!(fake.counter("skewgate.merged_discovery_total.code=304;"), 1);
+}
+
+/// The apiserver's authorized answer to `discovery(if_none_match)`, its head then its body in two
+/// chunks (the second ending it unless `trailers`), through the filter: the head paused, the
+/// chunks dropped, no local reply.
+fn streamed(fake: &Fake, http: &mut dyn proxy_wasm::traits::HttpContext, trailers: bool) {
+    fake.respond(&[
+        (":status", "200"),
+        ("content-type", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"),
+        ("content-length", "11"),
+        ("etag", "\"UPSTREAM\""),
+        ("x-skewgate-served-by", "a"),
+        ("date", "Mon, 01 Jan 2024 00:00:00 GMT"),
+    ]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    fake.body_chunk(b"{\"items\":");
+    assert_eq!(http.on_http_response_body(9, false), Action::Pause);
+    assert!(fake.state().response_body.is_empty());
+    fake.body_chunk(b"[]}");
+    if trailers {
+        assert_eq!(http.on_http_response_body(3, false), Action::Pause);
+        assert_eq!(http.on_http_response_trailers(1), Action::Continue);
+    } else {
+        assert_eq!(http.on_http_response_body(3, true), Action::Continue);
+    }
+    assert!(fake.reply().is_none(), "a local reply resets the upstream stream");
+    assert_eq!(fake.state().dropped_body, 12);
+}
+
+/// The composed answer's head as the client gets it (the apiserver's date stays).
+fn composed_head(status: &str, content_type: &[(&str, &str)], length: &str) -> Vec<(String, String)> {
+    let mut head = vec![(":status", status), ("date", "Mon, 01 Jan 2024 00:00:00 GMT")];
+    head.extend(content_type);
+    head.extend([("etag", "\"ABC123\""), ("vary", "Accept"), ("cache-control", "public")]);
+    head.push(("content-length", length));
+    head.into_iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
+}
+
+fn response_head(fake: &Fake) -> Vec<(String, String)> {
+    let s = fake.state();
+    s.response_headers.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect()
+}
+
+#[test]
+fn merged_discovery_replaces_the_apiservers_body_once_it_has_come() {
+    const DOCUMENT: &[u8] = br#"{"kind":"APIGroupDiscoveryList"}"#;
+    let content_type =
+        [("content-type", "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")];
+    for trailers in [false, true] {
+        let (fake, root) = configured(&sample());
+        let mut http = stream(&fake, &root, &discovery(None));
+        http.on_http_request_headers(0, true);
+        streamed(&fake, http.as_mut(), trailers);
+        assert_eq!(fake.state().response_body, DOCUMENT, "trailers: {trailers}");
+        assert_eq!(response_head(&fake), composed_head("200", &content_type, "32"), "trailers: {trailers}");
+        assert_eq!(fake.counter("skewgate.merged_discovery_total.code=200;"), 1, "trailers: {trailers}");
+    }
+}
+
+#[test]
+fn merged_discovery_replaces_the_apiservers_answer_with_304() {
+    let (fake, root) = configured(&sample());
+    let mut http = stream(&fake, &root, &discovery(Some("\"ABC123\"")));
+    http.on_http_request_headers(0, true);
+    streamed(&fake, http.as_mut(), false);
+    assert!(fake.state().response_body.is_empty());
+    assert_eq!(response_head(&fake), composed_head("304", &[], "0"));
+    assert_eq!(fake.counter("skewgate.merged_discovery_total.code=304;"), 1);
+    assert_eq!(fake.counter("skewgate.merged_discovery_total.code=200;"), 0);
+}
+
+/// Trailers without any body before them leave Envoy no body to put the document in: the
+/// complete answer is replaced by a local reply instead.
+#[test]
+fn merged_discovery_without_a_body_to_replace_is_a_local_reply() {
+    let (fake, root) = configured(&sample());
+    let mut http = stream(&fake, &root, &discovery(None));
+    http.on_http_request_headers(0, true);
+    fake.respond(&[(":status", "200")]);
+    assert_eq!(http.on_http_response_headers(0, false), Action::Pause);
+    fake.state().no_response_body = true;
+    assert_eq!(http.on_http_response_trailers(1), Action::Continue);
+    let (status, _, body) = fake.reply().expect("the merged document");
+    assert_eq!((status, body.as_slice()), (200, &br#"{"kind":"APIGroupDiscoveryList"}"#[..]));
+    assert_eq!(fake.counter("skewgate.merged_discovery_total.code=200;"), 1);
 }
 
 #[test]

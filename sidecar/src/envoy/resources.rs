@@ -216,6 +216,10 @@ pub fn ecds(table_json: &str, wasm: &Path) -> Value {
                 // A trapped VM is replaced on the next request instead of failing every request
                 // until the next table push.
                 "failure_policy": "FAIL_RELOAD",
+                // A paused response head still gets the body callbacks (the filter replaces an
+                // authorized apiserver body with a composed document chunk by chunk); without
+                // this Envoy holds the body back until the filter resumes, which it never does.
+                "allow_on_headers_stop_iteration": true,
                 "vm_config": {
                     "vm_id": FILTER_NAME,
                     "runtime": "envoy.wasm.runtime.v8",
@@ -410,5 +414,6 @@ mod tests {
         assert_eq!(table_from_ecds(&v), Some("{\"schema\":1}"));
         assert_eq!(v["resources"][0]["name"], FILTER_NAME);
         assert_eq!(v["resources"][0]["typed_config"]["config"]["failure_policy"], "FAIL_RELOAD");
+        assert_eq!(v["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"], true);
     }
 }
