@@ -2,17 +2,20 @@
 
 use serde_json::{Value, json};
 
+/// Apiservers `a` and `b` at `old`, `c` at `new`, their clusters `{cluster_prefix}a` and so on:
+/// the skew most tests set up.
+pub fn apiservers(old: &str, new: &str, cluster_prefix: &str) -> Value {
+    let server = |id: &str, version: &str| json!({"id": id, "cluster": format!("{cluster_prefix}{id}"), "version": version});
+    json!([server("a", old), server("b", old), server("c", new)])
+}
+
 /// A routing table of three apiservers, c the newest: resourceclaims v1 and evictions only on c,
 /// deviceclasses v1alpha3 only on a and b, everything else on all three.
 pub fn sample() -> Value {
     json!({
         "schema": 1,
         "generation": "t1",
-        "apiservers": [
-            {"id": "a", "cluster": "apiserver-a", "version": "v1.33.4"},
-            {"id": "b", "cluster": "apiserver-b", "version": "v1.33.4"},
-            {"id": "c", "cluster": "apiserver-c", "version": "v1.36.0"}
-        ],
+        "apiservers": apiservers("v1.33.4", "v1.36.0", "apiserver-"),
         "poolCluster": "pool",
         "sets": [
             {"cluster": "set-c", "members": ["c"]},

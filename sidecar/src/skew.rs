@@ -219,11 +219,7 @@ mod tests {
     fn table() -> RoutingTable {
         let mut t: TableConfig = serde_json::from_value(json!({
             "schema": 1,
-            "apiservers": [
-                {"id": "a", "cluster": "ap-a", "version": "v1.33.0"},
-                {"id": "b", "cluster": "ap-b", "version": "v1.33.0"},
-                {"id": "c", "cluster": "ap-c", "version": "v1.36.0"}
-            ],
+            "apiservers": skewgate_core::testing::apiservers("v1.33.0", "v1.36.0", "ap-"),
             "poolCluster": "pool",
             "groupVersions": [
                 {"group": "", "version": "v1", "servedBy": ["a", "b", "c"], "resources": {"pods": ["a", "b", "c"]}},
