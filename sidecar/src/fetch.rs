@@ -81,8 +81,10 @@ pub enum ErrorKind {
     Tls,
     /// No complete answer within the request timeout (a hang).
     Timeout,
-    /// An answer other than 200.
+    /// An answer other than 200 and 404.
     HttpStatus,
+    /// 404: the apiserver does not serve the path.
+    NotFound,
     /// A body over the size limit.
     TooLarge,
     /// A discovery that parses but lists more groups, group/versions or resources than
@@ -110,6 +112,7 @@ impl ErrorKind {
             ErrorKind::Tls => "tls",
             ErrorKind::Timeout => "timeout",
             ErrorKind::HttpStatus => "http_status",
+            ErrorKind::NotFound => "not_found",
             ErrorKind::TooLarge => "too_large",
             ErrorKind::Limit => "limit",
             ErrorKind::Truncated => "truncated",
@@ -544,7 +547,10 @@ impl Fetcher {
     }
 
     /// `APIResourceList`s of `paths`, in order; the first failure fails the walk, since a
-    /// partial picture would drop what the server does serve.
+    /// partial picture would drop what the server does serve. A 404 is the server's own word
+    /// that it serves nothing there: an empty list. (A real kube-apiserver 1.36 emulating 1.33
+    /// lists `resource.k8s.io/v1` in its legacy `/apis` and answers 404 under it; failing the walk
+    /// on that left the edge without composed legacy discovery for good.)
     async fn resource_lists(&self, paths: Vec<String>) -> Result<Vec<ApiResourceList>, FetchError> {
         let permits = Arc::new(tokio::sync::Semaphore::new(LEGACY_PARALLELISM));
         let mut tasks = tokio::task::JoinSet::new();
@@ -556,6 +562,10 @@ impl Fetcher {
                     Ok(body) => {
                         ApiResourceList::from_json(&body).map_err(|e| FetchError::discovery(&path, &e))
                     }
+                    Err(e) if e.kind == ErrorKind::NotFound => Ok(ApiResourceList {
+                        group_version: group_version_of(&path).to_owned(),
+                        ..ApiResourceList::default()
+                    }),
                     Err(e) => Err(e),
                 };
                 (index, result)
@@ -605,7 +615,11 @@ impl Fetcher {
             let preview =
                 read_capped(&mut response, ERROR_BODY_PREVIEW as u64, true).await.unwrap_or_default();
             let text = String::from_utf8_lossy(&preview);
-            return Err(FetchError::new(path, ErrorKind::HttpStatus, format!("{status}: {}", text.trim())));
+            let kind = match status {
+                reqwest::StatusCode::NOT_FOUND => ErrorKind::NotFound,
+                _ => ErrorKind::HttpStatus,
+            };
+            return Err(FetchError::new(path, kind, format!("{status}: {}", text.trim())));
         }
         let max_body = self.limits.max_body_bytes;
         if response.content_length().is_some_and(|len| len > max_body) {
@@ -714,6 +728,11 @@ pub fn version_label(body: &[u8]) -> String {
         return info.git_version;
     }
     format!("{} (emulating {}.{})", info.git_version, emulated.0, emulated.1)
+}
+
+/// `v1` for `/api/v1`, `group/version` for `/apis/group/version`.
+fn group_version_of(path: &str) -> &str {
+    path.strip_prefix("/apis/").or_else(|| path.strip_prefix("/api/")).unwrap_or(path)
 }
 
 #[cfg(test)]
@@ -869,6 +888,7 @@ mod tests {
                 ErrorKind::HttpStatus,
             ),
             (Answer::Json(403, "application/json", b"forbidden".to_vec()), ErrorKind::HttpStatus),
+            (Answer::Json(404, "text/plain", b"404 page not found".to_vec()), ErrorKind::NotFound),
             (Answer::Hang, ErrorKind::Timeout),
         ];
         for (answer, kind) in cases {
@@ -972,6 +992,29 @@ mod tests {
         }
         assert!(!seen.lock().unwrap().iter().any(|(p, _)| p.starts_with("/apis/")), "the walk started");
         certs.fetcher(addr, limits()).fetch().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_legacy_group_version_answering_404_is_served_empty() {
+        let certs = Certs::new("fetch-legacy-404");
+        // As a real kube-apiserver 1.36 emulating 1.33 answers: v1 listed, 404 under it.
+        let group_list = r#"{"kind":"APIGroupList","groups":[{"name":"resource.k8s.io",
+            "versions":[{"groupVersion":"resource.k8s.io/v1","version":"v1"},
+                        {"groupVersion":"resource.k8s.io/v1beta1","version":"v1beta1"}]}]}"#;
+        let beta = r#"{"kind":"APIResourceList","groupVersion":"resource.k8s.io/v1beta1","resources":[
+            {"name":"deviceclasses","singularName":"deviceclass","namespaced":false,"kind":"DeviceClass","verbs":["get"]}]}"#;
+        let handler: crate::testing::Handler = Arc::new(move |path: &str| match path {
+            "/api" => json(API_VERSIONS),
+            "/api/v1" => json(API_V1),
+            "/apis" => json(group_list),
+            "/apis/resource.k8s.io/v1beta1" => json(beta),
+            _ => Answer::Json(404, "text/plain", b"404 page not found".to_vec()),
+        });
+        let (addr, _, _task) = serve(&certs.serving, true, handler).await;
+        let set = certs.fetcher(addr, limits()).legacy_walk().await.unwrap();
+        let lists: Vec<(&str, usize)> =
+            set.resource_lists.iter().map(|l| (l.group_version.as_str(), l.resources.len())).collect();
+        assert_eq!(lists, [("v1", 39), ("resource.k8s.io/v1", 0), ("resource.k8s.io/v1beta1", 1)]);
     }
 
     #[tokio::test]
