@@ -199,6 +199,20 @@ async fn discovery() -> Result<Row> {
     let c = start("r02", |_| {}).await?;
     let era_only = ["resource.k8s.io/v1", "resource.k8s.io/v1beta1", "networking.k8s.io/v1beta1"];
     SUITE.discovery(&c, &mut row, &era_only).await?;
+    // Legacy discovery of a group/version every apiserver serves, with a resource only c lists
+    // (VolumeAttributesClass is v1 since 1.34): the composed document, never one 1.33 server's.
+    // It needs every apiserver's legacy walk, and the 1.33 ones answer 404 under a
+    // group/version their own legacy `/apis` lists (resource.k8s.io/v1).
+    let k = kubectl(&c)?;
+    let runs = 12;
+    for _ in 0..runs {
+        let list: Value = serde_json::from_str(&k.ok(&["get", "--raw", "/apis/storage.k8s.io/v1"]).await?)?;
+        row.requests += 1;
+        let names: Vec<&str> =
+            list["resources"].as_array().into_iter().flatten().filter_map(|r| r["name"].as_str()).collect();
+        ensure!(names.contains(&"volumeattributesclasses"), "legacy /apis/storage.k8s.io/v1: {names:?}");
+    }
+    row.figure(format!("legacy /apis/storage.k8s.io/v1 ×{runs}: the union each time"));
     finish(c, &mut row).await?;
     Ok(row)
 }
