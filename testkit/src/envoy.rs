@@ -238,7 +238,7 @@ impl Envoy {
     pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
         settings.files().write_first(cds, ecds)?;
         if let Config::Native { module_ecds, .. } = &settings.config {
-            let path = crate::native::module_ecds_path(&settings.files().ecds_dir());
+            let path = settings.files().module_ecds_path();
             std::fs::create_dir_all(path.parent().context("module ECDS directory")?)?;
             write_atomic(&path, module_ecds.to_string().as_bytes())?;
         }
@@ -347,10 +347,9 @@ impl Envoy {
     /// Writes the filter's ECDS file; with the native module, the module's too (same table, first).
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
         if let Config::Native { .. } = self.settings.config {
-            let table =
-                ecds.pointer("/resources/0/typed_config/config/configuration/value").and_then(Value::as_str);
-            let module = crate::native::module_ecds(table.context("ECDS without a table")?);
-            let path = crate::native::module_ecds_path(&self.settings.files().ecds_dir());
+            let table = skewgate::envoy::table_from_ecds(ecds);
+            let module = skewgate::envoy::module_ecds(table.context("ECDS without a table")?);
+            let path = self.settings.files().module_ecds_path();
             write_atomic(&path, module.to_string().as_bytes())?;
             return Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?);
         }

@@ -1,5 +1,6 @@
 //! The resources themselves: the clusters (CDS) that reach the apiservers and the filter
-//! configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS reads it.
+//! configurations (ECDS) that carry the routing table, the proxy-wasm filter's and the native
+//! module's (docs/native-module.md). JSON, as Envoy's filesystem xDS reads it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -9,6 +10,14 @@ use skewgate_core::table::TableConfig;
 
 /// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
 pub const FILTER_NAME: &str = "skewgate";
+/// Name of the native module's HTTP filter in the bootstrap; its ECDS resource carries it too.
+pub const MODULE_FILTER_NAME: &str = "skewgate-module";
+/// The module's shared object without `lib` and `.so`, as Envoy looks it up in
+/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+pub const MODULE_NAME: &str = "skewgate_module";
+/// The type of the module's ECDS resource, which the bootstrap's `type_urls` must name.
+pub const DYNAMIC_MODULE_FILTER_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// Where an apiserver listens.
@@ -230,6 +239,21 @@ pub fn ecds(table_json: &str, wasm: &Path) -> Value {
                     "value": table_json
                 }
             }
+        }
+    }]})
+}
+
+/// The native module's ECDS resource: the same `table_json` as [`ecds`] carries, for the
+/// module's filter (`filter_name` is the one the module's `new_http_filter_config` answers to).
+pub fn module_ecds(table_json: &str) -> Value {
+    json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": MODULE_FILTER_NAME,
+        "typed_config": {
+            "@type": DYNAMIC_MODULE_FILTER_TYPE,
+            "dynamic_module_config": {"name": MODULE_NAME},
+            "filter_name": "skewgate",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": table_json}
         }
     }]})
 }
