@@ -1,5 +1,5 @@
 //! Issue 14 F3: Envoy must not act for long on files this sidecar did not write. Envoy applies
-//! any `cds.json`/`ecds.json` that parses the moment it lands in its watched directory, so a
+//! any `cds.json`/`ecds.json` (or the native module's `module/ecds.json`) that parses the moment it lands in its watched directory, so a
 //! file naming wrong clusters (or with wrong endpoints) would be served until the next push.
 //!
 //! Two checks, both against what this sidecar last wrote ([`Pusher::restore_replaced_files`]):
@@ -72,7 +72,7 @@ async fn check_files<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
     loop {
         files.tick().await;
         checks += 1;
-        // A stat of two files: cheap enough for the runtime's own threads; their bytes are read
+        // A stat of each file (two, three with the native module): cheap enough for the runtime's own threads; their bytes are read
         // once per `READ_ALL_EVERY` checks.
         match pusher.restore_replaced_files(checks % READ_ALL_EVERY == 0) {
             Ok(restored) => {

@@ -312,9 +312,18 @@ pub fn draining_in(cds: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// The routing table inside an `ecds.json`, so tools accept either file.
+/// The routing table inside an `ecds.json` (the filter's or the module's), so tools accept any
+/// of the files.
 pub fn table_from_ecds(ecds: &Value) -> Option<&str> {
-    ecds.get("resources")?.get(0)?.pointer("/typed_config/config/configuration/value")?.as_str()
+    table_of_filter(ecds.get("resources")?.get(0)?)
+}
+
+/// The table one ECDS resource carries: the proxy-wasm filter's plugin configuration or the
+/// native module's filter configuration.
+pub fn table_of_filter(filter: &Value) -> Option<&str> {
+    ["/typed_config/config/configuration/value", "/typed_config/filter_config/value"]
+        .into_iter()
+        .find_map(|at| filter.pointer(at)?.as_str())
 }
 
 #[cfg(test)]
@@ -439,5 +448,14 @@ mod tests {
         assert_eq!(v["resources"][0]["name"], FILTER_NAME);
         assert_eq!(v["resources"][0]["typed_config"]["config"]["failure_policy"], "FAIL_RELOAD");
         assert_eq!(v["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"], true);
+    }
+
+    #[test]
+    fn module_ecds_carries_the_same_table() {
+        let v = module_ecds("{\"schema\":1}");
+        assert_eq!(table_from_ecds(&v), Some("{\"schema\":1}"));
+        assert_eq!(v["resources"][0]["name"], MODULE_FILTER_NAME);
+        assert_eq!(v["resources"][0]["typed_config"]["@type"], DYNAMIC_MODULE_FILTER_TYPE);
+        assert_eq!(v["resources"][0]["typed_config"]["dynamic_module_config"]["name"], MODULE_NAME);
     }
 }
