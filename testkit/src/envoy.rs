@@ -24,8 +24,8 @@ pub enum Config {
     /// `plain-lb.yaml` with these routes ahead of the pool route: routing done the way a user
     /// would without skewgate, by generating Envoy routes (benchmarks compare against it).
     NativeRoutes { pool_cluster: String, routes: Vec<serde_json::Value> },
-    /// `bootstrap.yaml` with the native dynamic module ahead of the proxy-wasm filter
-    /// ([`crate::native`]); its ECDS file carries the same table.
+    /// `envoy-config/bootstrap-native.yaml`: `bootstrap.yaml` with the native dynamic module
+    /// ahead of the proxy-wasm filter ([`crate::native`]); its ECDS file carries the same table.
     /// Without `wasm`, the module alone (measurements only).
     Native { module_ecds: Value, wasm: bool },
     /// A complete bootstrap of its own (e.g. the benchmarks' upstream responder).
@@ -170,9 +170,11 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
             return insert_routes(&plain, routes);
         }
         Config::Custom(bootstrap) => return Ok(bootstrap.clone()),
-        Config::Native { wasm, .. } => {
+        // The shipped variant (its rendering of bootstrap.yaml, kept equal by static_compose).
+        Config::Native { wasm: true, .. } => ("bootstrap-native.yaml", String::new()),
+        Config::Native { wasm: false, .. } => {
             let shipped = render_bootstrap(&Settings { config: Config::Skewgate, ..s.clone() })?;
-            return crate::native::with_module(&shipped, &s.files().ecds_dir(), *wasm);
+            return crate::native::with_module(&shipped, &s.files().ecds_dir(), false);
         }
     };
     let template = std::fs::read_to_string(paths::envoy_config_dir().join(file))?;

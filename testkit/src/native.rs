@@ -42,9 +42,9 @@ const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.
 /// per request. Its configuration still arrives by ECDS, the shipped file unchanged.
 fn composite_wasm_filter(bootstrap: &str) -> Result<Value> {
     let ecds_path = yaml_value(bootstrap, "                  path: ")?;
-    let ecds_dir = yaml_value(bootstrap, "                  watched_directory: {path: ")?
-        .trim_end_matches('}')
-        .to_string();
+    // One brace closes the flow mapping; the template's placeholder ends in braces of its own.
+    let watched = yaml_value(bootstrap, "                  watched_directory: {path: ")?;
+    let ecds_dir = watched.strip_suffix('}').context("watched_directory not a one-line mapping")?;
     Ok(json!({
         "name": "skewgate-composite",
         "typed_config": {
