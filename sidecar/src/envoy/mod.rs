@@ -22,5 +22,5 @@ pub use push::{PushError, PushOutcome, Pusher, Step};
 pub use render::{RenderError, Resources, render};
 pub use resources::{
     CdsError, DYNAMIC_MODULE_FILTER_TYPE, Endpoint, FILTER_NAME, Health, MODULE_FILTER_NAME, MODULE_NAME,
-    UpstreamTls, cds, draining_in, ecds, module_ecds, table_from_ecds, with_draining,
+    UpstreamTls, cds, draining_in, ecds, module_ecds, table_from_ecds, table_of_filter, with_draining,
 };
