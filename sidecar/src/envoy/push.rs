@@ -353,18 +353,27 @@ impl<A: EnvoyAdmin> Pusher<A> {
         Ok(restored)
     }
 
-    /// Writes `path` again with the bytes this sidecar last wrote there (a fresh inode, so Envoy
-    /// loads it again), if they are still what it last wrote at write count `writes`.
-    pub fn rewrite_if_unchanged_since(&self, path: &Path, writes: u64) -> Result<bool, PushError> {
+    /// Writes each of `paths`, in order, again with the bytes this sidecar last wrote there (a
+    /// fresh inode, so Envoy loads it again), if nothing was written since write count `writes`.
+    /// Returns the files written.
+    pub fn rewrite_if_unchanged_since(
+        &self,
+        paths: &[&Path],
+        writes: u64,
+    ) -> Result<Vec<PathBuf>, PushError> {
         let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
         if written.writes != writes {
-            return Ok(false);
+            return Ok(Vec::new());
         }
-        let Some((bytes, _)) = written.files.get(path).cloned() else { return Ok(false) };
-        write_atomic(path, &bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })?;
-        written.files.insert(path.to_path_buf(), (bytes, Stamp::of(path)));
-        written.writes += 1;
-        Ok(true)
+        let mut rewritten = Vec::new();
+        for path in paths {
+            let Some((bytes, _)) = written.files.get(*path).cloned() else { continue };
+            write_atomic(path, &bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })?;
+            written.files.insert(path.to_path_buf(), (bytes, Stamp::of(path)));
+            written.writes += 1;
+            rewritten.push(path.to_path_buf());
+        }
+        Ok(rewritten)
     }
 
     /// What Envoy should be running now by the files this sidecar wrote: the table's generation
@@ -379,8 +388,14 @@ impl<A: EnvoyAdmin> Pusher<A> {
         (written.writes, generation, clusters)
     }
 
-    pub fn paths(&self) -> (&Path, &Path) {
-        (&self.cds_path, &self.ecds_path)
+    pub fn cds_path(&self) -> &Path {
+        &self.cds_path
+    }
+
+    /// The files that carry the table, in the order a push writes them: the native module's (if
+    /// any), then the filter's.
+    pub fn table_paths(&self) -> Vec<&Path> {
+        self.module_path.iter().map(PathBuf::as_path).chain([self.ecds_path.as_path()]).collect()
     }
 
     pub fn admin(&self) -> Option<&A> {
@@ -1053,7 +1068,25 @@ mod tests {
         let restarted = module_pusher(&d, None);
         assert_eq!(restarted.push(&r1).await.unwrap(), PushOutcome::Unchanged);
         write_atomic(&module, b"{}").unwrap();
-        assert_eq!(restarted.restore_replaced_files(false).unwrap(), [module]);
+        assert_eq!(restarted.restore_replaced_files(false).unwrap(), std::slice::from_ref(&module));
+
+        // Envoy running another table: both table files are written again, the module's first,
+        // unless something was written since the mismatch was seen.
+        let ecds = Files::new(&d).ecds_path();
+        assert_eq!(restarted.table_paths(), [module.as_path(), ecds.as_path()]);
+        let (writes, _, _) = restarted.expected();
+        let inodes = (inode(&module), inode(&ecds));
+        assert!(
+            restarted.rewrite_if_unchanged_since(&restarted.table_paths(), writes - 1).unwrap().is_empty()
+        );
+        assert_eq!(
+            restarted.rewrite_if_unchanged_since(&restarted.table_paths(), writes).unwrap(),
+            [module.clone(), ecds.clone()]
+        );
+        assert_ne!((inode(&module), inode(&ecds)), inodes, "fresh inodes, for Envoy to load again");
+        assert_eq!(std::fs::read(&module).unwrap(), good);
+        assert_eq!(restarted.expected().0, writes + 2);
+        assert!(restarted.restore_replaced_files(true).unwrap().is_empty());
     }
 
     #[test]
