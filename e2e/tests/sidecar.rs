@@ -734,6 +734,7 @@ fn step_name(step: &skewgate::envoy::push::Step) -> String {
         Step::ClustersPresent => "clusters present".into(),
         Step::ClustersUnhealthy(c) => format!("unhealthy {c:?}"),
         Step::WroteEcds(g) => format!("ecds.json {g}"),
+        Step::WroteModuleEcds(g) => format!("module/ecds.json {g}"),
         Step::TableLive(_) => "table live".into(),
         Step::Settled => "settled".into(),
     }

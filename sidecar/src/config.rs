@@ -44,6 +44,7 @@ wasm = "skewgate_filter.wasm"          # the filter ecds.json names
 adminUrl = "http://127.0.0.1:9901"     # optional: confirm each step of a table change
 confirmTimeout = "10s"
 settleDelay = "2s"                     # the wait per step without adminUrl
+nativeModule = false                   # also write envoy/ecds/module/ecds.json (docs/native-module.md)
 
 [limits]                               # per apiserver: a fetch over one fails (kind "limit")
 requestTimeout = "5s"                  # per request, connect to last byte
@@ -137,6 +138,9 @@ pub struct EnvoyOutput {
     pub admin_url: Option<String>,
     pub confirm_timeout: Duration,
     pub settle_delay: Duration,
+    /// Also write the native module's `ecds/module/ecds.json` with each table, for a bootstrap
+    /// that loads the module (`envoy-config/bootstrap-native.yaml`, docs/native-module.md).
+    pub native_module: bool,
 }
 
 impl EnvoyOutput {
@@ -426,6 +430,17 @@ impl Reader {
         }
     }
 
+    fn boolean(&mut self, value: Option<&Value>, field: &str) -> Option<bool> {
+        match value {
+            Some(Value::Bool(b)) => Some(*b),
+            Some(other) => {
+                self.fail(field, format!("expected a boolean (true or false), got {}", kind(other)));
+                None
+            }
+            None => None,
+        }
+    }
+
     fn required_string(&mut self, value: Option<&Value>, field: &str) -> Option<String> {
         if value.is_none() {
             self.fail(field, "is required");
@@ -595,8 +610,11 @@ impl Reader {
             self.fail("envoy", "is required (dir, wasm)");
             return None;
         }
-        let map =
-            self.object(value, "envoy", &["dir", "wasm", "adminUrl", "confirmTimeout", "settleDelay"])?;
+        let map = self.object(
+            value,
+            "envoy",
+            &["dir", "wasm", "adminUrl", "confirmTimeout", "settleDelay", "nativeModule"],
+        )?;
         let dir = self.required_string(map.get("dir"), "envoy.dir");
         let dir = dir.map(|d| self.base.join(d));
         let wasm = self.file(map.get("wasm"), "envoy.wasm");
@@ -611,12 +629,14 @@ impl Reader {
             self.duration(map.get("confirmTimeout"), "envoy.confirmTimeout", Duration::from_secs(10), false);
         let settle_delay =
             self.duration(map.get("settleDelay"), "envoy.settleDelay", Duration::from_secs(2), true);
+        let native_module = self.boolean(map.get("nativeModule"), "envoy.nativeModule").unwrap_or(false);
         Some(EnvoyOutput {
             dir: dir?,
             wasm: wasm?,
             admin_url: admin_url.map(|u| u.trim_end_matches('/').to_owned()),
             confirm_timeout,
             settle_delay,
+            native_module,
         })
     }
 
@@ -642,12 +662,8 @@ impl Reader {
             c.port = port as u16;
         }
         c.leave_after = self.duration(map.get("leaveAfter"), "cluster.leaveAfter", c.leave_after, true);
-        match map.get("extensions") {
-            None => {}
-            Some(Value::Bool(b)) => c.extensions = *b,
-            Some(other) => {
-                self.fail("cluster.extensions", format!("expected a boolean, got {}", kind(other)))
-            }
+        if let Some(extensions) = self.boolean(map.get("extensions"), "cluster.extensions") {
+            c.extensions = extensions;
         }
         c
     }
@@ -773,6 +789,7 @@ mod tests {
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.health, Health::default());
         assert_eq!(c.envoy.admin_url, None);
+        assert!(!c.envoy.native_module);
         assert!(c.tls.peer_ca.is_absolute());
         assert_eq!(c.envoy.dir, f.dir.join("out"));
         assert_eq!(c.envoy.files().cds_path(), f.dir.join("out/cds/cds.json"));
@@ -797,6 +814,7 @@ mod tests {
         doc["envoy"]["adminUrl"] = json!("http://127.0.0.1:9901/");
         doc["envoy"]["confirmTimeout"] = json!("3s");
         doc["envoy"]["settleDelay"] = json!("0s");
+        doc["envoy"]["nativeModule"] = json!(true);
         let c = SyncConfig::from_value(&doc, &f.dir).unwrap();
         assert_eq!(c.server_name, "apiserver.internal");
         assert_eq!(c.identity.groups.len(), 2);
@@ -816,6 +834,7 @@ mod tests {
         assert_eq!(c.envoy.admin_url.as_deref(), Some("http://127.0.0.1:9901"));
         assert_eq!(c.envoy.confirm_timeout, Duration::from_secs(3));
         assert_eq!(c.envoy.settle_delay, Duration::ZERO);
+        assert!(c.envoy.native_module);
     }
 
     #[test]
@@ -848,6 +867,7 @@ mod tests {
             ("envoy.adminUrl", |d| d["envoy"]["adminUrl"] = json!("localhost:9901")),
             ("envoy.confirmTimeout", |d| d["envoy"]["confirmTimeout"] = json!("0s")),
             ("envoy.settleDelay", |d| d["envoy"]["settleDelay"] = json!("soon")),
+            ("envoy.nativeModule", |d| d["envoy"]["nativeModule"] = json!("yes")),
             ("pollPeriod", |d| d["pollPeriod"] = json!("5")),
             ("pollPeriod", |d| d["pollPeriod"] = json!("0ms")),
             ("gracePeriod", |d| d["gracePeriod"] = json!(30)),

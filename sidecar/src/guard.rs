@@ -1,6 +1,7 @@
 //! Issue 14 F3: Envoy must not act for long on files this sidecar did not write. Envoy applies
-//! any `cds.json`/`ecds.json` that parses the moment it lands in its watched directory, so a
-//! file naming wrong clusters (or with wrong endpoints) would be served until the next push.
+//! any `cds.json`/`ecds.json` (or the native module's `module/ecds.json`) that parses the moment
+//! it lands in its watched directory, so a file naming wrong clusters (or with wrong endpoints)
+//! would be served until the next push.
 //!
 //! Two checks, both against what this sidecar last wrote ([`Pusher::restore_replaced_files`]):
 //! - every [`FILE_CHECK`], each file's inode, length and mtime: one that moved is read, and put
@@ -10,7 +11,8 @@
 //!   back (and, for clusters it had lost, their first health check);
 //! - every [`LIVE_CHECK`], Envoy's admin API: the filter's table generation and the clusters
 //!   Envoy has. A difference seen at two checks in a row with no write in between (a push under
-//!   way is expected to differ for a moment) makes the file be written again, once per write.
+//!   way is expected to differ for a moment) makes the files behind it be written again (clusters,
+//!   then the table: the native module's and the filter's), once per write.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -72,7 +74,7 @@ async fn check_files<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
     loop {
         files.tick().await;
         checks += 1;
-        // A stat of two files: cheap enough for the runtime's own threads; their bytes are read
+        // A stat of each file (two, three with the native module): cheap enough for the runtime's own threads; their bytes are read
         // once per `READ_ALL_EVERY` checks.
         match pusher.restore_replaced_files(checks % READ_ALL_EVERY == 0) {
             Ok(restored) => {
@@ -110,24 +112,24 @@ async fn check_live<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
     }
 }
 
+/// Writes the files behind `found` again, in push order: clusters, then the table's files (the
+/// native module's too: with it, the table Envoy reports is the module's where the two differ).
 fn rewrite<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared, found: &[LiveMismatch], writes: u64) {
-    let (cds, ecds) = pusher.paths();
-    let paths: Vec<&Path> = found
-        .iter()
-        .map(|m| match m {
-            LiveMismatch::Table { .. } => ecds,
-            LiveMismatch::Clusters(_) => cds,
-        })
-        .collect();
-    for path in paths {
-        match pusher.rewrite_if_unchanged_since(path, writes) {
-            Ok(true) => {
+    let mut paths: Vec<&Path> = Vec::new();
+    if found.iter().any(|m| matches!(m, LiveMismatch::Clusters(_))) {
+        paths.push(pusher.cds_path());
+    }
+    if found.iter().any(|m| matches!(m, LiveMismatch::Table { .. })) {
+        paths.extend(pusher.table_paths());
+    }
+    match pusher.rewrite_if_unchanged_since(&paths, writes) {
+        Ok(rewritten) => {
+            for path in rewritten {
                 tracing::warn!(file = %path.display(), ?found, "Envoy runs something else than its files say; written again");
                 shared.metrics.envoy_restores.get_or_create(&kind("live")).inc();
             }
-            Ok(false) => {}
-            Err(error) => tracing::warn!(%error, "cannot write Envoy's file again"),
         }
+        Err(error) => tracing::warn!(%error, "cannot write Envoy's file again"),
     }
 }
 

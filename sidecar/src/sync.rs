@@ -306,12 +306,12 @@ impl Sidecar {
             Some(url) => Some(HttpAdmin::new(url, config.envoy.confirm_timeout)?),
             None => None,
         };
-        let pusher = Pusher::new(
-            &config.envoy.files(),
-            admin,
-            config.envoy.confirm_timeout,
-            config.envoy.settle_delay,
-        );
+        let files = config.envoy.files();
+        let pusher = Pusher::new(&files, admin, config.envoy.confirm_timeout, config.envoy.settle_delay);
+        let pusher = match config.envoy.native_module {
+            true => pusher.with_native_module(&files),
+            false => pusher,
+        };
         let path = |p: &std::path::Path| p.display().to_string();
         let upstream = UpstreamTls {
             peer_ca: path(&config.tls.peer_ca),

@@ -24,8 +24,8 @@ pub enum Config {
     /// `plain-lb.yaml` with these routes ahead of the pool route: routing done the way a user
     /// would without skewgate, by generating Envoy routes (benchmarks compare against it).
     NativeRoutes { pool_cluster: String, routes: Vec<serde_json::Value> },
-    /// `bootstrap.yaml` with the native dynamic module ahead of the proxy-wasm filter
-    /// ([`crate::native`]); its ECDS file carries the same table.
+    /// `envoy-config/bootstrap-native.yaml`: `bootstrap.yaml` with the native dynamic module
+    /// ahead of the proxy-wasm filter ([`crate::native`]); its ECDS file carries the same table.
     /// Without `wasm`, the module alone (measurements only).
     Native { module_ecds: Value, wasm: bool },
     /// A complete bootstrap of its own (e.g. the benchmarks' upstream responder).
@@ -170,9 +170,11 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
             return insert_routes(&plain, routes);
         }
         Config::Custom(bootstrap) => return Ok(bootstrap.clone()),
-        Config::Native { wasm, .. } => {
+        // The shipped variant (its rendering of bootstrap.yaml, kept equal by static_compose).
+        Config::Native { wasm: true, .. } => ("bootstrap-native.yaml", String::new()),
+        Config::Native { wasm: false, .. } => {
             let shipped = render_bootstrap(&Settings { config: Config::Skewgate, ..s.clone() })?;
-            return crate::native::with_module(&shipped, &s.files().ecds_dir(), *wasm);
+            return crate::native::with_module(&shipped, &s.files().ecds_dir(), false);
         }
     };
     let template = std::fs::read_to_string(paths::envoy_config_dir().join(file))?;
@@ -238,7 +240,7 @@ impl Envoy {
     pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
         settings.files().write_first(cds, ecds)?;
         if let Config::Native { module_ecds, .. } = &settings.config {
-            let path = crate::native::module_ecds_path(&settings.files().ecds_dir());
+            let path = settings.files().module_ecds_path();
             std::fs::create_dir_all(path.parent().context("module ECDS directory")?)?;
             write_atomic(&path, module_ecds.to_string().as_bytes())?;
         }
@@ -347,10 +349,9 @@ impl Envoy {
     /// Writes the filter's ECDS file; with the native module, the module's too (same table, first).
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
         if let Config::Native { .. } = self.settings.config {
-            let table =
-                ecds.pointer("/resources/0/typed_config/config/configuration/value").and_then(Value::as_str);
-            let module = crate::native::module_ecds(table.context("ECDS without a table")?);
-            let path = crate::native::module_ecds_path(&self.settings.files().ecds_dir());
+            let table = skewgate::envoy::table_from_ecds(ecds);
+            let module = skewgate::envoy::module_ecds(table.context("ECDS without a table")?);
+            let path = self.settings.files().module_ecds_path();
             write_atomic(&path, module.to_string().as_bytes())?;
             return Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?);
         }

@@ -1,6 +1,7 @@
 //! The native fast path (crate `skewgate-module`, `libskewgate_module.so`) in front of the
-//! proxy-wasm filter: the bootstrap variant that loads it and the ECDS resource carrying its
-//! routing table.
+//! proxy-wasm filter: the bootstrap variant that loads it (`envoy-config/bootstrap-native.yaml` is
+//! its rendering). The ECDS resource carrying its routing table is the sidecar's
+//! ([`skewgate::envoy::module_ecds`]), re-exported here.
 //!
 //! The variant is `envoy-config/bootstrap.yaml` with three changes: the module's filter ahead of
 //! the proxy-wasm filter (its table from `{{ECDS_DIR}}/module/ecds.json`); the proxy-wasm filter
@@ -15,12 +16,8 @@ use serde_json::{Value, json};
 
 use crate::paths;
 
-pub const MODULE_FILTER_NAME: &str = "skewgate-module";
-/// The shared object's name without `lib` and `.so`, as Envoy looks it up in
-/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
-pub const MODULE_NAME: &str = "skewgate_module";
-const DYNAMIC_MODULE_FILTER: &str =
-    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+use skewgate::envoy::DYNAMIC_MODULE_FILTER_TYPE as DYNAMIC_MODULE_FILTER;
+pub use skewgate::envoy::{MODULE_FILTER_NAME, MODULE_NAME, module_ecds, module_ecds_path};
 
 /// The directory holding `libskewgate_module.so` (release build), or `$SKEWGATE_MODULE_DIR`.
 pub fn module_dir() -> Result<PathBuf> {
@@ -34,24 +31,6 @@ pub fn module_dir() -> Result<PathBuf> {
     dir.canonicalize().with_context(|| format!("resolving {}", dir.display()))
 }
 
-/// The module's ECDS file for `table_json`.
-pub fn module_ecds(table_json: &str) -> Value {
-    json!({"resources": [{
-        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
-        "name": MODULE_FILTER_NAME,
-        "typed_config": {
-            "@type": DYNAMIC_MODULE_FILTER,
-            "dynamic_module_config": {"name": MODULE_NAME},
-            "filter_name": "skewgate",
-            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": table_json}
-        }
-    }]})
-}
-
-pub fn module_ecds_path(ecds_dir: &Path) -> PathBuf {
-    ecds_dir.join("module/ecds.json")
-}
-
 const EXTENSION_WITH_MATCHER: &str =
     "type.googleapis.com/envoy.extensions.common.matching.v3.ExtensionWithMatcher";
 const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
@@ -63,9 +42,9 @@ const WASM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.
 /// per request. Its configuration still arrives by ECDS, the shipped file unchanged.
 fn composite_wasm_filter(bootstrap: &str) -> Result<Value> {
     let ecds_path = yaml_value(bootstrap, "                  path: ")?;
-    let ecds_dir = yaml_value(bootstrap, "                  watched_directory: {path: ")?
-        .trim_end_matches('}')
-        .to_string();
+    // One brace closes the flow mapping; the template's placeholder ends in braces of its own.
+    let watched = yaml_value(bootstrap, "                  watched_directory: {path: ")?;
+    let ecds_dir = watched.strip_suffix('}').context("watched_directory not a one-line mapping")?;
     Ok(json!({
         "name": "skewgate-composite",
         "typed_config": {

@@ -7,7 +7,8 @@
 //! validate`, and the sidecar configuration loads.
 //!
 //! `SKEWGATE_BLESS=1 cargo test -p skewgate-testkit --test static_compose` rewrites
-//! envoy-config/compose/envoy.yaml from envoy-config/bootstrap.yaml.
+//! envoy-config/compose/envoy.yaml, envoy-config/bootstrap-native.yaml and docs/kubeadm/envoy.yaml
+//! from envoy-config/bootstrap.yaml.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -16,7 +17,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
 use skewgate::config::{Overrides, SyncConfig};
-use skewgate_testkit::{envoy, paths};
+use skewgate_testkit::{envoy, native, paths};
 
 use crate::compose::{interpolate, strings};
 
@@ -685,17 +686,44 @@ fn load_sidecar_config(c: &Value, dir: &Path) -> Result<SyncConfig> {
 fn compose_envoy_config_is_the_template_rendered() -> Result<()> {
     let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
     let rendered = format!("{RENDERED_HEADER}{}", envoy::render(&template, &compose_envoy_values())?);
-    let path = root().join(ENVOY_YAML);
+    ensure_generated(ENVOY_YAML, &rendered, "rendered for docker-compose")
+}
+
+/// `relative` holds exactly `generated` (from envoy-config/bootstrap.yaml, `how`); with
+/// `SKEWGATE_BLESS` set, it is written first.
+fn ensure_generated(relative: &str, generated: &str, how: &str) -> Result<()> {
+    let path = root().join(relative);
     if std::env::var_os("SKEWGATE_BLESS").is_some() {
-        std::fs::write(&path, &rendered)?;
+        std::fs::write(&path, generated)?;
     }
     let shipped = std::fs::read_to_string(&path).unwrap_or_default();
     ensure!(
-        shipped == rendered,
-        "{ENVOY_YAML} is not envoy-config/bootstrap.yaml rendered for docker-compose; regenerate it with\n  \
+        shipped == generated,
+        "{relative} is not envoy-config/bootstrap.yaml {how}; regenerate it with\n  \
          SKEWGATE_BLESS=1 cargo test -p skewgate-testkit --test static_compose"
     );
     Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// envoy-config/bootstrap-native.yaml: the native module ahead of the proxy-wasm filter.
+
+const NATIVE_ENVOY: &str = "envoy-config/bootstrap-native.yaml";
+
+const NATIVE_HEADER: &str = "\
+# GENERATED from envoy-config/bootstrap.yaml by skewgate_testkit::native::with_module: do not edit;
+# testkit/tests/static_compose.rs checks it and rewrites it with SKEWGATE_BLESS=1.
+# The bootstrap with the native dynamic module (libskewgate_module.so) ahead of the proxy-wasm
+# filter (docs/native-module.md): the same placeholders as bootstrap.yaml; Envoy needs
+# ENVOY_DYNAMIC_MODULES_SEARCH_PATH set to the module's directory, and the sidecar
+# `nativeModule = true` in [envoy] to write the module's table to ECDS_DIR/module/ecds.json.
+";
+
+#[test]
+fn native_bootstrap_is_the_template_with_the_module() -> Result<()> {
+    let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
+    let with_module = native::with_module(&template, Path::new("{{ECDS_DIR}}"), true)?;
+    ensure_generated(NATIVE_ENVOY, &format!("{NATIVE_HEADER}{with_module}"), "with the native module")
 }
 
 /// `envoy --mode validate` on the shipped file, with its container paths moved into a temporary
@@ -774,15 +802,7 @@ fn kubeadm_node(dir: &Path) -> Result<()> {
 fn kubeadm_envoy_config_is_the_template_rendered_and_validates() -> Result<()> {
     let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
     let rendered = format!("{KUBEADM_HEADER}{}", envoy::render(&template, &kubeadm_envoy_values())?);
-    let path = root().join(KUBEADM_ENVOY);
-    if std::env::var_os("SKEWGATE_BLESS").is_some() {
-        std::fs::write(&path, &rendered)?;
-    }
-    ensure!(
-        std::fs::read_to_string(&path).unwrap_or_default() == rendered,
-        "{KUBEADM_ENVOY} is not envoy-config/bootstrap.yaml rendered for kubeadm; regenerate it with\n  \
-         SKEWGATE_BLESS=1 cargo test -p skewgate-testkit --test static_compose"
-    );
+    ensure_generated(KUBEADM_ENVOY, &rendered, "rendered for kubeadm")?;
     let dir = temp_dir("kubeadm-validate")?;
     kubeadm_node(&dir)?;
     let config = kubeadm_sidecar_config(&dir)?;

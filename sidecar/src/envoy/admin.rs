@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use skewgate_core::table::TableConfig;
 
-use super::resources::{FILTER_NAME, table_from_ecds};
+use super::resources::{FILTER_NAME, MODULE_FILTER_NAME, table_of_filter};
 
 /// One cluster as `/clusters` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -126,16 +126,24 @@ pub fn parse_stats(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
-/// The skewgate filter's table in `/config_dump?resource=ecds_filters`.
+/// The skewgate filter's table in `/config_dump?resource=ecds_filters`. With the native module
+/// (docs/native-module.md), the module's table where it differs: a table is live once both run
+/// it, since either may route to its clusters.
 pub fn live_table_of(dump: &Value) -> Option<LiveTable> {
     let configs = dump.get("configs")?.as_array()?;
-    let filter = configs
-        .iter()
-        .filter_map(|c| c.get("ecds_filter"))
-        .find(|f| f.get("name").and_then(Value::as_str) == Some(FILTER_NAME))?;
-    // The dumped filter has the shape of one ECDS resource.
-    let wrapped = serde_json::json!({ "resources": [filter] });
-    table_summary(table_from_ecds(&wrapped)?)
+    // A dumped filter has the shape of one ECDS resource.
+    let table_of = |name: &str| {
+        let filter = configs
+            .iter()
+            .filter_map(|c| c.get("ecds_filter"))
+            .find(|f| f.get("name").and_then(Value::as_str) == Some(name))?;
+        table_summary(table_of_filter(filter)?)
+    };
+    let filter = table_of(FILTER_NAME)?;
+    match table_of(MODULE_FILTER_NAME) {
+        Some(module) if module.generation != filter.generation => Some(module),
+        _ => Some(filter),
+    }
 }
 
 impl LiveTable {
@@ -218,6 +226,15 @@ mod tests {
         let live = live_table_of(&dump).unwrap();
         assert_eq!(live.generation, "G1");
         assert_eq!(live.clusters.iter().map(String::as_str).collect::<Vec<_>>(), ["ap-a", "pool", "set-a"]);
+        // With the module: live once it runs the same table.
+        let entry = |ecds: &Value| json!({"ecds_filter": ecds["resources"][0]});
+        let older = json!({"schema": 1, "generation": "G0", "apiservers": [], "poolCluster": "old-pool"});
+        let module = |t: &Value| entry(&crate::envoy::module_ecds(&t.to_string()));
+        let behind = json!({"configs": [entry(&ecds), module(&older)]});
+        assert_eq!(live_table_of(&behind).map(|l| l.generation), Some("G0".to_string()));
+        let level = json!({"configs": [module(&table), entry(&ecds)]});
+        assert_eq!(live_table_of(&level), Some(live));
+        assert_eq!(live_table_of(&json!({"configs": [module(&table)]})), None, "no filter, no table");
         assert_eq!(live_table_of(&json!({})), None);
         assert_eq!(live_table_of(&json!({"configs": []})), None);
     }

@@ -33,6 +33,11 @@ impl Files {
         self.ecds_dir().join("ecds.json")
     }
 
+    /// The native module's ECDS file (docs/native-module.md).
+    pub fn module_ecds_path(&self) -> PathBuf {
+        module_ecds_path(&self.ecds_dir())
+    }
+
     /// Both files at once, clusters first, without waiting on Envoy: for a first table, before
     /// any Envoy watches them (a running Envoy gets its tables through [`super::Pusher`]).
     pub fn write_first(&self, cds: &Value, ecds: &Value) -> std::io::Result<()> {
@@ -41,6 +46,12 @@ impl Files {
         write_atomic(&self.cds_path(), cds.to_string().as_bytes())?;
         write_atomic(&self.ecds_path(), ecds.to_string().as_bytes())
     }
+}
+
+/// The native module's ECDS file under the filter's ECDS directory: a directory of its own
+/// (Envoy watches each file's directory), which a bootstrap may name through a placeholder.
+pub fn module_ecds_path(ecds_dir: &Path) -> PathBuf {
+    ecds_dir.join("module/ecds.json")
 }
 
 /// Replaces `path` so that a watcher sees either the old or the new content, never a mix: Envoy

@@ -1,7 +1,8 @@
 //! Everything skewgate knows about Envoy, in one place; the sidecar, `skewgate table`, the
 //! harness and the tests all go through it:
 //!
-//! - [`resources`]: the JSON of the clusters (CDS) and of the filter configuration (ECDS);
+//! - [`resources`]: the JSON of the clusters (CDS) and of the filter configurations (ECDS: the
+//!   proxy-wasm filter's and the native module's);
 //! - [`render`](mod@render): a routing table → both resources, refusing a table the filter
 //!   would refuse;
 //! - [`files`]: where the resources live on disk and how they are replaced;
@@ -16,10 +17,10 @@ pub mod render;
 pub mod resources;
 
 pub use admin::{AdminError, EnvoyAdmin, HttpAdmin, LiveTable};
-pub use files::{Files, write_atomic};
+pub use files::{Files, module_ecds_path, write_atomic};
 pub use push::{PushError, PushOutcome, Pusher, Step};
 pub use render::{RenderError, Resources, render};
 pub use resources::{
-    CdsError, Endpoint, FILTER_NAME, Health, UpstreamTls, cds, draining_in, ecds, table_from_ecds,
-    with_draining,
+    CdsError, DYNAMIC_MODULE_FILTER_TYPE, Endpoint, FILTER_NAME, Health, MODULE_FILTER_NAME, MODULE_NAME,
+    UpstreamTls, cds, draining_in, ecds, module_ecds, table_from_ecds, table_of_filter, with_draining,
 };

@@ -3,7 +3,8 @@
 //!
 //! 1. `cds.json` with the union of the clusters on disk and the new ones; wait until Envoy has
 //!    all new clusters (and the ones the new table starts routing to have a healthy host);
-//! 2. `ecds.json` with the new table; wait until the filter runs it;
+//! 2. `ecds.json` with the new table; wait until the filter runs it (with the native module,
+//!    its `module/ecds.json` first, carrying the same table: both name the clusters of step 1);
 //! 3. `cds.json` with exactly the new clusters, dropping those nothing references any more.
 //!
 //! Files are only written when their content changes, always with temp file + fsync + rename.
@@ -27,7 +28,7 @@ use tokio::time::Instant;
 use super::admin::{AdminError, EnvoyAdmin, LiveTable};
 use super::files::{Files, write_atomic};
 use super::render::Resources;
-use super::resources::{draining_in, with_draining};
+use super::resources::{draining_in, module_ecds, table_from_ecds, with_draining};
 
 /// How often the admin API is asked while waiting.
 const CONFIRM_POLL: Duration = Duration::from_millis(50);
@@ -42,6 +43,8 @@ pub enum Step {
     /// Not every newly routed-to cluster had a healthy host in time; the table went out anyway.
     ClustersUnhealthy(Vec<String>),
     WroteEcds(String),
+    /// The native module's `module/ecds.json` written with the table of this generation.
+    WroteModuleEcds(String),
     /// The filter runs the table of this generation.
     TableLive(String),
     /// No admin API: waited the settle delay.
@@ -92,6 +95,8 @@ impl PushError {
 pub struct Pusher<A> {
     cds_path: PathBuf,
     ecds_path: PathBuf,
+    /// The native module's ECDS file, when the sidecar serves the module too.
+    module_path: Option<PathBuf>,
     admin: Option<A>,
     confirm_timeout: Duration,
     settle_delay: Duration,
@@ -131,12 +136,26 @@ impl<A: EnvoyAdmin> Pusher<A> {
         Self {
             cds_path: files.cds_path(),
             ecds_path: files.ecds_path(),
+            module_path: None,
             admin,
             confirm_timeout,
             settle_delay,
             draining: Arc::default(),
             written: Arc::default(),
         }
+    }
+
+    /// Also writes the native module's ECDS file of `files` (docs/native-module.md), with each
+    /// table, just before the filter's.
+    pub fn with_native_module(mut self, files: &Files) -> Self {
+        self.module_path = Some(files.module_ecds_path());
+        self
+    }
+
+    /// The module's file for `resources`, when there is one to write, with its path.
+    fn module_file(&self, resources: &Resources) -> Option<(&Path, Vec<u8>)> {
+        let path = self.module_path.as_deref()?;
+        table_from_ecds(&resources.ecds).map(|table| (path, to_bytes(&module_ecds(table))))
     }
 
     /// Takes over the overlay of the `cds.json` on disk without writing anything: a restarted
@@ -193,13 +212,27 @@ impl<A: EnvoyAdmin> Pusher<A> {
         let new_ecds = to_bytes(&resources.ecds);
         let disk_cds = self.ours(&self.cds_path)?;
         let disk_ecds = self.ours(&self.ecds_path)?;
-        if disk_cds.as_deref() == Some(&new_cds[..]) && disk_ecds.as_deref() == Some(&new_ecds[..]) {
+        let module = self.module_file(resources);
+        let module_current = match &module {
+            Some((path, new)) => self.ours(path)?.as_deref() == Some(&new[..]),
+            None => true,
+        };
+        if disk_cds.as_deref() == Some(&new_cds[..])
+            && disk_ecds.as_deref() == Some(&new_ecds[..])
+            && module_current
+        {
             // Written by an earlier process: guarded from now on as if this one had written them.
             self.adopt(&self.cds_path, &new_cds);
+            if let Some((path, new)) = &module {
+                self.adopt(path, new);
+            }
             self.adopt(&self.ecds_path, &new_ecds);
             return Ok(PushOutcome::Unchanged);
         }
-        for path in [&self.cds_path, &self.ecds_path] {
+        let module_path = module.as_ref().map(|(path, _)| *path);
+        for path in
+            [Some(self.cds_path.as_path()), Some(self.ecds_path.as_path()), module_path].into_iter().flatten()
+        {
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)
                     .map_err(|error| PushError::Io { path: dir.to_path_buf(), error })?;
@@ -217,6 +250,10 @@ impl<A: EnvoyAdmin> Pusher<A> {
             // nothing to order against. Clusters first all the same, for one starting meanwhile.
             self.write_cds(&resources.cds)?;
             steps.push(Step::WroteCds(new_names.into_iter().collect()));
+            if let Some((path, new)) = &module {
+                self.write(path, new)?;
+                steps.push(Step::WroteModuleEcds(resources.generation.clone()));
+            }
             self.write(&self.ecds_path, &new_ecds)?;
             steps.push(Step::WroteEcds(resources.generation.clone()));
             return Ok(PushOutcome::Pushed { added, removed, steps });
@@ -228,6 +265,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
             None => None,
         };
         let table_pending = disk_ecds.as_deref() != Some(&new_ecds[..])
+            || !module_current
             || self.admin.is_some() && live.as_ref().map(|l| &l.generation) != Some(&resources.generation);
         if table_pending {
             let union = union_cds(&resources.cds, old_cds.as_ref());
@@ -244,6 +282,10 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 Some(admin) => Some(admin.ecds_rejections().await?),
                 None => None,
             };
+            if let Some((path, new)) = module.as_ref().filter(|_| !module_current) {
+                self.write(path, new)?;
+                steps.push(Step::WroteModuleEcds(resources.generation.clone()));
+            }
             if disk_ecds.as_deref() != Some(&new_ecds[..]) {
                 self.write(&self.ecds_path, &new_ecds)?;
                 steps.push(Step::WroteEcds(resources.generation.clone()));
@@ -311,18 +353,27 @@ impl<A: EnvoyAdmin> Pusher<A> {
         Ok(restored)
     }
 
-    /// Writes `path` again with the bytes this sidecar last wrote there (a fresh inode, so Envoy
-    /// loads it again), if they are still what it last wrote at write count `writes`.
-    pub fn rewrite_if_unchanged_since(&self, path: &Path, writes: u64) -> Result<bool, PushError> {
+    /// Writes each of `paths`, in order, again with the bytes this sidecar last wrote there (a
+    /// fresh inode, so Envoy loads it again), if nothing was written since write count `writes`.
+    /// Returns the files written.
+    pub fn rewrite_if_unchanged_since(
+        &self,
+        paths: &[&Path],
+        writes: u64,
+    ) -> Result<Vec<PathBuf>, PushError> {
         let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
         if written.writes != writes {
-            return Ok(false);
+            return Ok(Vec::new());
         }
-        let Some((bytes, _)) = written.files.get(path).cloned() else { return Ok(false) };
-        write_atomic(path, &bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })?;
-        written.files.insert(path.to_path_buf(), (bytes, Stamp::of(path)));
-        written.writes += 1;
-        Ok(true)
+        let mut rewritten = Vec::new();
+        for path in paths {
+            let Some((bytes, _)) = written.files.get(*path).cloned() else { continue };
+            write_atomic(path, &bytes).map_err(|error| PushError::Io { path: path.to_path_buf(), error })?;
+            written.files.insert(path.to_path_buf(), (bytes, Stamp::of(path)));
+            written.writes += 1;
+            rewritten.push(path.to_path_buf());
+        }
+        Ok(rewritten)
     }
 
     /// What Envoy should be running now by the files this sidecar wrote: the table's generation
@@ -337,8 +388,14 @@ impl<A: EnvoyAdmin> Pusher<A> {
         (written.writes, generation, clusters)
     }
 
-    pub fn paths(&self) -> (&Path, &Path) {
-        (&self.cds_path, &self.ecds_path)
+    pub fn cds_path(&self) -> &Path {
+        &self.cds_path
+    }
+
+    /// The files that carry the table, in the order a push writes them: the native module's (if
+    /// any), then the filter's.
+    pub fn table_paths(&self) -> Vec<&Path> {
+        self.module_path.iter().map(PathBuf::as_path).chain([self.ecds_path.as_path()]).collect()
     }
 
     pub fn admin(&self) -> Option<&A> {
@@ -488,10 +545,14 @@ mod tests {
     struct Fake {
         cds: PathBuf,
         ecds: PathBuf,
+        /// The native module's file, loaded like `ecds` when there is one.
+        module: PathBuf,
         cds_loaded: Vec<u8>,
         ecds_loaded: Vec<u8>,
+        module_loaded: Vec<u8>,
         clusters: BTreeMap<String, (ClusterHealth, u32)>,
         live: Option<LiveTable>,
+        module_live: Option<LiveTable>,
         rejections: u64,
         /// Admin calls before a changed cds.json is noticed.
         cds_lag: u32,
@@ -511,8 +572,13 @@ mod tests {
 
     impl FakeEnvoy {
         fn new(dir: &Path) -> Self {
-            let fake =
-                Fake { cds: dir.join("cds/cds.json"), ecds: dir.join("ecds/ecds.json"), ..Fake::default() };
+            let files = Files::new(dir);
+            let fake = Fake {
+                cds: files.cds_path(),
+                ecds: files.ecds_path(),
+                module: files.module_ecds_path(),
+                ..Fake::default()
+            };
             Self(Arc::new(Mutex::new(fake)))
         }
 
@@ -533,6 +599,12 @@ mod tests {
                 } else {
                     f.live = Some(summary);
                 }
+            }
+            let module = std::fs::read(&f.module).unwrap_or_default();
+            if module != f.module_loaded {
+                f.module_loaded = module.clone();
+                let value: Value = serde_json::from_slice(&module).unwrap();
+                f.module_live = table_from_ecds(&value).and_then(table_summary);
             }
             let cds = std::fs::read(&f.cds).unwrap_or_default();
             if cds != f.cds_loaded {
@@ -566,6 +638,7 @@ mod tests {
             let missing: Vec<String> = f
                 .live
                 .iter()
+                .chain(&f.module_live)
                 .flat_map(|l| l.clusters.iter())
                 .filter(|c| !f.clusters.contains_key(*c))
                 .cloned()
@@ -601,8 +674,14 @@ mod tests {
             Ok(self.observe().clusters.iter().map(|(k, (h, _))| (k.clone(), *h)).collect())
         }
 
+        /// As [`super::super::admin::live_table_of`] reads it: the module's table where it differs.
         async fn live_table(&self) -> Result<Option<LiveTable>, AdminError> {
-            Ok(self.observe().live.clone())
+            let f = self.observe();
+            let module = f
+                .module_live
+                .clone()
+                .filter(|m| f.live.as_ref().is_some_and(|l| l.generation != m.generation));
+            Ok(module.or_else(|| f.live.clone()))
         }
 
         async fn ecds_rejections(&self) -> Result<u64, AdminError> {
@@ -911,6 +990,103 @@ mod tests {
         assert_eq!(restarted.adopt_draining_from_disk().unwrap(), b);
         assert_eq!(restarted.draining(), b);
         assert_ne!(names_before, cluster_names(Some(&cds_on_disk(&d))));
+    }
+
+    fn module_pusher(dir: &Path, admin: Option<FakeEnvoy>) -> Pusher<FakeEnvoy> {
+        pusher(dir, admin).with_native_module(&Files::new(dir))
+    }
+
+    /// The module's file carries the filter's table, and goes after the clusters it names and
+    /// before the filter's file, on the first push as on every change.
+    #[tokio::test]
+    async fn the_module_table_goes_between_the_clusters_and_the_filter() {
+        let d = dir("module-order");
+        let envoy = FakeEnvoy::new(&d);
+        let p = module_pusher(&d, Some(envoy.clone()));
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        assert!(
+            matches!(&steps[..], [Step::WroteCds(_), Step::WroteModuleEcds(m), Step::WroteEcds(g)] if m == "g1" && g == "g1"),
+            "{steps:?}"
+        );
+        let files = Files::new(&d);
+        let read = |path: PathBuf| serde_json::from_slice::<Value>(&std::fs::read(path).unwrap()).unwrap();
+        let (ecds, module) = (read(files.ecds_path()), read(files.module_ecds_path()));
+        assert_eq!(module, module_ecds(table_from_ecds(&ecds).unwrap()));
+        envoy.load_now();
+
+        envoy.with(|f| {
+            f.cds_lag = 3;
+            f.lag_left = 3;
+            f.healthy_after = 2;
+        });
+        let r2 = resources("g2", &["b", "c"], &["a"]);
+        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        assert!(
+            matches!(
+                &steps[..],
+                [
+                    Step::WroteCds(union),
+                    Step::ClustersPresent,
+                    Step::WroteModuleEcds(m),
+                    Step::WroteEcds(g),
+                    Step::TableLive(live),
+                    Step::WroteCds(fin)
+                ] if union.len() == 8 && m == "g2" && g == "g2" && live == "g2" && fin.len() == 6
+            ),
+            "{steps:?}"
+        );
+        let (ecds, module) = (read(files.ecds_path()), read(files.module_ecds_path()));
+        assert_eq!(module, module_ecds(table_from_ecds(&ecds).unwrap()));
+        envoy.load_now();
+        envoy.with(|f| {
+            assert!(f.violations.is_empty(), "{:?}", f.violations);
+            assert_eq!(f.module_live.as_ref().map(|l| l.generation.as_str()), Some("g2"));
+        });
+        assert_eq!(p.push(&r2).await.unwrap(), PushOutcome::Unchanged);
+    }
+
+    /// Turning the module on over files a pusher without it wrote adds only the module's file;
+    /// the guard puts it back like the other two.
+    #[tokio::test]
+    async fn the_module_file_joins_existing_files_and_is_guarded() {
+        let d = dir("module-guard");
+        let r1 = resources("g1", &["c"], &["a", "b"]);
+        pusher(&d, None).push(&r1).await.unwrap();
+        let p = module_pusher(&d, None);
+        let PushOutcome::Pushed { steps, .. } = p.push(&r1).await.unwrap() else { panic!("not pushed") };
+        assert_eq!(steps, [Step::Settled, Step::WroteModuleEcds("g1".into()), Step::Settled]);
+        assert_eq!(p.push(&r1).await.unwrap(), PushOutcome::Unchanged);
+        let module = Files::new(&d).module_ecds_path();
+        let good = std::fs::read(&module).unwrap();
+        write_atomic(&module, b"{\"resources\": []}").unwrap();
+        assert_eq!(p.restore_replaced_files(false).unwrap(), std::slice::from_ref(&module));
+        assert_eq!(std::fs::read(&module).unwrap(), good);
+        // A restarted sidecar adopts the module's file with the other two.
+        let restarted = module_pusher(&d, None);
+        assert_eq!(restarted.push(&r1).await.unwrap(), PushOutcome::Unchanged);
+        write_atomic(&module, b"{}").unwrap();
+        assert_eq!(restarted.restore_replaced_files(false).unwrap(), std::slice::from_ref(&module));
+
+        // Envoy running another table: both table files are written again, the module's first,
+        // unless something was written since the mismatch was seen.
+        let ecds = Files::new(&d).ecds_path();
+        assert_eq!(restarted.table_paths(), [module.as_path(), ecds.as_path()]);
+        let (writes, _, _) = restarted.expected();
+        let inodes = (inode(&module), inode(&ecds));
+        assert!(
+            restarted.rewrite_if_unchanged_since(&restarted.table_paths(), writes - 1).unwrap().is_empty()
+        );
+        assert_eq!(
+            restarted.rewrite_if_unchanged_since(&restarted.table_paths(), writes).unwrap(),
+            [module.clone(), ecds.clone()]
+        );
+        assert_ne!((inode(&module), inode(&ecds)), inodes, "fresh inodes, for Envoy to load again");
+        assert_eq!(std::fs::read(&module).unwrap(), good);
+        assert_eq!(restarted.expected().0, writes + 2);
+        assert!(restarted.restore_replaced_files(true).unwrap().is_empty());
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The resources themselves: the clusters (CDS) that reach the apiservers and the filter
-//! configuration (ECDS) that carries the routing table. JSON, as Envoy's filesystem xDS reads it.
+//! configurations (ECDS) that carry the routing table, the proxy-wasm filter's and the native
+//! module's (docs/native-module.md). JSON, as Envoy's filesystem xDS reads it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -9,6 +10,14 @@ use skewgate_core::table::TableConfig;
 
 /// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
 pub const FILTER_NAME: &str = "skewgate";
+/// Name of the native module's HTTP filter in the bootstrap; its ECDS resource carries it too.
+pub const MODULE_FILTER_NAME: &str = "skewgate-module";
+/// The module's shared object without `lib` and `.so`, as Envoy looks it up in
+/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+pub const MODULE_NAME: &str = "skewgate_module";
+/// The type of the module's ECDS resource, which the bootstrap's `type_urls` must name.
+pub const DYNAMIC_MODULE_FILTER_TYPE: &str =
+    "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// Where an apiserver listens.
@@ -234,6 +243,21 @@ pub fn ecds(table_json: &str, wasm: &Path) -> Value {
     }]})
 }
 
+/// The native module's ECDS resource: the same `table_json` as [`ecds`] carries, for the
+/// module's filter (`filter_name` is the one the module's `new_http_filter_config` answers to).
+pub fn module_ecds(table_json: &str) -> Value {
+    json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+        "name": MODULE_FILTER_NAME,
+        "typed_config": {
+            "@type": DYNAMIC_MODULE_FILTER_TYPE,
+            "dynamic_module_config": {"name": MODULE_NAME},
+            "filter_name": "skewgate",
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": table_json}
+        }
+    }]})
+}
+
 /// `cds` with every endpoint of the apiservers in `draining` marked `DRAINING` (and left out of
 /// active health checks) and every other endpoint without a health status of its own (Envoy's
 /// active health checks decide alone).
@@ -288,9 +312,18 @@ pub fn draining_in(cds: &Value) -> BTreeSet<String> {
         .collect()
 }
 
-/// The routing table inside an `ecds.json`, so tools accept either file.
+/// The routing table inside an `ecds.json` (the filter's or the module's), so tools accept any
+/// of the files.
 pub fn table_from_ecds(ecds: &Value) -> Option<&str> {
-    ecds.get("resources")?.get(0)?.pointer("/typed_config/config/configuration/value")?.as_str()
+    table_of_filter(ecds.get("resources")?.get(0)?)
+}
+
+/// The table one ECDS resource carries: the proxy-wasm filter's plugin configuration or the
+/// native module's filter configuration.
+pub fn table_of_filter(filter: &Value) -> Option<&str> {
+    ["/typed_config/config/configuration/value", "/typed_config/filter_config/value"]
+        .into_iter()
+        .find_map(|at| filter.pointer(at)?.as_str())
 }
 
 #[cfg(test)]
@@ -415,5 +448,14 @@ mod tests {
         assert_eq!(v["resources"][0]["name"], FILTER_NAME);
         assert_eq!(v["resources"][0]["typed_config"]["config"]["failure_policy"], "FAIL_RELOAD");
         assert_eq!(v["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"], true);
+    }
+
+    #[test]
+    fn module_ecds_carries_the_same_table() {
+        let v = module_ecds("{\"schema\":1}");
+        assert_eq!(table_from_ecds(&v), Some("{\"schema\":1}"));
+        assert_eq!(v["resources"][0]["name"], MODULE_FILTER_NAME);
+        assert_eq!(v["resources"][0]["typed_config"]["@type"], DYNAMIC_MODULE_FILTER_TYPE);
+        assert_eq!(v["resources"][0]["typed_config"]["dynamic_module_config"]["name"], MODULE_NAME);
     }
 }
