@@ -297,6 +297,14 @@ impl<A: EnvoyAdmin> Pusher<A> {
             self.write_cds(&resources.cds)?;
             steps.push(Step::WroteCds(new_names.into_iter().collect()));
         }
+        // A file this push found already right (written by an earlier process, or by
+        // `sync_once` before Envoy started) is guarded from now on as if this one had written
+        // it: else a file someone else wrote over it was never put back.
+        self.adopt(&self.cds_path, &self.overlaid(&resources.cds));
+        if let Some((path, new)) = &module {
+            self.adopt(path, new);
+        }
+        self.adopt(&self.ecds_path, &new_ecds);
         Ok(PushOutcome::Pushed { added, removed, steps })
     }
 
@@ -784,6 +792,24 @@ mod tests {
         let (writes, generation, clusters) = restarted.expected();
         assert_eq!((writes, generation.as_deref()), (1, Some("g1")));
         assert!(clusters.contains("skewgate-pool"));
+    }
+
+    /// A new process whose first push writes only the table (the clusters on disk are already
+    /// right) guards the clusters' file too.
+    #[tokio::test]
+    async fn files_a_push_did_not_need_to_write_are_guarded_too() {
+        let d = dir("restore-unwritten");
+        let r1 = resources("g1", &["c"], &["a", "b"]);
+        pusher(&d, None).push(&r1).await.unwrap();
+        let cds = d.join("cds/cds.json");
+        let restarted = pusher(&d, None);
+        let r2 = resources("g2", &["c"], &["a", "b"]);
+        assert_eq!(r2.cds, r1.cds, "the same clusters: only the table changes");
+        assert!(matches!(restarted.push(&r2).await.unwrap(), PushOutcome::Pushed { .. }));
+        let good = std::fs::read(&cds).unwrap();
+        write_atomic(&cds, b"{\"resources\": []}").unwrap();
+        assert_eq!(restarted.restore_replaced_files(false).unwrap(), std::slice::from_ref(&cds));
+        assert_eq!(std::fs::read(&cds).unwrap(), good);
     }
 
     #[tokio::test]
