@@ -686,6 +686,17 @@ pub async fn start(o: &Options) -> Result<Cluster> {
         .map(|(id, addr)| Endpoint { id: id.clone(), address: addr.ip().to_string(), port: addr.port() })
         .collect();
     let envoy_dir = out.join("envoy");
+    // A previous run's Envoy files (`make demo` twice) describe another cluster, on other ports;
+    // a push over them would also wait for an Envoy that is not running yet.
+    let files = Files::new(&envoy_dir);
+    for dir in [files.cds_dir(), files.ecds_dir()] {
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", dir.display()));
+            }
+            _ => {}
+        }
+    }
     // Real apiservers have no profile to build the table from: their discovery makes it, as
     // the sidecar's does (the plain LB takes that table's clusters and never changes them).
     let sidecar_config = if o.sidecar || control.is_some() {
