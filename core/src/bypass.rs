@@ -1,16 +1,21 @@
-//! Idea (a) of issue 17, kept for measuring: an Envoy route that sends requests for resources
-//! every apiserver serves straight to the pool, without any filter. Envoy can only match
-//! such requests by their `:path` and by the presence of headers, so the route is narrow: a GET
-//! with a token and without a client certificate (which needs the CN/O → X-Remote-* mapping no
-//! Envoy route can do), for such a resource (or one object of it by name), without `%`, without
-//! `w` in the query (so never a watch), and without subresources (exec, log, ...).
+//! Requests that need no decision, sent to the pool by an Envoy route without entering any filter
+//! (issue 17). Envoy routes match a request before its filters run, by `:path`, headers and
+//! filter state, so the bypass takes only what it can recognise there:
 //!
-//! [`path_regex`] is that match (RE2 syntax, for Envoy's `safe_regex` on `:path`); the property
-//! test below shows that whatever it matches, [`crate::decision::decide`] would have sent to the
-//! pool with no header change besides stripping identity headers (which the route does too).
+//! - a GET for a resource every apiserver serves with the same resources (or one object of it by
+//!   name), without subresources (exec, log, ...), `%`, or `w` in the query (never a watch): the
+//!   [`Plan::path_regex`] (RE2, for Envoy's `safe_regex` on `:path`);
+//! - from a token client (an `authorization` header, no client certificate): nothing to forward;
+//! - or from a certificate client whose connection the filter has already mapped: its first
+//!   request went through the filter, which left the identity on the connection as filter state
+//!   ([`ConnectionIdentity`]), and the route forwards it from there byte for byte.
+//!
+//! The property tests below show that whatever the bypass takes, [`crate::decision::decide`] would
+//! have sent to the pool, with the same identity and no header change the routes do not make.
 
 use std::collections::BTreeMap;
 
+use crate::identity::{CREDENTIAL_ID_HEADER, Identity, REMOTE_GROUP, REMOTE_USER};
 use crate::table::{RoutingTable, Serving};
 
 /// Resources every apiserver serves, by group/version.
@@ -22,7 +27,41 @@ pub fn uniform_group_versions(table: &RoutingTable) -> BTreeMap<(String, String)
     gvs
 }
 
-/// The `:path` (path and query) regex of requests the bypass route takes, or `None` when no
+/// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// `:path` (path and query) of the requests the bypass takes.
+    pub path_regex: String,
+    /// Certificate clients too (the table maps certificates to `X-Remote-*`).
+    pub certificates: bool,
+    /// The headers the certificate route adds, in order, each from a connection property.
+    pub identity_headers: Vec<(&'static str, String)>,
+    /// Headers the bypass routes remove besides every `x-remote-*` (which a header-mutation
+    /// filter ahead of every other removes on every request) and `x-skewgate-*`.
+    pub removed: Vec<&'static str>,
+}
+
+/// The bypass of `table`, or `None` when no resource is served by every apiserver.
+pub fn plan(table: &RoutingTable) -> Option<Plan> {
+    let path_regex = path_regex(table)?;
+    let policy = table.policy();
+    let mut identity_headers = vec![(REMOTE_USER, envoy_key(USER))];
+    identity_headers.extend((0..MAX_GROUPS).map(|i| (REMOTE_GROUP, envoy_key(&group_property(i)))));
+    if policy.x509_credential_id {
+        identity_headers.push((CREDENTIAL_ID_HEADER, envoy_key(CREDENTIAL_ID)));
+    }
+    Some(Plan {
+        path_regex,
+        certificates: policy.client_cert_identity,
+        identity_headers,
+        removed: match policy.strip_downstream_peer_proxied {
+            true => vec![crate::identity::PEER_PROXIED],
+            false => Vec::new(),
+        },
+    })
+}
+
+/// The `:path` (path and query) regex of requests the bypass takes, or `None` when no
 /// group/version is uniform.
 pub fn path_regex(table: &RoutingTable) -> Option<String> {
     let gvs = uniform_group_versions(table);
@@ -55,11 +94,57 @@ fn escape(s: &str) -> String {
         .collect()
 }
 
+/// Connection properties (proxy-wasm `set_property`, Envoy filter state `wasm.<name>`, declared
+/// read-only with the connection's lifespan) that carry a mapped certificate identity to the
+/// bypass route. [`MARKER`] is set last: a route that sees it sees the rest.
+pub const MARKER: &str = "skewgate_identity";
+pub const USER: &str = "skewgate_user";
+pub const CREDENTIAL_ID: &str = "skewgate_credential_id";
+/// Certificates with more O values than this always go through the filter (routes name each
+/// header they add; kubelets, controllers and admins carry one or two).
+pub const MAX_GROUPS: usize = 8;
+/// The value of [`MARKER`].
+pub const MARKER_VALUE: &str = "1";
+
+pub fn group_property(index: usize) -> String {
+    format!("skewgate_group_{index}")
+}
+
+/// Envoy's filter-state key of a property the filter sets.
+pub fn envoy_key(property: &str) -> String {
+    format!("wasm.{property}")
+}
+
+/// What the filter leaves on a connection for its identity to be forwarded by the bypass route,
+/// in the order to set it, or `None` when this identity must always go through the filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionIdentity {
+    pub properties: Vec<(String, String)>,
+}
+
+impl ConnectionIdentity {
+    /// `credential_id` is the x509 credential id of the connection's certificate when the
+    /// filter would send it ([`crate::identity::x509_credential_id`]).
+    pub fn new(identity: &Identity<'_>, credential_id: Option<&str>) -> Option<Self> {
+        if identity.groups.len() > MAX_GROUPS {
+            return None;
+        }
+        let mut properties = vec![(USER.to_owned(), identity.user.to_string())];
+        properties
+            .extend(identity.groups.iter().enumerate().map(|(i, g)| (group_property(i), g.to_string())));
+        if let Some(id) = credential_id {
+            properties.push((CREDENTIAL_ID.to_owned(), id.to_owned()));
+        }
+        properties.push((MARKER.to_owned(), MARKER_VALUE.to_owned()));
+        Some(Self { properties })
+    }
+}
+
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {
     use super::*;
     use crate::decision::{Action, RequestHead, decide};
-    use crate::identity;
+    use crate::identity::{self, CREDENTIAL_ID_HEADER, Identity, REMOTE_GROUP, REMOTE_USER};
     use crate::testing::sample;
     use proptest::prelude::*;
 
@@ -79,41 +164,106 @@ mod tests {
             }
         }
         assert!(t.gvrs().iter().any(|g| g.serving != Serving::All), "sample has no rerouted GVR");
-        let re = regex_automata::meta::Regex::new(&path_regex(&t).unwrap()).unwrap();
+        let re = regex_automata::meta::Regex::new(&plan(&t).unwrap().path_regex).unwrap();
         assert!(re.is_match("/api/v1/namespaces/default/pods/web-1"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods?watch=true"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods/web-1/log"));
     }
 
+    /// The headers the certificate route adds for a connection: each of the plan's headers whose
+    /// property the filter set (Envoy adds no header for an absent filter-state value).
+    fn route_adds(plan: &Plan, conn: &ConnectionIdentity) -> Vec<(String, String)> {
+        plan.identity_headers
+            .iter()
+            .filter_map(|(header, key)| {
+                conn.properties
+                    .iter()
+                    .find(|(p, _)| envoy_key(p) == *key)
+                    .map(|(_, v)| (header.to_string(), v.clone()))
+            })
+            .collect()
+    }
+
+    /// What the filter adds for a routed request with this identity (filter/src/http.rs).
+    fn filter_adds(
+        t: &RoutingTable,
+        identity: &Identity<'_>,
+        credential_id: Option<&str>,
+    ) -> Vec<(String, String)> {
+        let mut adds = vec![(REMOTE_USER.to_owned(), identity.user.to_string())];
+        adds.extend(identity.groups.iter().map(|g| (REMOTE_GROUP.to_owned(), g.to_string())));
+        if let (true, Some(id)) = (t.policy().x509_credential_id, credential_id) {
+            adds.push((CREDENTIAL_ID_HEADER.to_owned(), id.to_owned()));
+        }
+        adds
+    }
+
+    #[test]
+    fn a_connection_identity_sets_its_marker_last_and_skips_large_group_lists() {
+        let id = Identity { user: "system:node:n1".into(), groups: vec!["system:nodes".into()] };
+        let conn = ConnectionIdentity::new(&id, Some("X509SHA256=ab")).unwrap();
+        assert_eq!(conn.properties.last(), Some(&(MARKER.to_owned(), MARKER_VALUE.to_owned())));
+        let many =
+            Identity { user: "u".into(), groups: (0..=MAX_GROUPS).map(|i| i.to_string().into()).collect() };
+        assert_eq!(ConnectionIdentity::new(&many, None), None);
+    }
+
     proptest! {
-        /// Whatever the bypass route matches (for a GET with a token and no client certificate),
-        /// `decide` picks the pool, not long-running, no composed answer, no identity to assert,
-        /// not anonymous: the filter would only have set the pool's cluster header and stripped
-        /// identity headers, which the route strips too.
+        /// Whatever the bypass route matches, for a GET from a token client or from a certificate
+        /// client whose connection carries a mapped identity, `decide` picks the pool, not
+        /// long-running, no composed answer, not anonymous, with the identity the route adds:
+        /// the filter would only have set the pool's cluster header, added those identity
+        /// headers and stripped headers the bypass strips too.
         #[test]
         fn bypassed_requests_are_pool_requests(
             // Mostly prefixes of uniform and rerouted group/versions, so that many cases match.
-            prefix in "(/api/v1|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/apps/v1|/apis|)",
+            prefix in "(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/apps/v1|/apis|)",
             tail in "(/(namespaces|default|kube-system|watch|proxy|pods|configmaps|deployments|resourceclaims|log|exec|status|web-1|a\\.b|%2F|\\.\\.|\\.|v1|)){0,5}",
             query in proptest::option::of("(watch=(true|1|false)|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|&|[a-z=&]{0,10}){0,3}"),
+            // A certificate subject as Envoy renders it (RFC 2253), or a token client.
+            subject in proptest::option::of("(CN=[a-z:é, \\\\]{0,12}|O=[a-z:]{0,6}|OU=x|CN=)(,(O=[a-z:%\"]{0,8}|CN=[a-z]{1,5}|O=)){0,10}"),
+            credential in proptest::option::of("[0-9a-f]{64}"),
         ) {
             let path = format!("{prefix}{tail}");
             let t = table();
-            let re = regex_automata::meta::Regex::new(&path_regex(&t).unwrap()).unwrap();
+            let plan = plan(&t).unwrap();
+            let re = regex_automata::meta::Regex::new(&plan.path_regex).unwrap();
             let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
-            if re.is_match(&target) {
-                let h = RequestHead { method: "GET", target: &target, accept: None, if_none_match: None, client_subject: None, token: true };
-                let d = decide(&t, &h);
-                let Action::Route(route) = d.action else { return Err(TestCaseError::fail(format!("{target}: refused"))) };
-                prop_assert_eq!(route.cluster, t.pool_cluster(), "{}", target);
-                prop_assert!(!route.rerouted && !route.long_running && route.compose.is_none(), "{}: {:?}", target, route);
-                prop_assert!(d.openapi.is_none() && d.identity.is_none() && !d.anonymous, "{}", target);
-                // What the filter would strip, the bypass route strips too: identity headers,
-                // x-kubernetes-peer-proxied, x-skewgate-* (removed by the virtual host).
-                for name in ["authorization", "accept", "user-agent", "x-remote-user", "x-remote-extra-a", "x-kubernetes-peer-proxied", "x-skewgate-route"] {
-                    let bypass_strips = identity::is_identity_header(name) || name == identity::PEER_PROXIED || name.starts_with("x-skewgate-");
-                    prop_assert!(!d.strips(name) || bypass_strips, "{}: {}", target, name);
+            if !re.is_match(&target) {
+                return Ok(());
+            }
+            // The filter's earlier request on the same connection: what it left there.
+            let conn = match subject.as_deref().map(identity::from_subject) {
+                None => None,
+                Some(identity::CertIdentity::User(id)) => {
+                    let credential_id = credential.as_deref().and_then(identity::x509_credential_id);
+                    let Some(conn) = ConnectionIdentity::new(&id, credential_id.as_deref()) else { return Ok(()) };
+                    prop_assert_eq!(route_adds(&plan, &conn), filter_adds(&t, &id, credential_id.as_deref()));
+                    Some(conn)
                 }
+                // The filter leaves nothing: the route cannot match.
+                Some(_) => return Ok(()),
+            };
+            prop_assert!(plan.certificates || conn.is_none());
+            let h = RequestHead {
+                method: "GET",
+                target: &target,
+                accept: None,
+                if_none_match: None,
+                client_subject: subject.as_deref(),
+                token: conn.is_none(),
+            };
+            let d = decide(&t, &h);
+            let Action::Route(route) = d.action else { return Err(TestCaseError::fail(format!("{target}: refused"))) };
+            prop_assert_eq!(route.cluster, t.pool_cluster(), "{}", target);
+            prop_assert!(!route.rerouted && !route.long_running && route.compose.is_none(), "{}: {:?}", target, route);
+            prop_assert!(d.openapi.is_none() && !d.anonymous, "{}", target);
+            prop_assert_eq!(d.identity.is_some(), conn.is_some(), "{}", target);
+            // What the filter would strip, the bypass strips too: every x-remote-* (the
+            // header-mutation filter), x-skewgate-* (the virtual host) and the plan's removals.
+            for name in ["authorization", "accept", "user-agent", "x-remote-user", "x-remote-uid", "x-remote-extra-a", "x-kubernetes-peer-proxied", "x-skewgate-route"] {
+                let bypass_strips = name.starts_with("x-remote-") || name.starts_with("x-skewgate-") || plan.removed.contains(&name);
+                prop_assert!(!d.strips(name) || bypass_strips, "{}: {}", target, name);
             }
         }
     }
