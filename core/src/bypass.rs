@@ -30,8 +30,11 @@ pub fn uniform_group_versions(table: &RoutingTable) -> BTreeMap<(String, String)
 /// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// `:path` (path and query) of the requests the bypass takes.
+    /// `:path` (path and query) of the requests the bypass takes, watches excepted.
     pub path_regex: String,
+    /// `:path` of watches of those resources (kube-apiserver's long-running requests, which a
+    /// route must not time out).
+    pub watch_regex: String,
     /// Certificate clients too (the table maps certificates to `X-Remote-*`).
     pub certificates: bool,
     /// The headers the certificate route adds, in order, each from a connection property.
@@ -44,6 +47,7 @@ pub struct Plan {
 /// The bypass of `table`, or `None` when no resource is served by every apiserver.
 pub fn plan(table: &RoutingTable) -> Option<Plan> {
     let path_regex = path_regex(table)?;
+    let watch_regex = watch_regex(table)?;
     let policy = table.policy();
     let mut identity_headers = vec![(REMOTE_USER, envoy_key(USER))];
     identity_headers.extend((0..MAX_GROUPS).map(|i| (REMOTE_GROUP, envoy_key(&group_property(i)))));
@@ -52,6 +56,7 @@ pub fn plan(table: &RoutingTable) -> Option<Plan> {
     }
     Some(Plan {
         path_regex,
+        watch_regex,
         certificates: policy.client_cert_identity,
         identity_headers,
         removed: match policy.strip_downstream_peer_proxied {
@@ -62,8 +67,24 @@ pub fn plan(table: &RoutingTable) -> Option<Plan> {
 }
 
 /// The `:path` (path and query) regex of requests the bypass takes, or `None` when no
-/// group/version is uniform.
+/// group/version is uniform: a collection or one object by name, and a query without `w` (so
+/// never `watch`), `%`, `;` or `#`.
 pub fn path_regex(table: &RoutingTable) -> Option<String> {
+    let resources = resource_alternatives(table)?;
+    Some(format!("^(?:{resources})(?:/{NAME})?(?:\\?[^w#%;]*)?$"))
+}
+
+/// The `:path` regex of watches the bypass takes: a collection with exactly one parameter
+/// beginning with `w`, `watch=true` or `watch=1` (Go's `ParseBool` takes more spellings; those,
+/// and a repeated `watch`, go through the filter).
+pub fn watch_regex(table: &RoutingTable) -> Option<String> {
+    let resources = resource_alternatives(table)?;
+    const OTHER: &str = "[^w&#%;][^&#%;]*";
+    Some(format!("^(?:{resources})\\?(?:{OTHER}&)*watch=(?:true|1)(?:&{OTHER})*$"))
+}
+
+/// `/api/v1/(namespaces/NAME/)?(pods|...)|/apis/apps/v1/...` over every uniform group/version.
+fn resource_alternatives(table: &RoutingTable) -> Option<String> {
     let gvs = uniform_group_versions(table);
     if gvs.is_empty() {
         return None;
@@ -79,7 +100,7 @@ pub fn path_regex(table: &RoutingTable) -> Option<String> {
             format!("{prefix}/(?:namespaces/{NAME}/)?(?:{})", resources.join("|"))
         })
         .collect();
-    Some(format!("^(?:{})(?:/{NAME})?(?:\\?[^w#%]*)?$", alternatives.join("|")))
+    Some(alternatives.join("|"))
 }
 
 /// A Kubernetes object name (DNS subdomain), never a dot segment.
@@ -168,6 +189,13 @@ mod tests {
         assert!(re.is_match("/api/v1/namespaces/default/pods/web-1"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods?watch=true"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods/web-1/log"));
+        let watch = regex_automata::meta::Regex::new(&plan(&t).unwrap().watch_regex).unwrap();
+        assert!(watch.is_match(
+            "/api/v1/namespaces/default/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true"
+        ));
+        assert!(watch.is_match("/api/v1/configmaps?watch=1"));
+        assert!(!watch.is_match("/api/v1/namespaces/default/pods?watch=true&watch=false"));
+        assert!(!watch.is_match("/api/v1/namespaces/default/pods/web-1?watch=true"));
     }
 
     /// The headers the certificate route adds for a connection: each of the plan's headers whose
@@ -216,20 +244,25 @@ mod tests {
         /// headers and stripped headers the bypass strips too.
         #[test]
         fn bypassed_requests_are_pool_requests(
-            // Mostly prefixes of uniform and rerouted group/versions, so that many cases match.
-            prefix in "(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/apps/v1|/apis|)",
-            tail in "(/(namespaces|default|kube-system|watch|proxy|pods|configmaps|deployments|resourceclaims|log|exec|status|web-1|a\\.b|%2F|\\.\\.|\\.|v1|)){0,5}",
-            query in proptest::option::of("(watch=(true|1|false)|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|&|[a-z=&]{0,10}){0,3}"),
+            // Half collections of uniform resources as they are (both routes then match often),
+            // half paths built from pieces of uniform and rerouted group/versions.
+            path in "(/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/apps/v1|/apis|)(/(namespaces|default|kube-system|watch|proxy|pods|configmaps|deployments|resourceclaims|log|exec|status|web-1|a\\.b|%2F|\\.\\.|\\.|v1|)){0,5}",
+            query in proptest::option::of(proptest::collection::vec(
+                "(watch=(true|1|false|True|t|0|)|watch|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|;|[a-zW=;+]{0,6})",
+                0..4,
+            ).prop_map(|params| params.join("&"))),
             // A certificate subject as Envoy renders it (RFC 2253), or a token client.
             subject in proptest::option::of("(CN=[a-z:é, \\\\]{0,12}|O=[a-z:]{0,6}|OU=x|CN=)(,(O=[a-z:%\"]{0,8}|CN=[a-z]{1,5}|O=)){0,10}"),
             credential in proptest::option::of("[0-9a-f]{64}"),
         ) {
-            let path = format!("{prefix}{tail}");
             let t = table();
             let plan = plan(&t).unwrap();
             let re = regex_automata::meta::Regex::new(&plan.path_regex).unwrap();
+            let watch = regex_automata::meta::Regex::new(&plan.watch_regex).unwrap();
             let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
-            if !re.is_match(&target) {
+            let (plain, watched) = (re.is_match(&target), watch.is_match(&target));
+            prop_assert!(!(plain && watched), "{}: both routes", target);
+            if !plain && !watched {
                 return Ok(());
             }
             // The filter's earlier request on the same connection: what it left there.
@@ -256,7 +289,9 @@ mod tests {
             let d = decide(&t, &h);
             let Action::Route(route) = d.action else { return Err(TestCaseError::fail(format!("{target}: refused"))) };
             prop_assert_eq!(route.cluster, t.pool_cluster(), "{}", target);
-            prop_assert!(!route.rerouted && !route.long_running && route.compose.is_none(), "{}: {:?}", target, route);
+            prop_assert!(!route.rerouted && route.compose.is_none(), "{}: {:?}", target, route);
+            // The watch route has no timeout; the other one must never take a long-running request.
+            prop_assert_eq!(route.long_running, watched, "{}", target);
             prop_assert!(d.openapi.is_none() && !d.anonymous, "{}", target);
             prop_assert_eq!(d.identity.is_some(), conn.is_some(), "{}", target);
             // What the filter would strip, the bypass strips too: every x-remote-* (the
