@@ -422,14 +422,73 @@ const TOKEN: (&str, &str) = ("authorization", "Bearer bench-token");
 const V2_ACCEPT: &str =
     "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 
+/// A client-side Envoy that lets wrk, which cannot present a client certificate, play certificate
+/// clients (kubelets, controllers): each listener (plain HTTP, loopback) forwards over one HTTP/2
+/// mTLS connection, with `client`'s certificate, to the Envoy under test at the paired port.
+pub fn certificate_client_bootstrap(
+    pki: &Pki,
+    client: &skewgate_pki::Pair,
+    targets: &[(u16, u16)],
+    admin_port: u16,
+) -> Value {
+    let p = |path: &Path| path.display().to_string();
+    let mut listeners = Vec::new();
+    let mut clusters = Vec::new();
+    for (i, (listen, target)) in targets.iter().enumerate() {
+        let cluster = format!("target-{i}");
+        listeners.push(json!({
+            "name": format!("client-{i}"),
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": format!("client_{i}"),
+                    "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"], "routes": [
+                        {"match": {"prefix": "/"}, "route": {"cluster": cluster, "timeout": "0s"}}
+                    ]}]},
+                    "http_filters": [{"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+                }
+            }]}]
+        }));
+        clusters.push(json!({
+            "name": cluster,
+            "type": "STATIC",
+            "load_assignment": {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": target}}}}]}]},
+            "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {"max_concurrent_streams": 1000}}
+            }},
+            "transport_socket": {
+                "name": "envoy.transport_sockets.tls",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
+                    "sni": "localhost",
+                    "common_tls_context": {
+                        "alpn_protocols": ["h2"],
+                        "tls_certificates": [{"certificate_chain": {"filename": p(&client.cert)}, "private_key": {"filename": p(&client.key)}}],
+                        "validation_context": {"trusted_ca": {"filename": p(&pki.cluster_ca.cert_path)}}
+                    }
+                }
+            }
+        }));
+    }
+    json!({
+        "node": {"id": "bench-client", "cluster": "bench"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {"listeners": listeners, "clusters": clusters}
+    })
+}
+
 /// Request classes of a control plane's traffic, each a wrk script of its own so that Envoy's CPU
-/// per request is known per class, all with a bearer token (wrk cannot present client
-/// certificates: the identity path is tested for function, not measured):
+/// per request is known per class, all with a bearer token but `uniform-cert`:
 /// - `uniform`: resources every apiserver serves (pods, nodes, leases, configmaps, events), gets,
 ///   lists and one watch;
 /// - `rerouted`: GVRs a subset serves;
 /// - `discovery`: merged /apis, its nopeer profile, legacy group and group/version documents;
-/// - `realistic`: 40 uniform : 5 rerouted : 1 discovery (merged /apis).
+/// - `realistic`: 40 uniform : 5 rerouted : 1 discovery (merged /apis);
+/// - `uniform-cert`: `uniform` from a certificate client (no token), through
+///   [`certificate_client_bootstrap`].
 pub fn class_mixes(table: &TableConfig) -> Vec<(&'static str, Vec<Request>)> {
     let token = |path: &str| Request { path: path.into(), headers: vec![(TOKEN.0.into(), TOKEN.1.into())] };
     let with = |path: &str, extra: (&str, &str)| Request {
@@ -482,8 +541,17 @@ pub fn class_mixes(table: &TableConfig) -> Vec<(&'static str, Vec<Request>)> {
         realistic.push(rerouted[i % rerouted.len()].clone());
     }
     realistic.push(discovery[0].clone());
+    // The same uniform requests from a certificate client (a kubelet's identity), without a token.
+    let uniform_cert =
+        uniform.iter().map(|r| Request { path: r.path.clone(), headers: Vec::new() }).collect();
     // 40 uniform : 5 rerouted : 1 discovery.
-    vec![("uniform", uniform), ("rerouted", rerouted), ("discovery", discovery), ("realistic", realistic)]
+    vec![
+        ("uniform", uniform),
+        ("uniform-cert", uniform_cert),
+        ("rerouted", rerouted),
+        ("discovery", discovery),
+        ("realistic", realistic),
+    ]
 }
 
 /// Writes a wrk Lua script cycling through `requests`, with their headers.

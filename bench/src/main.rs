@@ -203,6 +203,30 @@ async fn main() -> Result<()> {
                 bench::pin(envoy.child.id(), if concurrency == 1 { "1" } else { "0,1" })?;
                 envoys.push(envoy);
             }
+            // wrk cannot present a client certificate: an Envoy of its own does, one listener per
+            // configuration, on core 0 with wrk and the upstream.
+            let client_ports: Vec<(u16, u16)> =
+                envoys.iter().map(|e| Ok((free_port()?, e.settings.listen_port))).collect::<Result<_>>()?;
+            let kubelet = pki.cluster_ca.client(
+                &dir.join("pki"),
+                "kubelet",
+                "system:node:node-1",
+                &["system:nodes"],
+            )?;
+            let client_admin = free_port()?;
+            let client_bootstrap =
+                bench::certificate_client_bootstrap(&pki, &kubelet, &client_ports, client_admin).to_string();
+            let client = Envoy::start(
+                Settings {
+                    admin_port: client_admin,
+                    concurrency: 1,
+                    ..Settings::new(Config::Custom(client_bootstrap), case.join("client"), &pki)?
+                },
+                &json!({"resources": []}),
+                &json!({"resources": []}),
+            )
+            .await?;
+            bench::pin(client.child.id(), "0")?;
             let mix = bench::request_mix(&table);
             let script = case.join("mix.lua");
             bench::write_wrk_script(&script, &mix)?;
@@ -229,9 +253,13 @@ async fn main() -> Result<()> {
             for round in 1..=args.rounds {
                 for (mix_name, script) in &scripts {
                     let mut plain: Option<(f64, f64)> = None;
-                    for (config, envoy) in CONFIGS.iter().zip(&envoys) {
+                    for ((config, envoy), (client_port, _)) in CONFIGS.iter().zip(&envoys).zip(&client_ports)
+                    {
                         let pid = envoy.child.id();
-                        let url = format!("https://127.0.0.1:{}", envoy.settings.listen_port);
+                        let url = match mix_name.ends_with("-cert") {
+                            true => format!("http://127.0.0.1:{client_port}"),
+                            false => format!("https://127.0.0.1:{}", envoy.settings.listen_port),
+                        };
                         let cpu_before = bench::cpu_micros(pid)?;
                         let script = script.clone();
                         let seconds = args.seconds;
@@ -278,6 +306,7 @@ async fn main() -> Result<()> {
                 reloads.push(reload(&envoys[1], "skewgate", &table, name, gvrs, &wasm, &script).await?);
                 reloads.push(reload(&envoys[3], "module", &table, name, gvrs, &wasm, &script).await?);
             }
+            drop(client);
             drop(envoys);
             drop(upstream);
         }
