@@ -151,7 +151,7 @@ impl Cluster {
         let config = self.config(
             &apiservers,
             &settings.dir,
-            json!({"pollPeriod": poll_period, "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
+            json!({"pollPeriod": poll_period, "envoy": {"adminUrl": admin_url, "wasm": wasm, "routeTimeout": settings.route_timeout}}),
         )?;
         let first = sync::sync_once(config.clone()).await?;
         let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
@@ -718,11 +718,12 @@ async fn envoy_never_reads_a_partial_file() -> Result<()> {
     assert!(distinct.len() >= 4, "{generations:?}");
     assert!(ecds_seen.len() >= distinct.len(), "{} ECDS versions for {generations:?}", ecds_seen.len());
     assert!(cds_seen.len() > distinct.len(), "union and final CDS versions expected: {}", cds_seen.len());
-    for sub in ["cds", "ecds"] {
+    // cds.json and rds.json; ecds.json.
+    for (sub, files) in [("cds", 2), ("ecds", 1)] {
         let names: Vec<String> = std::fs::read_dir(envoy_dir.join(sub))?
             .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect();
-        assert_eq!(names.len(), 1, "left behind in {sub}/: {names:?}");
+        assert_eq!(names.len(), files, "left behind in {sub}/: {names:?}");
     }
     Ok(())
 }
@@ -733,6 +734,8 @@ fn step_name(step: &skewgate::envoy::push::Step) -> String {
         Step::WroteCds(clusters) => format!("cds.json ({} clusters)", clusters.len()),
         Step::ClustersPresent => "clusters present".into(),
         Step::ClustersUnhealthy(c) => format!("unhealthy {c:?}"),
+        Step::WroteRds(v) => format!("rds.json {v}"),
+        Step::RoutesLive(_) => "routes live".into(),
         Step::WroteEcds(g) => format!("ecds.json {g}"),
         Step::WroteModuleEcds(g) => format!("module/ecds.json {g}"),
         Step::TableLive(_) => "table live".into(),
