@@ -817,11 +817,8 @@ fn shipped_envoy_configs_validate() -> Result<()> {
             concurrency: 1,
             ..Settings::new(config, dir.join(i.to_string()), &pki)?
         };
-        for sub in ["cds", "ecds"] {
-            std::fs::create_dir_all(settings.dir.join(sub))?;
-        }
-        std::fs::write(settings.cds_path(), "{\"resources\":[]}")?;
-        std::fs::write(settings.ecds_path(), "{\"resources\":[]}")?;
+        let empty = json!({"resources": []});
+        settings.files().write_first(&empty, &settings.rds_for(&empty), &empty)?;
         let bootstrap = settings.dir.join("bootstrap.yaml");
         std::fs::write(&bootstrap, skewgate_testkit::envoy::render_bootstrap(&settings)?)?;
         skewgate_testkit::envoy::validate(&bootstrap)?;
