@@ -352,6 +352,30 @@ async fn identity(native: bool) -> Result<()> {
     Ok(())
 }
 
+/// Pushes `next`, with the clusters, routes and filter configuration the tests give it, through
+/// `pusher`; what it pushed and the steps it took.
+async fn push_table(
+    f: &Fixture,
+    pusher: &skewgate::envoy::Pusher<skewgate::envoy::HttpAdmin>,
+    next: TableConfig,
+) -> Result<(skewgate::envoy::Resources, Vec<skewgate::envoy::Step>)> {
+    let ecds = resources::ecds(&serde_json::to_string(&next)?, &f.wasm);
+    let cds = test_cds(&next, &f.endpoints, &f.tls)?;
+    let rds = f.envoy.settings.rds_for(&ecds);
+    let pushed =
+        skewgate::envoy::Resources { generation: next.generation.clone(), table: next, cds, rds, ecds };
+    let skewgate::envoy::PushOutcome::Pushed { steps, .. } = pusher.push(&pushed).await? else {
+        bail!("nothing pushed")
+    };
+    Ok((pushed, steps))
+}
+
+/// Each of `wanted` is among `steps`, in this order.
+fn assert_in_order(steps: &[skewgate::envoy::Step], wanted: &[skewgate::envoy::Step]) {
+    let at: Vec<Option<usize>> = wanted.iter().map(|w| steps.iter().position(|s| s == w)).collect();
+    assert!(at.iter().all(Option::is_some) && at.is_sorted(), "{steps:?}");
+}
+
 /// The route Envoy's access log gives the first `GET path` (as sent), once it is logged.
 async fn route_taken(f: &Fixture, path: &str) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -457,7 +481,7 @@ async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
 /// live through the admin API; then configmaps meet the filter and pods still skip it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_pushed_by_the_sidecar_go_before_the_table() -> Result<()> {
-    use skewgate::envoy::{HttpAdmin, PushOutcome, Pusher, Resources, Step, rds_version};
+    use skewgate::envoy::{HttpAdmin, Pusher, Step, rds_version};
     let f = Fixture::start("push-routes").await?;
     log_every_request(&f).await?;
     let files = f.envoy.settings.files();
@@ -466,22 +490,19 @@ async fn routes_pushed_by_the_sidecar_go_before_the_table() -> Result<()> {
     let mut next = table(&["b", "c"]);
     next.group_versions[0].resources.insert("configmaps".into(), vec!["a".into(), "b".into()]);
     next.assign_sets(|members| format!("set-{}", members.join("-")));
-    let ecds = resources::ecds(&serde_json::to_string(&next)?, &f.wasm);
-    let cds = test_cds(&next, &f.endpoints, &f.tls)?;
-    let rds = f.envoy.settings.rds_for(&ecds);
-    let version = rds_version(&rds).context("rds version")?.to_owned();
-    let pushed = Resources { generation: next.generation.clone(), table: next, cds, rds, ecds };
-    let PushOutcome::Pushed { steps, .. } = pusher.push(&pushed).await? else { bail!("nothing pushed") };
+    let (pushed, steps) = push_table(&f, &pusher, next).await?;
+    let version = rds_version(&pushed.rds).context("rds version")?.to_owned();
     let generation = pushed.generation.clone();
-    let at = |wanted: &Step| steps.iter().position(|s| s == wanted);
-    let order = [
-        at(&Step::ClustersPresent),
-        at(&Step::WroteRds(version.clone())),
-        at(&Step::RoutesLive(version)),
-        at(&Step::WroteEcds(generation.clone())),
-        at(&Step::TableLive(generation)),
-    ];
-    assert!(order.iter().all(Option::is_some) && order.is_sorted(), "{steps:?}");
+    assert_in_order(
+        &steps,
+        &[
+            Step::ClustersPresent,
+            Step::WroteRds(version.clone()),
+            Step::RoutesLive(version),
+            Step::WroteEcds(generation.clone()),
+            Step::TableLive(generation),
+        ],
+    );
     let token = [("Authorization", "Bearer token-1")];
     let configmaps = "/api/v1/namespaces/default/configmaps/x";
     let mut by = BTreeSet::new();
@@ -664,27 +685,23 @@ async fn module_reloads_through_ecds_without_failures() -> Result<()> {
 /// the table confirmed live in both through the admin API, then requests routed by the new table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_tables_pushed_by_the_sidecar() -> Result<()> {
-    use skewgate::envoy::{HttpAdmin, PushOutcome, Pusher, Resources, Step};
+    use skewgate::envoy::{HttpAdmin, Pusher, Step};
     let f = Fixture::start_with("push-native", true).await?;
     let files = f.envoy.settings.files();
     let admin = HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
     let pusher =
         Pusher::new(&files, Some(admin), Duration::from_secs(15), Duration::ZERO).with_native_module(&files);
-    let next = table(&["b", "c"]);
-    let ecds = resources::ecds(&serde_json::to_string(&next)?, &f.wasm);
-    let cds = test_cds(&next, &f.endpoints, &f.tls)?;
-    let rds = f.envoy.settings.rds_for(&ecds);
-    let pushed = Resources { generation: next.generation.clone(), table: next, cds, rds, ecds };
-    let PushOutcome::Pushed { steps, .. } = pusher.push(&pushed).await? else { bail!("nothing pushed") };
+    let (pushed, steps) = push_table(&f, &pusher, table(&["b", "c"])).await?;
     let generation = pushed.generation.clone();
-    let at = |wanted: &Step| steps.iter().position(|s| s == wanted);
-    let order = [
-        at(&Step::ClustersPresent),
-        at(&Step::WroteModuleEcds(generation.clone())),
-        at(&Step::WroteEcds(generation.clone())),
-        at(&Step::TableLive(generation)),
-    ];
-    assert!(order.iter().all(Option::is_some) && order.is_sorted(), "{steps:?}");
+    assert_in_order(
+        &steps,
+        &[
+            Step::ClustersPresent,
+            Step::WroteModuleEcds(generation.clone()),
+            Step::WroteEcds(generation.clone()),
+            Step::TableLive(generation),
+        ],
+    );
     let module: Value = serde_json::from_slice(&std::fs::read(files.module_ecds_path())?)?;
     assert_eq!(resources::table_from_ecds(&module), resources::table_from_ecds(&pushed.ecds));
     let mut by = BTreeSet::new();
