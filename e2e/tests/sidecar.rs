@@ -151,7 +151,7 @@ impl Cluster {
         let config = self.config(
             &apiservers,
             &settings.dir,
-            json!({"pollPeriod": poll_period, "envoy": {"adminUrl": admin_url, "wasm": wasm}}),
+            json!({"pollPeriod": poll_period, "envoy": {"adminUrl": admin_url, "wasm": wasm, "routeTimeout": settings.route_timeout}}),
         )?;
         let first = sync::sync_once(config.clone()).await?;
         let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
@@ -718,11 +718,12 @@ async fn envoy_never_reads_a_partial_file() -> Result<()> {
     assert!(distinct.len() >= 4, "{generations:?}");
     assert!(ecds_seen.len() >= distinct.len(), "{} ECDS versions for {generations:?}", ecds_seen.len());
     assert!(cds_seen.len() > distinct.len(), "union and final CDS versions expected: {}", cds_seen.len());
-    for sub in ["cds", "ecds"] {
+    // cds.json and rds.json; ecds.json.
+    for (sub, files) in [("cds", 2), ("ecds", 1)] {
         let names: Vec<String> = std::fs::read_dir(envoy_dir.join(sub))?
             .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
             .collect();
-        assert_eq!(names.len(), 1, "left behind in {sub}/: {names:?}");
+        assert_eq!(names.len(), files, "left behind in {sub}/: {names:?}");
     }
     Ok(())
 }
@@ -733,6 +734,8 @@ fn step_name(step: &skewgate::envoy::push::Step) -> String {
         Step::WroteCds(clusters) => format!("cds.json ({} clusters)", clusters.len()),
         Step::ClustersPresent => "clusters present".into(),
         Step::ClustersUnhealthy(c) => format!("unhealthy {c:?}"),
+        Step::WroteRds(v) => format!("rds.json {v}"),
+        Step::RoutesLive(_) => "routes live".into(),
         Step::WroteEcds(g) => format!("ecds.json {g}"),
         Step::WroteModuleEcds(g) => format!("module/ecds.json {g}"),
         Step::TableLive(_) => "table live".into(),
@@ -903,6 +906,8 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    let rds_path = settings.files().rds_path();
+    let rds: Value = serde_json::from_slice(&std::fs::read(&rds_path)?)?;
     let (good_cds, good_ecds) = (std::fs::read(&cds_path)?, std::fs::read(&ecds_path)?);
     let (cds, ecds): (Value, Value) =
         (serde_json::from_slice(&good_cds)?, serde_json::from_slice(&good_ecds)?);
@@ -971,7 +976,17 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
             ports(&mut bad);
             bad
         }),
+        ("RDS sending every request to an unknown cluster", &rds_path, {
+            let mut bad = rds.clone();
+            bad["version_info"] = json!("tampered");
+            let routes = bad["resources"][0]["virtual_hosts"][0]["routes"].as_array_mut();
+            for route in routes.into_iter().flatten() {
+                route["route"] = json!({"cluster": "nope"});
+            }
+            bad
+        }),
     ];
+    let fault_count = faults.len();
 
     let mut report = Vec::new();
     // A push of the sidecar's own (an apiserver's eligibility moving meanwhile) may write over a
@@ -1028,7 +1043,7 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
     }
     let text = metrics(&running).await?;
     let restores = metric(&text, "skewgate_envoy_restores_total{kind=\"file\"}").unwrap_or(0.0);
-    assert!(restores + pushed_over as f64 >= 5.0, "{pushed_over} faults met a push\n{text}");
+    assert!(restores + pushed_over as f64 >= fault_count as f64, "{pushed_over} faults met a push\n{text}");
     println!("F3 windows:\n  {}", report.join("\n  "));
     load.finish().await;
     running.stop().await?;

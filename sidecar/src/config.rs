@@ -21,6 +21,9 @@ pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
 pub const DEFAULT_USER: &str = "system:apiserver";
 pub const DEFAULT_GROUP: &str = "system:authenticated";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9090";
+/// A little longer than kube-apiserver's own `--request-timeout` (60s), so that the apiserver's
+/// answer wins when it has one.
+pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(65);
 
 /// Every key, with its default where it has one. Relative paths are relative to the file.
 pub const EXAMPLE_TOML: &str = r#"# skewgate sync configuration
@@ -39,8 +42,11 @@ user = "system:apiserver"
 groups = ["system:authenticated"]
 
 [envoy]
-dir = "envoy"                          # writes envoy/cds/cds.json and envoy/ecds/ecds.json
+dir = "envoy"                          # writes envoy/cds/{cds,rds}.json and envoy/ecds/ecds.json
 wasm = "skewgate_filter.wasm"          # the filter ecds.json names
+routeTimeout = "65s"                   # requests that are not long-running: a little longer than
+                                       # kube-apiserver's --request-timeout (60s), so that the
+                                       # apiserver's answer wins when it has one
 adminUrl = "http://127.0.0.1:9901"     # optional: confirm each step of a table change
 confirmTimeout = "10s"
 settleDelay = "2s"                     # the wait per step without adminUrl
@@ -129,10 +135,12 @@ pub struct Identity {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EnvoyOutput {
-    /// Holds `cds/cds.json` and `ecds/ecds.json`.
+    /// Holds `cds/cds.json`, `cds/rds.json` and `ecds/ecds.json`.
     pub dir: PathBuf,
     /// The filter that `ecds.json` names.
     pub wasm: PathBuf,
+    /// Every route's timeout but the long-running one's (`rds.json`).
+    pub route_timeout: Duration,
     /// Envoy's admin API, to confirm each step of a table change; without it the sidecar waits
     /// `settle_delay` instead.
     pub admin_url: Option<String>,
@@ -613,7 +621,7 @@ impl Reader {
         let map = self.object(
             value,
             "envoy",
-            &["dir", "wasm", "adminUrl", "confirmTimeout", "settleDelay", "nativeModule"],
+            &["dir", "wasm", "routeTimeout", "adminUrl", "confirmTimeout", "settleDelay", "nativeModule"],
         )?;
         let dir = self.required_string(map.get("dir"), "envoy.dir");
         let dir = dir.map(|d| self.base.join(d));
@@ -629,10 +637,13 @@ impl Reader {
             self.duration(map.get("confirmTimeout"), "envoy.confirmTimeout", Duration::from_secs(10), false);
         let settle_delay =
             self.duration(map.get("settleDelay"), "envoy.settleDelay", Duration::from_secs(2), true);
+        let route_timeout =
+            self.duration(map.get("routeTimeout"), "envoy.routeTimeout", DEFAULT_ROUTE_TIMEOUT, false);
         let native_module = self.boolean(map.get("nativeModule"), "envoy.nativeModule").unwrap_or(false);
         Some(EnvoyOutput {
             dir: dir?,
             wasm: wasm?,
+            route_timeout,
             admin_url: admin_url.map(|u| u.trim_end_matches('/').to_owned()),
             confirm_timeout,
             settle_delay,
@@ -785,6 +796,7 @@ mod tests {
         assert_eq!(c.listen, "127.0.0.1:9090".parse().unwrap());
         assert_eq!(c.poll_period, Duration::from_secs(5));
         assert_eq!(c.probe_period, Duration::from_millis(250));
+        assert_eq!(c.envoy.route_timeout, Duration::from_secs(65));
         assert!(c.deprecations.is_empty());
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.health, Health::default());
@@ -815,6 +827,7 @@ mod tests {
         doc["envoy"]["confirmTimeout"] = json!("3s");
         doc["envoy"]["settleDelay"] = json!("0s");
         doc["envoy"]["nativeModule"] = json!(true);
+        doc["envoy"]["routeTimeout"] = json!("10s");
         let c = SyncConfig::from_value(&doc, &f.dir).unwrap();
         assert_eq!(c.server_name, "apiserver.internal");
         assert_eq!(c.identity.groups.len(), 2);
@@ -835,6 +848,7 @@ mod tests {
         assert_eq!(c.envoy.confirm_timeout, Duration::from_secs(3));
         assert_eq!(c.envoy.settle_delay, Duration::ZERO);
         assert!(c.envoy.native_module);
+        assert_eq!(c.envoy.route_timeout, Duration::from_secs(10));
     }
 
     #[test]

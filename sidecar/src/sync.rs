@@ -649,6 +649,7 @@ impl Sidecar {
             &self.upstream,
             self.config.health,
             &self.config.envoy.wasm,
+            self.config.envoy.route_timeout,
             |cds| crate::openapi::add_cluster(cds, &socket),
         )?;
         Ok(resources)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use skewgate::config::{Overrides, SyncConfig};
+use skewgate::config::{DEFAULT_ROUTE_TIMEOUT, Overrides, SyncConfig};
 use skewgate::envoy::{self as resources, Endpoint, Files, Health};
 use skewgate::sync;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
@@ -723,9 +723,16 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                 .collect();
             let mut table = build_table(&servers, &ClusterNames::default())?;
             let wasm = paths::filter_wasm()?;
-            let rendered =
-                resources::render(&mut table, &endpoints, &upstream_tls(&pki), health(), &wasm, |_| {})?;
-            Files::new(&envoy_dir).write_first(&rendered.cds, &rendered.ecds)?;
+            let rendered = resources::render(
+                &mut table,
+                &endpoints,
+                &upstream_tls(&pki),
+                health(),
+                &wasm,
+                DEFAULT_ROUTE_TIMEOUT,
+                |_| {},
+            )?;
+            Files::new(&envoy_dir).write_first(&rendered.cds, &rendered.rds, &rendered.ecds)?;
             rendered.table
         }
     };

@@ -1,5 +1,5 @@
-//! A real Envoy process running skewgate's bootstrap from `envoy-config/`, with its CDS and ECDS
-//! files in a private directory.
+//! A real Envoy process running skewgate's bootstrap from `envoy-config/`, with its CDS, RDS and
+//! ECDS files in a private directory.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -59,7 +59,7 @@ impl Settings {
             serving_cert: pki.envoy_listener.cert.clone(),
             serving_key: pki.envoy_listener.key.clone(),
             client_ca: pki.cluster_ca.cert_path.clone(),
-            route_timeout: "65s".into(),
+            route_timeout: skewgate::envoy::envoy_duration(skewgate::config::DEFAULT_ROUTE_TIMEOUT),
             concurrency: 2,
         })
     }
@@ -74,6 +74,14 @@ impl Settings {
 
     pub fn ecds_path(&self) -> PathBuf {
         self.files().ecds_path()
+    }
+
+    /// The `rds.json` the sidecar would write for the table `ecds` carries, with this Envoy's
+    /// route timeout (without a table that compiles, the routes without the bypass).
+    pub fn rds_for(&self, ecds: &Value) -> Value {
+        let table = skewgate::envoy::table_from_ecds(ecds)
+            .and_then(|t| skewgate_core::table::RoutingTable::from_json(t.as_bytes()).ok());
+        skewgate::envoy::rds(table.as_ref(), &self.route_timeout)
     }
 }
 
@@ -174,6 +182,7 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
         Config::Native { wasm: true, .. } => ("bootstrap-native.yaml", String::new()),
         Config::Native { wasm: false, .. } => {
             let shipped = render_bootstrap(&Settings { config: Config::Skewgate, ..s.clone() })?;
+            let shipped = with_static_routes(&shipped, &s.route_timeout)?;
             return crate::native::with_module(&shipped, &s.files().ecds_dir(), false);
         }
     };
@@ -192,6 +201,70 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
         ("ROUTE_TIMEOUT", s.route_timeout.clone()),
     ]);
     render(&template, &values)
+}
+
+/// `bootstrap` (bootstrap.yaml, rendered or not) with the routes the sidecar writes to
+/// `rds.json` (without the bypass: they need a table) in place of its `rds`, as block YAML: for
+/// the native module's variant, which keeps its routes static (bootstrap-native.yaml).
+pub fn with_static_routes(bootstrap: &str, route_timeout: &str) -> Result<String> {
+    const RDS: &str = "          rds:\n";
+    let at = bootstrap.find(RDS).context("bootstrap.yaml has no rds")?;
+    // The comment above `rds:` goes with it; the block ends where its indentation does.
+    let start = bootstrap[..at].rfind("          # The routes come from the sidecar").unwrap_or(at);
+    let body = &bootstrap[at + RDS.len()..];
+    let len = body.lines().take_while(|l| l.starts_with("            ")).map(|l| l.len() + 1).sum::<usize>();
+    let config = skewgate::envoy::route_configuration(None, route_timeout);
+    let mut routes = String::from("          route_config:\n");
+    yaml_block(&config, 12, &mut routes);
+    Ok(format!("{}{routes}{}", &bootstrap[..start], &body[len..]))
+}
+
+/// `value` (a mapping) as block YAML at `indent`, `name` first in each mapping.
+fn yaml_block(value: &Value, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    let Some(map) = value.as_object() else { return };
+    let keys = map.keys().filter(|k| *k == "name").chain(map.keys().filter(|k| *k != "name"));
+    for (i, key) in keys.enumerate() {
+        // The first key of a sequence item follows its dash.
+        let lead = if i == 0 && out.ends_with("- ") { String::new() } else { pad.clone() };
+        let key_text = match key.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            true => key.clone(),
+            false => Value::from(key.as_str()).to_string(),
+        };
+        match &map[key] {
+            Value::Object(_) => {
+                out.push_str(&format!("{lead}{key_text}:\n"));
+                yaml_block(&map[key], indent + 2, out);
+            }
+            Value::Array(items) => {
+                out.push_str(&format!("{lead}{key_text}:\n"));
+                for item in items {
+                    out.push_str(&format!("{pad}- "));
+                    match item {
+                        Value::Object(_) => yaml_block(item, indent + 2, out),
+                        scalar => out.push_str(&format!("{}\n", yaml_scalar(scalar))),
+                    }
+                }
+            }
+            scalar => out.push_str(&format!("{lead}{key_text}: {}\n", yaml_scalar(scalar))),
+        }
+    }
+}
+
+/// A plain scalar where YAML reads it back as the same string (placeholders included, which
+/// are filled in before YAML reads them), else JSON's quoting, which YAML reads alike.
+fn yaml_scalar(value: &Value) -> String {
+    match value.as_str() {
+        Some(s) if s.starts_with("{{") && s.ends_with("}}") => s.to_owned(),
+        Some(s)
+            if s.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '/')
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || "/.,_-".contains(c))
+                && !matches!(s, "true" | "false" | "null") =>
+        {
+            s.to_owned()
+        }
+        _ => value.to_string(),
+    }
 }
 
 /// JSON is YAML: each route goes in as one flow-style line ahead of plain-lb.yaml's pool route.
@@ -237,8 +310,9 @@ impl Drop for Envoy {
 
 impl Envoy {
     /// Writes the bootstrap, `cds` and `ecds`, starts Envoy and waits until it is live.
+    /// Its `rds.json` is the sidecar's for the table of `ecds`, with `settings.route_timeout`.
     pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
-        settings.files().write_first(cds, ecds)?;
+        settings.files().write_first(cds, &settings.rds_for(ecds), ecds)?;
         if let Config::Native { module_ecds, .. } = &settings.config {
             let path = settings.files().module_ecds_path();
             std::fs::create_dir_all(path.parent().context("module ECDS directory")?)?;
@@ -347,7 +421,16 @@ impl Envoy {
     }
 
     /// Writes the filter's ECDS file; with the native module, the module's too (same table, first).
+    /// With the shipped bootstrap, first the routes of a table that compiles, as the sidecar's
+    /// push does.
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
+        let table = skewgate::envoy::table_from_ecds(ecds);
+        if self.settings.config == Config::Skewgate
+            && table.is_some_and(|t| skewgate_core::table::RoutingTable::from_json(t.as_bytes()).is_ok())
+        {
+            let rds = self.settings.rds_for(ecds);
+            write_atomic(&self.settings.files().rds_path(), rds.to_string().as_bytes())?;
+        }
         if let Config::Native { .. } = self.settings.config {
             let table = skewgate::envoy::table_from_ecds(ecds);
             let module = skewgate::envoy::module_ecds(table.context("ECDS without a table")?);

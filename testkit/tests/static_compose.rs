@@ -714,7 +714,8 @@ const NATIVE_HEADER: &str = "\
 # GENERATED from envoy-config/bootstrap.yaml by skewgate_testkit::native::with_module: do not edit;
 # testkit/tests/static_compose.rs checks it and rewrites it with SKEWGATE_BLESS=1.
 # The bootstrap with the native dynamic module (libskewgate_module.so) ahead of the proxy-wasm
-# filter (docs/native-module.md): the same placeholders as bootstrap.yaml; Envoy needs
+# filter (docs/native-module.md), its routes static (those of the sidecar's rds.json without the
+# bypass, skewgate_testkit::envoy::with_static_routes): the same placeholders as bootstrap.yaml; Envoy needs
 # ENVOY_DYNAMIC_MODULES_SEARCH_PATH set to the module's directory, and the sidecar
 # `nativeModule = true` in [envoy] to write the module's table to ECDS_DIR/module/ecds.json.
 ";
@@ -722,7 +723,8 @@ const NATIVE_HEADER: &str = "\
 #[test]
 fn native_bootstrap_is_the_template_with_the_module() -> Result<()> {
     let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
-    let with_module = native::with_module(&template, Path::new("{{ECDS_DIR}}"), true)?;
+    let static_routes = envoy::with_static_routes(&template, "{{ROUTE_TIMEOUT}}")?;
+    let with_module = native::with_module(&static_routes, Path::new("{{ECDS_DIR}}"), true)?;
     ensure_generated(NATIVE_ENVOY, &format!("{NATIVE_HEADER}{with_module}"), "with the native module")
 }
 
@@ -733,7 +735,9 @@ fn compose_envoy_config_validates() -> Result<()> {
     let c = compose()?;
     let dir = temp_dir("validate")?;
     let config = load_sidecar_config(&c, &dir)?;
-    for file in [config.envoy.files().cds_path(), config.envoy.files().ecds_path()] {
+    for file in
+        [config.envoy.files().cds_path(), config.envoy.files().rds_path(), config.envoy.files().ecds_path()]
+    {
         std::fs::create_dir_all(file.parent().context("envoy dir")?)?;
         std::fs::write(&file, "{\"resources\":[]}")?;
     }
@@ -806,7 +810,9 @@ fn kubeadm_envoy_config_is_the_template_rendered_and_validates() -> Result<()> {
     let dir = temp_dir("kubeadm-validate")?;
     kubeadm_node(&dir)?;
     let config = kubeadm_sidecar_config(&dir)?;
-    for file in [config.envoy.files().cds_path(), config.envoy.files().ecds_path()] {
+    for file in
+        [config.envoy.files().cds_path(), config.envoy.files().rds_path(), config.envoy.files().ecds_path()]
+    {
         std::fs::create_dir_all(file.parent().context("envoy dir")?)?;
         std::fs::write(&file, "{\"resources\":[]}")?;
     }

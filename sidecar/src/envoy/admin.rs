@@ -1,6 +1,6 @@
 //! What the sidecar asks Envoy's admin API while it changes the table: which clusters Envoy
-//! has (and whether they have a healthy host), which table the filter runs, and whether Envoy
-//! refused one. A trait, so that the write ordering can be tested against a fake Envoy.
+//! has (and whether they have a healthy host), which routes and which table it runs, and
+//! whether Envoy refused either. A trait, so that the write ordering can be tested against a fake Envoy.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -10,7 +10,10 @@ use serde::Deserialize;
 use serde_json::Value;
 use skewgate_core::table::TableConfig;
 
-use super::resources::{FILTER_NAME, MODULE_FILTER_NAME, table_of_filter};
+use super::resources::{FILTER_NAME, MODULE_FILTER_NAME, ROUTE_CONFIG_NAME, table_of_filter};
+
+/// The `stat_prefix` of the bootstrap's HTTP connection manager, which roots its RDS stats.
+const HCM_STAT_PREFIX: &str = "apiserver";
 
 /// One cluster as `/clusters` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -40,6 +43,11 @@ pub trait EnvoyAdmin: Send + Sync {
     fn live_table(&self) -> impl Future<Output = Result<Option<LiveTable>, AdminError>> + Send;
     /// `extension_config_discovery.http_filter.skewgate.update_rejected`.
     fn ecds_rejections(&self) -> impl Future<Output = Result<u64, AdminError>> + Send;
+    /// The `version_info` of the route configuration Envoy runs (`rds.json`'s); `None` before
+    /// the first one.
+    fn live_routes(&self) -> impl Future<Output = Result<Option<String>, AdminError>> + Send;
+    /// `http.apiserver.rds.apiservers.update_rejected`.
+    fn rds_rejections(&self) -> impl Future<Output = Result<u64, AdminError>> + Send;
 }
 
 /// The real admin API over HTTP.
@@ -89,11 +97,39 @@ impl EnvoyAdmin for HttpAdmin {
     }
 
     async fn ecds_rejections(&self) -> Result<u64, AdminError> {
-        let name = format!("extension_config_discovery.http_filter.{FILTER_NAME}.update_rejected");
+        self.counter(&format!("extension_config_discovery.http_filter.{FILTER_NAME}.update_rejected")).await
+    }
+
+    async fn live_routes(&self) -> Result<Option<String>, AdminError> {
+        let text = self.text("/config_dump", &[("resource", "dynamic_route_configs")]).await?;
+        let dump: Value = serde_json::from_str(&text).map_err(|e| AdminError(format!("config_dump: {e}")))?;
+        Ok(live_routes_of(&dump))
+    }
+
+    async fn rds_rejections(&self) -> Result<u64, AdminError> {
+        self.counter(&format!("http.{HCM_STAT_PREFIX}.rds.{ROUTE_CONFIG_NAME}.update_rejected")).await
+    }
+}
+
+impl HttpAdmin {
+    /// A counter by its full name; 0 while Envoy does not have it yet.
+    async fn counter(&self, name: &str) -> Result<u64, AdminError> {
         let filter = format!("^{}$", name.replace('.', "\\."));
         let text = self.text("/stats", &[("filter", &filter)]).await?;
-        Ok(parse_stats(&text).get(&name).copied().unwrap_or(0))
+        Ok(parse_stats(&text).get(name).copied().unwrap_or(0))
     }
+}
+
+/// The `version_info` of the skewgate route configuration in
+/// `/config_dump?resource=dynamic_route_configs`.
+pub fn live_routes_of(dump: &Value) -> Option<String> {
+    dump.get("configs")?
+        .as_array()?
+        .iter()
+        .find(|c| c.pointer("/route_config/name").and_then(Value::as_str) == Some(ROUTE_CONFIG_NAME))?
+        .get("version_info")?
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// `/clusters` text: `name::host:port::health_flags::healthy` per host, plus per-cluster lines
@@ -237,5 +273,17 @@ mod tests {
         assert_eq!(live_table_of(&json!({"configs": [module(&table)]})), None, "no filter, no table");
         assert_eq!(live_table_of(&json!({})), None);
         assert_eq!(live_table_of(&json!({"configs": []})), None);
+    }
+
+    #[test]
+    fn live_routes_from_config_dump() {
+        let rds = crate::envoy::rds(None, "65s");
+        let dump = json!({"configs": [
+            {"version_info": "other", "route_config": {"name": "elsewhere"}},
+            {"version_info": rds["version_info"], "route_config": rds["resources"][0]}
+        ]});
+        assert_eq!(live_routes_of(&dump).as_deref(), crate::envoy::rds_version(&rds));
+        assert_eq!(live_routes_of(&json!({"configs": [dump["configs"][0]]})), None);
+        assert_eq!(live_routes_of(&json!({})), None);
     }
 }

@@ -5,8 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// `cds/cds.json` and `ecds/ecds.json` under one directory: each file in a directory of its own,
-/// because Envoy watches the directory and reloads on a rename into it.
+/// `cds/cds.json` (with `cds/rds.json` beside it) and `ecds/ecds.json` under one directory: the
+/// clusters and the table in directories of their own, because Envoy watches the directory and
+/// reloads on a rename into it (a rename of `rds.json` has Envoy read `cds.json` again too,
+/// unchanged, which costs nothing).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Files {
     pub dir: PathBuf,
@@ -29,6 +31,11 @@ impl Files {
         self.cds_dir().join("cds.json")
     }
 
+    /// The routes: which requests skip the filter depends on the table (issue 17).
+    pub fn rds_path(&self) -> PathBuf {
+        self.cds_dir().join("rds.json")
+    }
+
     pub fn ecds_path(&self) -> PathBuf {
         self.ecds_dir().join("ecds.json")
     }
@@ -38,12 +45,13 @@ impl Files {
         module_ecds_path(&self.ecds_dir())
     }
 
-    /// Both files at once, clusters first, without waiting on Envoy: for a first table, before
-    /// any Envoy watches them (a running Envoy gets its tables through [`super::Pusher`]).
-    pub fn write_first(&self, cds: &Value, ecds: &Value) -> std::io::Result<()> {
+    /// The three files at once, in push order, without waiting on Envoy: for a first table,
+    /// before any Envoy watches them (a running Envoy gets its tables through [`super::Pusher`]).
+    pub fn write_first(&self, cds: &Value, rds: &Value, ecds: &Value) -> std::io::Result<()> {
         std::fs::create_dir_all(self.cds_dir())?;
         std::fs::create_dir_all(self.ecds_dir())?;
         write_atomic(&self.cds_path(), cds.to_string().as_bytes())?;
+        write_atomic(&self.rds_path(), rds.to_string().as_bytes())?;
         write_atomic(&self.ecds_path(), ecds.to_string().as_bytes())
     }
 }

@@ -3,9 +3,17 @@
 //!
 //! 1. `cds.json` with the union of the clusters on disk and the new ones; wait until Envoy has
 //!    all new clusters (and the ones the new table starts routing to have a healthy host);
-//! 2. `ecds.json` with the new table; wait until the filter runs it (with the native module,
+//! 2. `rds.json` with the routes of the new table, when they changed; wait until Envoy runs them;
+//! 3. `ecds.json` with the new table; wait until the filter runs it (with the native module,
 //!    its `module/ecds.json` first, carrying the same table: both name the clusters of step 1);
-//! 3. `cds.json` with exactly the new clusters, dropping those nothing references any more.
+//! 4. `cds.json` with exactly the new clusters, dropping those nothing references any more.
+//!
+//! The routes go before the table: their bypass routes only take requests the new table sends
+//! to the pool, with no header the filter would change (core/src/bypass.rs proves it), and the
+//! pool is in every `cds.json`. Meanwhile the filter, on the old table, decides every other
+//! request as it did. The other way round, the old bypass would keep taking requests for a
+//! group/version the new table no longer finds uniform past the moment the filter stopped
+//! sending them to the pool.
 //!
 //! Files are only written when their content changes, always with temp file + fsync + rename.
 //! The state is read back from disk on every push, so that a push interrupted by an error (or
@@ -28,7 +36,7 @@ use tokio::time::Instant;
 use super::admin::{AdminError, EnvoyAdmin, LiveTable};
 use super::files::{Files, write_atomic};
 use super::render::Resources;
-use super::resources::{draining_in, module_ecds, table_from_ecds, with_draining};
+use super::resources::{draining_in, module_ecds, rds_version, table_from_ecds, with_draining};
 
 /// How often the admin API is asked while waiting.
 const CONFIRM_POLL: Duration = Duration::from_millis(50);
@@ -38,6 +46,10 @@ const CONFIRM_POLL: Duration = Duration::from_millis(50);
 pub enum Step {
     /// `cds.json` written with these clusters.
     WroteCds(Vec<String>),
+    /// `rds.json` written with the routes of this version.
+    WroteRds(String),
+    /// Envoy runs the routes of this version.
+    RoutesLive(String),
     /// Envoy has every cluster of the new CDS.
     ClustersPresent,
     /// Not every newly routed-to cluster had a healthy host in time; the table went out anyway.
@@ -74,6 +86,13 @@ pub enum PushError {
     TableRejected { generation: String },
     #[error("table {generation} not live after {timeout:?} (Envoy runs {live:?})")]
     TableNotLive { generation: String, live: Option<String>, timeout: Duration },
+    #[error(
+        "Envoy rejected rds.json {version} (update_rejected went up; its log says why); the \
+         previous routes still serve and the table was not written"
+    )]
+    RoutesRejected { version: String },
+    #[error("routes {version} not live after {timeout:?} (Envoy runs {live:?}); the table was not written")]
+    RoutesNotLive { version: String, live: Option<String>, timeout: Duration },
 }
 
 impl PushError {
@@ -85,15 +104,19 @@ impl PushError {
             PushError::ClustersMissing { .. } => "clusters_missing",
             PushError::TableRejected { .. } => "table_rejected",
             PushError::TableNotLive { .. } => "table_not_live",
+            PushError::RoutesRejected { .. } => "routes_rejected",
+            PushError::RoutesNotLive { .. } => "routes_not_live",
         }
     }
 }
 
-/// Writes `cds.json` and `ecds.json`, confirming each step with `A`. Clones share the
-/// eligibility overlay.
+/// Writes `cds.json`, `rds.json` and `ecds.json`, confirming each step with `A`. Clones share
+/// the eligibility overlay.
 #[derive(Debug, Clone)]
 pub struct Pusher<A> {
     cds_path: PathBuf,
+    /// `None` with the native module: bootstrap-native.yaml keeps its routes static.
+    rds_path: Option<PathBuf>,
     ecds_path: PathBuf,
     /// The native module's ECDS file, when the sidecar serves the module too.
     module_path: Option<PathBuf>,
@@ -135,6 +158,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
     pub fn new(files: &Files, admin: Option<A>, confirm_timeout: Duration, settle_delay: Duration) -> Self {
         Self {
             cds_path: files.cds_path(),
+            rds_path: Some(files.rds_path()),
             ecds_path: files.ecds_path(),
             module_path: None,
             admin,
@@ -147,9 +171,16 @@ impl<A: EnvoyAdmin> Pusher<A> {
 
     /// Also writes the native module's ECDS file of `files` (docs/native-module.md), with each
     /// table, just before the filter's.
+    /// The module's bootstrap (bootstrap-native.yaml) keeps its routes static: no `rds.json`.
     pub fn with_native_module(mut self, files: &Files) -> Self {
         self.module_path = Some(files.module_ecds_path());
+        self.rds_path = None;
         self
+    }
+
+    /// The routes' file for `resources`, when there is one to write, with its path.
+    fn rds_file(&self, resources: &Resources) -> Option<(&Path, Vec<u8>)> {
+        self.rds_path.as_deref().map(|path| (path, to_bytes(&resources.rds)))
     }
 
     /// The module's file for `resources`, when there is one to write, with its path.
@@ -209,6 +240,8 @@ impl<A: EnvoyAdmin> Pusher<A> {
 
     pub async fn push(&self, resources: &Resources) -> Result<PushOutcome, PushError> {
         let new_cds = self.overlaid(&resources.cds);
+        let rds = self.rds_file(resources);
+        let routes_version = rds_version(&resources.rds).unwrap_or_default().to_owned();
         let new_ecds = to_bytes(&resources.ecds);
         let disk_cds = self.ours(&self.cds_path)?;
         let disk_ecds = self.ours(&self.ecds_path)?;
@@ -217,16 +250,17 @@ impl<A: EnvoyAdmin> Pusher<A> {
             Some((path, new)) => self.ours(path)?.as_deref() == Some(&new[..]),
             None => true,
         };
+        let rds_current = match &rds {
+            Some((path, new)) => self.ours(path)?.as_deref() == Some(&new[..]),
+            None => true,
+        };
         if disk_cds.as_deref() == Some(&new_cds[..])
+            && rds_current
             && disk_ecds.as_deref() == Some(&new_ecds[..])
             && module_current
         {
             // Written by an earlier process: guarded from now on as if this one had written them.
-            self.adopt(&self.cds_path, &new_cds);
-            if let Some((path, new)) = &module {
-                self.adopt(path, new);
-            }
-            self.adopt(&self.ecds_path, &new_ecds);
+            self.adopt_all(resources, rds.as_ref(), module.as_ref());
             return Ok(PushOutcome::Unchanged);
         }
         let module_path = module.as_ref().map(|(path, _)| *path);
@@ -250,6 +284,10 @@ impl<A: EnvoyAdmin> Pusher<A> {
             // nothing to order against. Clusters first all the same, for one starting meanwhile.
             self.write_cds(&resources.cds)?;
             steps.push(Step::WroteCds(new_names.into_iter().collect()));
+            if let Some((path, new)) = &rds {
+                self.write(path, new)?;
+                steps.push(Step::WroteRds(routes_version));
+            }
             if let Some((path, new)) = &module {
                 self.write(path, new)?;
                 steps.push(Step::WroteModuleEcds(resources.generation.clone()));
@@ -264,10 +302,18 @@ impl<A: EnvoyAdmin> Pusher<A> {
             Some(admin) => admin.live_table().await?,
             None => None,
         };
+        let live_routes = match (&self.admin, &rds) {
+            (Some(admin), Some(_)) => admin.live_routes().await?,
+            _ => None,
+        };
         let table_pending = disk_ecds.as_deref() != Some(&new_ecds[..])
             || !module_current
             || self.admin.is_some() && live.as_ref().map(|l| &l.generation) != Some(&resources.generation);
-        if table_pending {
+        let routes_pending = !rds_current
+            || rds.is_some()
+                && self.admin.is_some()
+                && live_routes.as_deref() != Some(routes_version.as_str());
+        if table_pending || routes_pending {
             let union = union_cds(&resources.cds, old_cds.as_ref());
             if on_disk_cds.as_deref() != Some(&self.overlaid(&union)[..]) {
                 on_disk_cds = Some(self.write_cds(&union)?);
@@ -278,10 +324,17 @@ impl<A: EnvoyAdmin> Pusher<A> {
             let newly_routed: BTreeSet<String> = routed.difference(&live_clusters).cloned().collect();
             self.confirm_clusters(&new_names, &newly_routed, &mut steps).await?;
 
-            let rejections_before = match &self.admin {
-                Some(admin) => Some(admin.ecds_rejections().await?),
-                None => None,
-            };
+            if routes_pending {
+                let rejections_before = self.rejections(Confirmed::Routes).await?;
+                if let Some((path, new)) = rds.as_ref().filter(|_| !rds_current) {
+                    self.write(path, new)?;
+                    steps.push(Step::WroteRds(routes_version.clone()));
+                }
+                self.confirm(Confirmed::Routes, &routes_version, rejections_before, &mut steps).await?;
+            }
+        }
+        if table_pending {
+            let rejections_before = self.rejections(Confirmed::Table).await?;
             if let Some((path, new)) = module.as_ref().filter(|_| !module_current) {
                 self.write(path, new)?;
                 steps.push(Step::WroteModuleEcds(resources.generation.clone()));
@@ -290,7 +343,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 self.write(&self.ecds_path, &new_ecds)?;
                 steps.push(Step::WroteEcds(resources.generation.clone()));
             }
-            self.confirm_table(&resources.generation, rejections_before, &mut steps).await?;
+            self.confirm(Confirmed::Table, &resources.generation, rejections_before, &mut steps).await?;
         }
 
         if on_disk_cds.as_deref() != Some(&self.overlaid(&resources.cds)[..]) {
@@ -300,12 +353,22 @@ impl<A: EnvoyAdmin> Pusher<A> {
         // A file this push found already right (written by an earlier process, or by
         // `sync_once` before Envoy started) is guarded from now on as if this one had written
         // it: else a file someone else wrote over it was never put back.
+        self.adopt_all(resources, rds.as_ref(), module.as_ref());
+        Ok(PushOutcome::Pushed { added, removed, steps })
+    }
+
+    /// [`Pusher::adopt`] for every file of `resources`.
+    fn adopt_all(
+        &self,
+        resources: &Resources,
+        rds: Option<&(&Path, Vec<u8>)>,
+        module: Option<&(&Path, Vec<u8>)>,
+    ) {
         self.adopt(&self.cds_path, &self.overlaid(&resources.cds));
-        if let Some((path, new)) = &module {
+        for (path, new) in rds.into_iter().chain(module) {
             self.adopt(path, new);
         }
-        self.adopt(&self.ecds_path, &new_ecds);
-        Ok(PushOutcome::Pushed { added, removed, steps })
+        self.adopt(&self.ecds_path, &to_bytes(&resources.ecds));
     }
 
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), PushError> {
@@ -464,33 +527,77 @@ impl<A: EnvoyAdmin> Pusher<A> {
         }
     }
 
-    async fn confirm_table(
+    /// `what`'s rejection count now, to tell a rejection of what comes next.
+    async fn rejections(&self, what: Confirmed) -> Result<Option<u64>, PushError> {
+        Ok(match &self.admin {
+            Some(admin) => Some(what.rejections(admin).await?),
+            None => None,
+        })
+    }
+
+    /// Envoy runs `wanted` (the routes' version, the table's generation), else what depends on
+    /// it must not go out: a rejected file (a table the filter refuses, a route regex over RE2's
+    /// program-size limit) leaves the previous one in place.
+    async fn confirm(
         &self,
-        generation: &str,
+        what: Confirmed,
+        wanted: &str,
         rejections_before: Option<u64>,
         steps: &mut Vec<Step>,
     ) -> Result<(), PushError> {
         let Some(admin) = self.admin_or_settle(steps).await else { return Ok(()) };
         let deadline = Instant::now() + self.confirm_timeout;
+        let wanted = wanted.to_owned();
         loop {
-            let live = admin.live_table().await?.map(|t| t.generation);
-            if live.as_deref() == Some(generation) {
-                steps.push(Step::TableLive(generation.to_owned()));
+            let live = what.live(admin).await?;
+            if live.as_deref() == Some(wanted.as_str()) {
+                steps.push(match what {
+                    Confirmed::Routes => Step::RoutesLive(wanted),
+                    Confirmed::Table => Step::TableLive(wanted),
+                });
                 return Ok(());
             }
             if let Some(before) = rejections_before {
-                if admin.ecds_rejections().await? > before {
-                    return Err(PushError::TableRejected { generation: generation.to_owned() });
+                if what.rejections(admin).await? > before {
+                    return Err(match what {
+                        Confirmed::Routes => PushError::RoutesRejected { version: wanted },
+                        Confirmed::Table => PushError::TableRejected { generation: wanted },
+                    });
                 }
             }
             if Instant::now() >= deadline {
-                return Err(PushError::TableNotLive {
-                    generation: generation.to_owned(),
-                    live,
-                    timeout: self.confirm_timeout,
+                let timeout = self.confirm_timeout;
+                return Err(match what {
+                    Confirmed::Routes => PushError::RoutesNotLive { version: wanted, live, timeout },
+                    Confirmed::Table => PushError::TableNotLive { generation: wanted, live, timeout },
                 });
             }
             tokio::time::sleep(CONFIRM_POLL).await;
+        }
+    }
+}
+
+/// What a push waits for Envoy to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Confirmed {
+    /// `rds.json`, by its version.
+    Routes,
+    /// The table, by its generation.
+    Table,
+}
+
+impl Confirmed {
+    async fn live<A: EnvoyAdmin>(self, admin: &A) -> Result<Option<String>, AdminError> {
+        match self {
+            Confirmed::Routes => admin.live_routes().await,
+            Confirmed::Table => Ok(admin.live_table().await?.map(|t| t.generation)),
+        }
+    }
+
+    async fn rejections<A: EnvoyAdmin>(self, admin: &A) -> Result<u64, AdminError> {
+        match self {
+            Confirmed::Routes => admin.rds_rejections().await,
+            Confirmed::Table => admin.ecds_rejections().await,
         }
     }
 }
@@ -540,7 +647,7 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use serde_json::json;
-    use skewgate_core::table::TableConfig;
+    use skewgate_core::table::{RoutingTable, TableConfig};
 
     use super::*;
     use crate::envoy::admin::{ClusterHealth, LiveTable, table_summary};
@@ -552,11 +659,19 @@ mod tests {
     #[derive(Default)]
     struct Fake {
         cds: PathBuf,
+        rds: PathBuf,
         ecds: PathBuf,
         /// The native module's file, loaded like `ecds` when there is one.
         module: PathBuf,
         cds_loaded: Vec<u8>,
+        rds_loaded: Vec<u8>,
         ecds_loaded: Vec<u8>,
+        /// The version of the routes it runs, and whether it refuses new ones.
+        routes_live: Option<String>,
+        reject_routes: bool,
+        route_rejections: u64,
+        /// The order in which it loaded what (`rds`, `ecds`).
+        loads: Vec<&'static str>,
         module_loaded: Vec<u8>,
         clusters: BTreeMap<String, (ClusterHealth, u32)>,
         live: Option<LiveTable>,
@@ -583,6 +698,7 @@ mod tests {
             let files = Files::new(dir);
             let fake = Fake {
                 cds: files.cds_path(),
+                rds: files.rds_path(),
                 ecds: files.ecds_path(),
                 module: files.module_ecds_path(),
                 ..Fake::default()
@@ -597,8 +713,19 @@ mod tests {
         fn observe(&self) -> std::sync::MutexGuard<'_, Fake> {
             let mut f = self.0.lock().unwrap();
             f.calls += 1;
+            let rds = std::fs::read(&f.rds).unwrap_or_default();
+            if rds != f.rds_loaded {
+                f.rds_loaded = rds.clone();
+                let value: Value = serde_json::from_slice(&rds).unwrap();
+                match f.reject_routes {
+                    true => f.route_rejections += 1,
+                    false => f.routes_live = rds_version(&value).map(str::to_owned),
+                }
+                f.loads.push("rds");
+            }
             let ecds = std::fs::read(&f.ecds).unwrap_or_default();
             if ecds != f.ecds_loaded {
+                f.loads.push("ecds");
                 f.ecds_loaded = ecds.clone();
                 let value: Value = serde_json::from_slice(&ecds).unwrap();
                 let summary = table_from_ecds(&value).and_then(table_summary).unwrap();
@@ -695,6 +822,14 @@ mod tests {
         async fn ecds_rejections(&self) -> Result<u64, AdminError> {
             Ok(self.observe().rejections)
         }
+
+        async fn live_routes(&self) -> Result<Option<String>, AdminError> {
+            Ok(self.observe().routes_live.clone())
+        }
+
+        async fn rds_rejections(&self) -> Result<u64, AdminError> {
+            Ok(self.observe().route_rejections)
+        }
     }
 
     /// A three-apiserver table: `claims` serve resourceclaims v1, `classes` deviceclasses v1alpha3.
@@ -728,8 +863,20 @@ mod tests {
         };
         // Unsealed, so that the generation stays the label the tests follow.
         let cds = crate::envoy::resources::cds(&t, &endpoints, &tls, Health::default()).unwrap();
-        let ecds = crate::envoy::resources::ecds(&serde_json::to_string(&t).unwrap(), Path::new("/f.wasm"));
-        Resources { table: t.clone(), generation: t.generation.clone(), cds, ecds }
+        let json = serde_json::to_string(&t).unwrap();
+        let ecds = crate::envoy::resources::ecds(&json, Path::new("/f.wasm"));
+        let rds = Value::Null;
+        with_route_timeout(
+            Resources { table: t.clone(), generation: t.generation.clone(), cds, rds, ecds },
+            "65s",
+        )
+    }
+
+    /// `r` with the routes of its table and this route timeout.
+    fn with_route_timeout(mut r: Resources, timeout: &str) -> Resources {
+        let table = RoutingTable::from_json(serde_json::to_string(&r.table).unwrap().as_bytes()).unwrap();
+        r.rds = crate::envoy::resources::rds(Some(&table), timeout);
+        r
     }
 
     fn dir(name: &str) -> PathBuf {
@@ -780,6 +927,12 @@ mod tests {
         write_atomic(&ecds, b"{}").unwrap();
         assert_eq!(p.push(&r1).await.unwrap(), PushOutcome::Unchanged);
         assert_eq!(p.restore_replaced_files(false).unwrap(), std::slice::from_ref(&ecds));
+        // The routes too.
+        let rds = d.join("cds/rds.json");
+        let good_rds = std::fs::read(&rds).unwrap();
+        write_atomic(&rds, b"{\"resources\": []}").unwrap();
+        assert_eq!(p.restore_replaced_files(false).unwrap(), std::slice::from_ref(&rds));
+        assert_eq!(std::fs::read(&rds).unwrap(), good_rds);
         // In place, same length: the mtime or inode tells.
         let text = std::fs::read_to_string(&cds).unwrap().replace("\"skewgate-pool\"", "\"skewgate-nope\"");
         std::fs::write(&cds, text).unwrap();
@@ -792,6 +945,8 @@ mod tests {
         let (writes, generation, clusters) = restarted.expected();
         assert_eq!((writes, generation.as_deref()), (1, Some("g1")));
         assert!(clusters.contains("skewgate-pool"));
+        write_atomic(&rds, b"{}").unwrap();
+        assert_eq!(restarted.restore_replaced_files(false).unwrap(), [rds]);
     }
 
     /// A new process whose first push writes only the table (the clusters on disk are already
@@ -821,8 +976,12 @@ mod tests {
         let PushOutcome::Pushed { steps, removed, .. } = p.push(&r1).await.unwrap() else {
             panic!("not pushed")
         };
-        assert_eq!(steps.len(), 2);
-        assert!(matches!(&steps[..], [Step::WroteCds(_), Step::WroteEcds(g)] if g == "g1"), "{steps:?}");
+        assert_eq!(steps.len(), 3);
+        let routes = rds_version(&r1.rds).unwrap();
+        assert!(
+            matches!(&steps[..], [Step::WroteCds(_), Step::WroteRds(v), Step::WroteEcds(g)] if g == "g1" && v == routes),
+            "{steps:?}"
+        );
         assert!(removed.is_empty());
         assert_eq!(envoy.0.lock().unwrap().calls, 0, "no Envoy can be running on missing files");
         let (cds_inode, ecds_inode) = (inode(&d.join("cds/cds.json")), inode(&d.join("ecds/ecds.json")));
@@ -833,9 +992,9 @@ mod tests {
             (inode(&d.join("cds/cds.json")), inode(&d.join("ecds/ecds.json"))),
             (cds_inode, ecds_inode)
         );
-        // No stray temp files in the watched directories.
-        for sub in ["cds", "ecds"] {
-            assert_eq!(std::fs::read_dir(d.join(sub)).unwrap().count(), 1);
+        // No stray temp files in the watched directories: cds.json and rds.json, ecds.json.
+        for (sub, files) in [("cds", 2), ("ecds", 1)] {
+            assert_eq!(std::fs::read_dir(d.join(sub)).unwrap().count(), files);
         }
     }
 
@@ -875,6 +1034,76 @@ mod tests {
         assert!(f.violations.is_empty(), "{:?}", f.violations);
         assert_eq!(f.clusters.keys().map(String::as_str).collect::<Vec<_>>(), fin);
         assert_eq!(f.live.as_ref().map(|l| l.generation.as_str()), Some("g2"));
+    }
+
+    /// New routes go after the clusters and before the table, each confirmed; routes that
+    /// alone changed go out without the table.
+    #[tokio::test]
+    async fn routes_go_between_the_clusters_and_the_table() {
+        let (_, envoy, p) = after_first_table("routes-order").await;
+        let r2 = with_route_timeout(resources("g2", &["b", "c"], &["a"]), "10s");
+        let v2 = rds_version(&r2.rds).unwrap().to_owned();
+        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        let cds_sizes: Vec<usize> = steps
+            .iter()
+            .filter_map(|s| if let Step::WroteCds(c) = s { Some(c.len()) } else { None })
+            .collect();
+        assert_eq!(cds_sizes, [8, 6], "the union first, the new clusters last: {steps:?}");
+        assert_eq!(
+            steps[1..steps.len() - 1],
+            [
+                Step::ClustersPresent,
+                Step::WroteRds(v2.clone()),
+                Step::RoutesLive(v2),
+                Step::WroteEcds("g2".into()),
+                Step::TableLive("g2".into())
+            ]
+        );
+        envoy.with(|f| assert_eq!(f.loads, ["rds", "ecds", "rds", "ecds"]));
+        let r3 = with_route_timeout(resources("g2", &["b", "c"], &["a"]), "20s");
+        let v3 = rds_version(&r3.rds).unwrap().to_owned();
+        let PushOutcome::Pushed { steps, .. } = p.push(&r3).await.unwrap() else { panic!("not pushed") };
+        assert_eq!(steps, [Step::ClustersPresent, Step::WroteRds(v3.clone()), Step::RoutesLive(v3)]);
+        envoy.load_now();
+        assert!(envoy.0.lock().unwrap().violations.is_empty());
+    }
+
+    /// Routes Envoy refuses keep the table back (its log says why), and the error says so.
+    #[tokio::test]
+    async fn rejected_routes_keep_the_table_back() {
+        let (d, envoy, p) = after_first_table("routes-rejected").await;
+        let ecds_before = std::fs::read(d.join("ecds/ecds.json")).unwrap();
+        envoy.with(|f| f.reject_routes = true);
+        let r2 = with_route_timeout(resources("g2", &["b", "c"], &["a"]), "10s");
+        let error = p.push(&r2).await.unwrap_err();
+        assert!(
+            matches!(&error, PushError::RoutesRejected { version } if Some(version.as_str()) == rds_version(&r2.rds)),
+            "{error}"
+        );
+        assert_eq!(error.label(), "routes_rejected");
+        assert!(error.to_string().contains("rds.json"), "{error}");
+        assert_eq!(
+            std::fs::read(d.join("ecds/ecds.json")).unwrap(),
+            ecds_before,
+            "table written past its routes"
+        );
+        // The same routes again: on disk already, still not what Envoy runs.
+        let error = p.push(&r2).await.unwrap_err();
+        let first = resources("g1", &["c"], &["a", "b"]).rds;
+        assert!(
+            matches!(&error, PushError::RoutesNotLive { live, .. } if live.as_deref() == rds_version(&first)),
+            "{error}"
+        );
+        // Envoy takes them after all (read again): the next push goes on with the table.
+        envoy.with(|f| {
+            f.reject_routes = false;
+            f.rds_loaded.clear();
+        });
+        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        assert!(
+            matches!(&steps[..], [Step::ClustersPresent, Step::WroteEcds(g), Step::TableLive(_), Step::WroteCds(_)] if g == "g2"),
+            "{steps:?}"
+        );
     }
 
     #[tokio::test]

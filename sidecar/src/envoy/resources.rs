@@ -1,12 +1,15 @@
-//! The resources themselves: the clusters (CDS) that reach the apiservers and the filter
-//! configurations (ECDS) that carry the routing table, the proxy-wasm filter's and the native
-//! module's (docs/native-module.md). JSON, as Envoy's filesystem xDS reads it.
+//! The resources themselves: the clusters (CDS) that reach the apiservers, the routes (RDS) that
+//! send each request to the cluster the filter named or, for requests that need no decision,
+//! straight to the pool, and the filter configurations (ECDS) that carry the routing table, the
+//! proxy-wasm filter's and the native module's (docs/native-module.md). JSON, as Envoy's
+//! filesystem xDS reads it.
 
 use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde_json::{Value, json};
-use skewgate_core::table::TableConfig;
+use skewgate_core::bypass;
+use skewgate_core::table::{RoutingTable, TableConfig};
 
 /// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
 pub const FILTER_NAME: &str = "skewgate";
@@ -19,6 +22,15 @@ pub const MODULE_NAME: &str = "skewgate_module";
 pub const DYNAMIC_MODULE_FILTER_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
 const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+const ROUTE_CONFIG_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
+/// The route configuration the bootstrap's `rds` asks for.
+pub const ROUTE_CONFIG_NAME: &str = "apiservers";
+/// The routes that send requests to the pool without the filter (issue 17).
+pub const BYPASS_TOKEN_ROUTE: &str = "bypass-token";
+pub const BYPASS_CERTIFICATE_ROUTE: &str = "bypass-certificate";
+/// Where the filter names the cluster of a request, and its route class.
+const CLUSTER_HEADER: &str = "x-skewgate-cluster";
+const ROUTE_HEADER: &str = "x-skewgate-route";
 
 /// Where an apiserver listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +222,181 @@ fn cluster(
 
 fn duration(ms: u64) -> String {
     format!("{}.{:03}s", ms / 1000, ms % 1000)
+}
+
+/// `d` as an Envoy duration, to the millisecond; whole seconds as a person writes them (`65s`).
+pub fn envoy_duration(d: std::time::Duration) -> String {
+    match d.subsec_millis() {
+        0 => format!("{}s", d.as_secs()),
+        _ => duration(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+    }
+}
+
+/// `rds.json`: the route configuration [`route_configuration`], its `version_info` a hash of its
+/// content (what [`super::admin::EnvoyAdmin::live_routes`] reads back from Envoy).
+pub fn rds(table: Option<&RoutingTable>, timeout: &str) -> Value {
+    let mut config = route_configuration(table, timeout);
+    let version = routes_version(&config);
+    if let Some(fields) = config.as_object_mut() {
+        fields.insert("@type".into(), json!(ROUTE_CONFIG_TYPE));
+    }
+    json!({"version_info": version, "resources": [config]})
+}
+
+/// The `version_info` of an `rds.json` (the one Envoy reports back for it).
+pub fn rds_version(rds: &Value) -> Option<&str> {
+    rds.get("version_info")?.as_str()
+}
+
+fn routes_version(config: &Value) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(config.to_string().as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The one virtual host in front of the apiservers. `timeout` (an Envoy duration, e.g. `65s`)
+/// is every route's but the long-running one's. With `table`, the bypass routes of
+/// [`bypass::plan`] ahead of the others: a request they take never enters the skewgate filter.
+pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value {
+    let mut routes = table.map(|t| bypass_routes(t, timeout)).unwrap_or_default();
+    routes.extend([
+        // Watches, exec, attach, port-forward, logs, proxy: the filter marks them the way
+        // kube-apiserver's long-running check does. They outlive any request timeout.
+        json!({
+            "name": "long-running",
+            "match": {"prefix": "/", "headers": [exact(ROUTE_HEADER, "long-running")]},
+            "route": {"cluster_header": CLUSTER_HEADER, "timeout": "0s", "idle_timeout": "3600s"}
+        }),
+        // Reads may also be retried when the connection drops before any answer (an apiserver
+        // exiting with requests on its connections): repeating one changes nothing. Upgrades in
+        // place otherwise turned such GETs into 503s.
+        json!({
+            "name": "read",
+            "match": {"prefix": "/", "headers": [exact(":method", "GET")]},
+            "route": read_route(json!({"cluster_header": CLUSTER_HEADER}), timeout)
+        }),
+        json!({
+            "name": "read-head",
+            "match": {"prefix": "/", "headers": [exact(":method", "HEAD")]},
+            "route": read_route(json!({"cluster_header": CLUSTER_HEADER}), timeout)
+        }),
+        // Everything else: a little longer than kube-apiserver's own --request-timeout (60s),
+        // so the apiserver's answer wins when it has one (the default of `envoy.routeTimeout`).
+        json!({
+            "name": "default",
+            "match": {"prefix": "/"},
+            "route": {"cluster_header": CLUSTER_HEADER, "timeout": timeout}
+        }),
+    ]);
+    json!({
+        "name": ROUTE_CONFIG_NAME,
+        // The bypass routes name the pool itself, a cluster that arrives by CDS (Envoy's
+        // default for a dynamic route configuration, stated).
+        "validate_clusters": false,
+        "virtual_hosts": [{
+            "name": ROUTE_CONFIG_NAME,
+            "domains": ["*"],
+            // The filter's routing headers are for Envoy only.
+            "request_headers_to_remove": [CLUSTER_HEADER, ROUTE_HEADER, "x-forwarded-client-cert"],
+            // Only failures where the apiserver never saw the request: retrying after it did
+            // could repeat a create or a delete.
+            "retry_policy": retry_policy("connect-failure,refused-stream,reset-before-request"),
+            "routes": routes
+        }]
+    })
+}
+
+/// `route` (where to) with the read routes' timeout and retries.
+fn read_route(mut route: Value, timeout: &str) -> Value {
+    if let Some(fields) = route.as_object_mut() {
+        fields.insert("timeout".into(), json!(timeout));
+        fields.insert(
+            "retry_policy".into(),
+            retry_policy("connect-failure,refused-stream,reset-before-request,reset"),
+        );
+    }
+    route
+}
+
+fn retry_policy(retry_on: &str) -> Value {
+    json!({
+        "retry_on": retry_on,
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
+        }],
+        "host_selection_retry_max_attempts": 3
+    })
+}
+
+fn exact(header: &str, value: &str) -> Value {
+    json!({"name": header, "string_match": {"exact": value}})
+}
+
+fn present(header: &str, present: bool) -> Value {
+    match present {
+        true => json!({"name": header, "present_match": true}),
+        false => json!({"name": header, "present_match": true, "invert_match": true}),
+    }
+}
+
+/// The routes that take, for `table`, requests that need no decision straight to the pool with
+/// the skewgate filter disabled (issue 17; what they may take is [`bypass::plan`]'s, proven
+/// there). Envoy picks a route before any filter runs, so a request these do not match meets the
+/// filter and the routes after them as before. Every `x-remote-*` a client sent is already gone
+/// (the header-mutation filter ahead of the skewgate filter), `x-skewgate-*` goes with the
+/// virtual host.
+fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
+    let Some(plan) = bypass::plan(table) else { return Vec::new() };
+    let route = |name: &str, client: Vec<Value>| {
+        let mut headers = vec![
+            json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regex}}}),
+            exact(":method", "GET"),
+        ];
+        headers.extend(client);
+        let mut route = json!({
+            "name": name,
+            // Envoy's route statistics under vhost.apiservers.route.<name>.
+            "stat_prefix": name,
+            "match": {"prefix": "/", "headers": headers},
+            "route": read_route(json!({"cluster": table.pool_cluster()}), timeout),
+            "typed_per_filter_config": {FILTER_NAME: {
+                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                "disabled": true
+            }}
+        });
+        if !plan.removed.is_empty() {
+            route["request_headers_to_remove"] = json!(plan.removed);
+        }
+        route
+    };
+    // A token client: nothing to forward but what it sent. One with a certificate (Envoy sets
+    // x-forwarded-client-cert for a verified one) is the certificate route's or the filter's.
+    let token = vec![present("authorization", true), present("x-forwarded-client-cert", false)];
+    let mut routes = vec![route(BYPASS_TOKEN_ROUTE, token)];
+    if plan.certificates {
+        // A certificate client whose connection the filter has mapped already (its first request
+        // went through the filter, which left the identity as filter state, the marker last):
+        // the route adds the filter's X-Remote-* from there. An absent group adds no header.
+        let mut certificate = route(BYPASS_CERTIFICATE_ROUTE, vec![present("x-forwarded-client-cert", true)]);
+        certificate["match"]["filter_state"] = json!([{
+            "key": bypass::envoy_key(bypass::MARKER),
+            "string_match": {"exact": bypass::MARKER_VALUE}
+        }]);
+        certificate["request_headers_to_add"] = plan
+            .identity_headers
+            .iter()
+            .map(|(header, key)| {
+                json!({
+                    "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
+                    "append_action": "APPEND_IF_EXISTS_OR_ADD"
+                })
+            })
+            .collect();
+        routes.push(certificate);
+    }
+    routes
 }
 
 /// `ecds.json`: the skewgate filter with `table_json` as its plugin configuration.
@@ -448,6 +635,144 @@ mod tests {
         assert_eq!(v["resources"][0]["name"], FILTER_NAME);
         assert_eq!(v["resources"][0]["typed_config"]["config"]["failure_policy"], "FAIL_RELOAD");
         assert_eq!(v["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"], true);
+    }
+
+    fn routing_table(edit: impl FnOnce(&mut Value)) -> RoutingTable {
+        let mut t = skewgate_core::testing::sample();
+        edit(&mut t);
+        RoutingTable::from_json(t.to_string().as_bytes()).unwrap()
+    }
+
+    fn route_names(rds: &Value) -> Vec<&str> {
+        let routes = rds["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        routes.iter().map(|r| r["name"].as_str().unwrap()).collect()
+    }
+
+    fn header_matches(route: &Value) -> Vec<String> {
+        route["match"]["headers"].as_array().unwrap().iter().map(Value::to_string).collect()
+    }
+
+    const SHIPPED: [&str; 4] = ["long-running", "read", "read-head", "default"];
+
+    #[test]
+    fn without_uniform_resources_only_the_shipped_routes() {
+        let none = rds(None, "65s");
+        assert_eq!(route_names(&none), SHIPPED);
+        let config = &none["resources"][0];
+        assert_eq!(config["@type"], ROUTE_CONFIG_TYPE);
+        assert_eq!(config["name"], ROUTE_CONFIG_NAME);
+        let host = &config["virtual_hosts"][0];
+        assert_eq!(
+            host["request_headers_to_remove"],
+            json!(["x-skewgate-cluster", "x-skewgate-route", "x-forwarded-client-cert"])
+        );
+        assert_eq!(host["retry_policy"]["retry_on"], "connect-failure,refused-stream,reset-before-request");
+        let routes = host["routes"].as_array().unwrap();
+        assert_eq!(
+            routes[0]["route"],
+            json!({"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": "3600s"})
+        );
+        for read in &routes[1..3] {
+            assert_eq!(read["route"]["timeout"], "65s");
+            assert_eq!(
+                read["route"]["retry_policy"]["retry_on"],
+                "connect-failure,refused-stream,reset-before-request,reset"
+            );
+        }
+        assert_eq!(routes[3]["route"], json!({"cluster_header": "x-skewgate-cluster", "timeout": "65s"}));
+        // A table whose every group/version is served by some apiservers only: no plan.
+        let rerouted = routing_table(|t| {
+            for gv in t["groupVersions"].as_array_mut().unwrap() {
+                gv["servedBy"] = json!(["a", "b"]);
+                for served in gv["resources"].as_object_mut().unwrap().values_mut() {
+                    *served = json!(["a", "b"]);
+                }
+            }
+        });
+        assert_eq!(bypass::plan(&rerouted), None);
+        assert_eq!(rds(Some(&rerouted), "65s")["resources"], none["resources"]);
+        assert_ne!(rds(None, "10s")["version_info"], none["version_info"], "the version follows the content");
+    }
+
+    #[test]
+    fn a_plan_puts_both_bypass_routes_in_front() {
+        let t = routing_table(|_| {});
+        let plan = bypass::plan(&t).unwrap();
+        let v = rds(Some(&t), "65s");
+        assert_eq!(route_names(&v), [&[BYPASS_TOKEN_ROUTE, BYPASS_CERTIFICATE_ROUTE][..], &SHIPPED].concat());
+        let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regex}}});
+        let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
+        let (token, certificate) = (&routes[0], &routes[1]);
+        assert_eq!(
+            header_matches(token),
+            [
+                path.clone(),
+                get.clone(),
+                json!({"name": "authorization", "present_match": true}),
+                json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true})
+            ]
+            .map(|h| h.to_string())
+        );
+        assert_eq!(
+            header_matches(certificate),
+            [path, get, json!({"name": "x-forwarded-client-cert", "present_match": true})]
+                .map(|h| h.to_string())
+        );
+        assert_eq!(token["match"].get("filter_state"), None);
+        assert_eq!(
+            certificate["match"]["filter_state"],
+            json!([{"key": "wasm.skewgate_identity", "string_match": {"exact": "1"}}])
+        );
+        let added: Vec<(&str, &str)> = certificate["request_headers_to_add"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                assert_eq!(h["append_action"], "APPEND_IF_EXISTS_OR_ADD");
+                (h["header"]["key"].as_str().unwrap(), h["header"]["value"].as_str().unwrap())
+            })
+            .collect();
+        assert_eq!(added.len(), plan.identity_headers.len());
+        assert_eq!(added[0], ("x-remote-user", "%FILTER_STATE(wasm.skewgate_user:PLAIN)%"));
+        assert_eq!(added[1], ("x-remote-group", "%FILTER_STATE(wasm.skewgate_group_0:PLAIN)%"));
+        for ((header, value), (plan_header, key)) in added.iter().zip(&plan.identity_headers) {
+            assert_eq!((*header, *value), (*plan_header, format!("%FILTER_STATE({key}:PLAIN)%").as_str()));
+        }
+        assert_eq!(token.get("request_headers_to_add"), None);
+        for (route, name) in [(token, BYPASS_TOKEN_ROUTE), (certificate, BYPASS_CERTIFICATE_ROUTE)] {
+            assert_eq!(route["stat_prefix"], name);
+            assert_eq!(route["route"]["cluster"], "pool");
+            assert_eq!(route["route"]["timeout"], "65s");
+            assert_eq!(
+                route["route"]["retry_policy"], routes[3]["route"]["retry_policy"],
+                "the read route's retries"
+            );
+            assert_eq!(route["request_headers_to_remove"], json!(["x-kubernetes-peer-proxied"]));
+            assert_eq!(
+                route["typed_per_filter_config"][FILTER_NAME],
+                json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true})
+            );
+        }
+    }
+
+    #[test]
+    fn the_policy_shapes_the_bypass_routes() {
+        let policy = |p: Value| routing_table(move |t| t["policy"] = p);
+        let no_certificates = rds(Some(&policy(json!({"clientCertIdentity": false}))), "65s");
+        assert_eq!(route_names(&no_certificates), [&[BYPASS_TOKEN_ROUTE][..], &SHIPPED].concat());
+        let keep_peer = rds(Some(&policy(json!({"stripDownstreamPeerProxied": false}))), "65s");
+        let routes = keep_peer["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        assert_eq!(route_names(&keep_peer)[..2], [BYPASS_TOKEN_ROUTE, BYPASS_CERTIFICATE_ROUTE]);
+        for route in &routes[..2] {
+            assert_eq!(route.get("request_headers_to_remove"), None, "{route}");
+        }
+        let no_credential_id = rds(Some(&policy(json!({"x509CredentialId": false}))), "65s");
+        let added =
+            &no_credential_id["resources"][0]["virtual_hosts"][0]["routes"][1]["request_headers_to_add"];
+        assert!(!added.to_string().contains("credential"), "{added}");
+        let with_it = &rds(Some(&policy(json!({}))), "65s")["resources"][0]["virtual_hosts"][0]["routes"][1];
+        assert!(with_it["request_headers_to_add"].to_string().contains("credential"));
     }
 
     #[test]
