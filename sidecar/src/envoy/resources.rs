@@ -28,6 +28,8 @@ pub const ROUTE_CONFIG_NAME: &str = "apiservers";
 /// The routes that send requests to the pool without the filter (issue 17).
 pub const BYPASS_TOKEN_ROUTE: &str = "bypass-token";
 pub const BYPASS_CERTIFICATE_ROUTE: &str = "bypass-certificate";
+pub const BYPASS_TOKEN_WATCH_ROUTE: &str = "bypass-token-watch";
+pub const BYPASS_CERTIFICATE_WATCH_ROUTE: &str = "bypass-certificate-watch";
 /// Where the filter names the cluster of a request, and its route class.
 const CLUSTER_HEADER: &str = "x-skewgate-cluster";
 const ROUTE_HEADER: &str = "x-skewgate-route";
@@ -349,18 +351,26 @@ fn present(header: &str, present: bool) -> Value {
 /// virtual host.
 fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     let Some(plan) = bypass::plan(table) else { return Vec::new() };
-    let route = |name: &str, client: Vec<Value>| {
+    // Each client kind gets a route for reads and one for watches: a watch outlives any request
+    // timeout, as the long-running route below does.
+    let route = |name: &str, watch: bool, client: &[Value]| {
+        let regex = if watch { &plan.watch_regex } else { &plan.path_regex };
         let mut headers = vec![
-            json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regex}}}),
+            json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}),
             exact(":method", "GET"),
         ];
-        headers.extend(client);
+        headers.extend_from_slice(client);
+        let pool = json!({"cluster": table.pool_cluster()});
+        let action = match watch {
+            true => json!({"cluster": table.pool_cluster(), "timeout": "0s", "idle_timeout": "3600s"}),
+            false => read_route(pool, timeout),
+        };
         let mut route = json!({
             "name": name,
             // Envoy's route statistics under vhost.apiservers.route.<name>.
             "stat_prefix": name,
             "match": {"prefix": "/", "headers": headers},
-            "route": read_route(json!({"cluster": table.pool_cluster()}), timeout),
+            "route": action,
             "typed_per_filter_config": {FILTER_NAME: {
                 "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
                 "disabled": true
@@ -373,28 +383,32 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     };
     // A token client: nothing to forward but what it sent. One with a certificate (Envoy sets
     // x-forwarded-client-cert for a verified one) is the certificate route's or the filter's.
-    let token = vec![present("authorization", true), present("x-forwarded-client-cert", false)];
-    let mut routes = vec![route(BYPASS_TOKEN_ROUTE, token)];
+    let token = [present("authorization", true), present("x-forwarded-client-cert", false)];
+    let mut routes =
+        vec![route(BYPASS_TOKEN_ROUTE, false, &token), route(BYPASS_TOKEN_WATCH_ROUTE, true, &token)];
     if plan.certificates {
         // A certificate client whose connection the filter has mapped already (its first request
         // went through the filter, which left the identity as filter state, the marker last):
         // the route adds the filter's X-Remote-* from there. An absent group adds no header.
-        let mut certificate = route(BYPASS_CERTIFICATE_ROUTE, vec![present("x-forwarded-client-cert", true)]);
-        certificate["match"]["filter_state"] = json!([{
-            "key": bypass::envoy_key(bypass::MARKER),
-            "string_match": {"exact": bypass::MARKER_VALUE}
-        }]);
-        certificate["request_headers_to_add"] = plan
-            .identity_headers
-            .iter()
-            .map(|(header, key)| {
-                json!({
-                    "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
-                    "append_action": "APPEND_IF_EXISTS_OR_ADD"
+        let certificate = [present("x-forwarded-client-cert", true)];
+        for (name, watch) in [(BYPASS_CERTIFICATE_ROUTE, false), (BYPASS_CERTIFICATE_WATCH_ROUTE, true)] {
+            let mut r = route(name, watch, &certificate);
+            r["match"]["filter_state"] = json!([{
+                "key": bypass::envoy_key(bypass::MARKER),
+                "string_match": {"exact": bypass::MARKER_VALUE}
+            }]);
+            r["request_headers_to_add"] = plan
+                .identity_headers
+                .iter()
+                .map(|(header, key)| {
+                    json!({
+                        "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
+                        "append_action": "APPEND_IF_EXISTS_OR_ADD"
+                    })
                 })
-            })
-            .collect();
-        routes.push(certificate);
+                .collect();
+            routes.push(r);
+        }
     }
     routes
 }
@@ -695,15 +709,23 @@ mod tests {
     }
 
     #[test]
-    fn a_plan_puts_both_bypass_routes_in_front() {
+    fn a_plan_puts_the_bypass_routes_in_front() {
         let t = routing_table(|_| {});
         let plan = bypass::plan(&t).unwrap();
         let v = rds(Some(&t), "65s");
-        assert_eq!(route_names(&v), [&[BYPASS_TOKEN_ROUTE, BYPASS_CERTIFICATE_ROUTE][..], &SHIPPED].concat());
+        let bypass = [
+            BYPASS_TOKEN_ROUTE,
+            BYPASS_TOKEN_WATCH_ROUTE,
+            BYPASS_CERTIFICATE_ROUTE,
+            BYPASS_CERTIFICATE_WATCH_ROUTE,
+        ];
+        assert_eq!(route_names(&v), [&bypass[..], &SHIPPED].concat());
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
         let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regex}}});
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
-        let (token, certificate) = (&routes[0], &routes[1]);
+        let (token, certificate) = (&routes[0], &routes[2]);
+        let read = &routes[5];
+        assert_eq!(read["name"], "read");
         assert_eq!(
             header_matches(token),
             [
@@ -745,7 +767,7 @@ mod tests {
             assert_eq!(route["route"]["cluster"], "pool");
             assert_eq!(route["route"]["timeout"], "65s");
             assert_eq!(
-                route["route"]["retry_policy"], routes[3]["route"]["retry_policy"],
+                route["route"]["retry_policy"], read["route"]["retry_policy"],
                 "the read route's retries"
             );
             assert_eq!(route["request_headers_to_remove"], json!(["x-kubernetes-peer-proxied"]));
@@ -754,24 +776,42 @@ mod tests {
                 json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true})
             );
         }
+        // The watch routes: the same clients and additions, the watch regex, no timeout.
+        for (watch, read_twin) in [(&routes[1], token), (&routes[3], certificate)] {
+            let watch_path =
+                json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.watch_regex}}});
+            let mut expected = header_matches(read_twin);
+            expected[0] = watch_path.to_string();
+            assert_eq!(header_matches(watch), expected);
+            assert_eq!(watch["match"].get("filter_state"), read_twin["match"].get("filter_state"));
+            assert_eq!(watch.get("request_headers_to_add"), read_twin.get("request_headers_to_add"));
+            assert_eq!(watch["route"], json!({"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"}));
+            assert_eq!(watch["typed_per_filter_config"], read_twin["typed_per_filter_config"]);
+        }
     }
 
     #[test]
     fn the_policy_shapes_the_bypass_routes() {
         let policy = |p: Value| routing_table(move |t| t["policy"] = p);
         let no_certificates = rds(Some(&policy(json!({"clientCertIdentity": false}))), "65s");
-        assert_eq!(route_names(&no_certificates), [&[BYPASS_TOKEN_ROUTE][..], &SHIPPED].concat());
+        assert_eq!(
+            route_names(&no_certificates),
+            [&[BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE][..], &SHIPPED].concat()
+        );
         let keep_peer = rds(Some(&policy(json!({"stripDownstreamPeerProxied": false}))), "65s");
         let routes = keep_peer["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
-        assert_eq!(route_names(&keep_peer)[..2], [BYPASS_TOKEN_ROUTE, BYPASS_CERTIFICATE_ROUTE]);
-        for route in &routes[..2] {
+        assert_eq!(
+            route_names(&keep_peer)[..3],
+            [BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE, BYPASS_CERTIFICATE_ROUTE]
+        );
+        for route in &routes[..4] {
             assert_eq!(route.get("request_headers_to_remove"), None, "{route}");
         }
         let no_credential_id = rds(Some(&policy(json!({"x509CredentialId": false}))), "65s");
         let added =
-            &no_credential_id["resources"][0]["virtual_hosts"][0]["routes"][1]["request_headers_to_add"];
+            &no_credential_id["resources"][0]["virtual_hosts"][0]["routes"][2]["request_headers_to_add"];
         assert!(!added.to_string().contains("credential"), "{added}");
-        let with_it = &rds(Some(&policy(json!({}))), "65s")["resources"][0]["virtual_hosts"][0]["routes"][1];
+        let with_it = &rds(Some(&policy(json!({}))), "65s")["resources"][0]["virtual_hosts"][0]["routes"][2];
         assert!(with_it["request_headers_to_add"].to_string().contains("credential"));
     }
 
