@@ -59,6 +59,7 @@ struct Fixture {
     base: String,
     anonymous: reqwest::Client,
     alice: reqwest::Client,
+    pki: Pki,
     /// Requests for resourceclaims that reached the filter while waiting for health checks.
     warmup_claims: u64,
 }
@@ -125,6 +126,7 @@ impl Fixture {
             base,
             anonymous,
             alice,
+            pki,
             warmup_claims: 0,
         };
         f.warmup_claims = f.wait_routable().await?;
@@ -476,6 +478,65 @@ async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
     let (by, _) = f.echo(&f.anonymous, &format!("{PODS}/after"), &headers[..1]).await?;
     assert!(!by.is_empty());
     assert_eq!(route_taken(&f, &format!("{PODS}/after")).await?, resources::BYPASS_TOKEN_ROUTE);
+    Ok(())
+}
+
+/// Issue 17, certificate clients: the first request of a connection meets the filter, which maps
+/// the certificate and leaves the identity on the connection; the connection's later reads and
+/// watches of uniform resources take the certificate bypass routes, which forward that identity
+/// byte for byte as the filter did (a non-ASCII CN, an O, the credential id), spoofed
+/// identity headers gone. Over HTTP/1.1 keep-alive and HTTP/2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_clients_skip_the_filter_after_their_first_request() -> Result<()> {
+    const IDENTITY: [&str; 3] =
+        ["x-remote-user", "x-remote-group", "x-remote-extra-authentication.kubernetes.io%2fcredential-id"];
+    let f = Fixture::start("bypass-certificate").await?;
+    log_every_request(&f).await?;
+    let node = f.pki.cluster_ca.client(&f.dir.join("pki"), "node", "système:node:ñ", &["system:nodes"])?;
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?;
+    let spoofed =
+        [("X-Remote-User", "admin"), ("X-Remote-Group", "system:masters"), ("X-Remote-Extra-Scopes", "all")];
+    for (n, http1) in [(0, true), (1, false)] {
+        let builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .tls_built_in_root_certs(false)
+            .add_root_certificate(ca.clone())
+            .identity(reqwest::Identity::from_pem(&node.identity_pem()?)?)
+            .pool_max_idle_per_host(1)
+            .timeout(Duration::from_secs(10));
+        let client = match http1 {
+            true => builder.http1_only().build()?,
+            false => builder.build()?,
+        };
+        let first = format!("{PODS}/first-{n}");
+        let (_, echo) = f.echo(&client, &first, &spoofed).await?;
+        let forwarded: Vec<Vec<String>> = IDENTITY.iter().map(|h| header_values(&echo, h)).collect();
+        assert_eq!(forwarded[0], ["système:node:ñ"]);
+        assert_eq!(forwarded[1], ["system:nodes"]);
+        assert!(forwarded[2][0].starts_with("X509SHA256="), "{forwarded:?}");
+        assert!(header_values(&echo, "x-remote-extra-scopes").is_empty());
+        let mut later = Vec::new();
+        for i in 0..10 {
+            let path = format!("{PODS}/node-{n}-{i}");
+            let (_, echo) = f.echo(&client, &path, &spoofed).await?;
+            let again: Vec<Vec<String>> = IDENTITY.iter().map(|h| header_values(&echo, h)).collect();
+            assert_eq!(again, forwarded, "{path}");
+            assert!(header_values(&echo, "x-remote-extra-scopes").is_empty(), "{path}");
+            later.push(path);
+        }
+        let watch = format!("{PODS}?watch=1&resourceVersion={n}");
+        let (_, echo) = f.echo(&client, &watch, &spoofed).await?;
+        assert_eq!(IDENTITY.iter().map(|h| header_values(&echo, h)).collect::<Vec<_>>(), forwarded);
+        // A rerouted GVR on the same connection still meets the filter, with the same identity.
+        let (_, echo) = f.echo(&client, CLAIMS_V1, &spoofed).await?;
+        assert_eq!(IDENTITY.iter().map(|h| header_values(&echo, h)).collect::<Vec<_>>(), forwarded);
+
+        assert_eq!(route_taken(&f, &first).await?, "read", "{first}");
+        for path in &later {
+            assert_eq!(route_taken(&f, path).await?, resources::BYPASS_CERTIFICATE_ROUTE, "{path}");
+        }
+        assert_eq!(route_taken(&f, &watch).await?, resources::BYPASS_CERTIFICATE_WATCH_ROUTE);
+    }
     Ok(())
 }
 

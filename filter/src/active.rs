@@ -10,4 +10,7 @@ use crate::metrics::Metrics;
 pub struct Active<H: Host> {
     pub table: RoutingTable,
     pub metrics: Metrics<H>,
+    /// Envoy took the connection properties ([`skewgate_core::bypass`]): a mapped certificate
+    /// identity can be left on its connection for the bypass routes.
+    pub connection_identity: bool,
 }

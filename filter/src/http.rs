@@ -6,8 +6,11 @@ use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
+use skewgate_core::bypass::{self, ConnectionIdentity};
 use skewgate_core::decision::{self, RequestHead};
-use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::identity::{
+    self, CREDENTIAL_ID_HEADER, Identity, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER,
+};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
@@ -167,18 +170,21 @@ impl<H: Host> HttpContext for Http<H> {
                     for group in &identity.groups {
                         self.host.add_request_header(REMOTE_GROUP, group);
                     }
-                    if table.policy().x509_credential_id {
-                        // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER,
-                        // which is what kube-apiserver's x509 authenticator records.
-                        let digest = self.host.property(&["connection", "sha256_peer_certificate_digest"]);
-                        let id = digest
+                    // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER, which
+                    // is what kube-apiserver's x509 authenticator records.
+                    let credential_id = match table.policy().x509_credential_id {
+                        true => self
+                            .host
+                            .property(&["connection", "sha256_peer_certificate_digest"])
                             .as_deref()
                             .and_then(|d| std::str::from_utf8(d).ok())
-                            .and_then(identity::x509_credential_id);
-                        if let Some(id) = id {
-                            self.host.set_request_header(CREDENTIAL_ID_HEADER, Some(&id));
-                        }
+                            .and_then(identity::x509_credential_id),
+                        false => None,
+                    };
+                    if let Some(id) = &credential_id {
+                        self.host.set_request_header(CREDENTIAL_ID_HEADER, Some(id));
                     }
+                    self.leave_on_connection(&active, identity, credential_id.as_deref());
                 }
                 Action::Continue
             }
@@ -273,6 +279,23 @@ impl<H: Host> HttpContext for Http<H> {
 }
 
 impl<H: Host> Http<H> {
+    /// Leaves a mapped certificate identity on the connection, for the bypass routes to forward
+    /// on its later requests ([`skewgate_core::bypass`]). Read-only there, and a second set would
+    /// trap the VM: a connection that has the marker already costs one read.
+    fn leave_on_connection(&self, active: &Active<H>, identity: &Identity<'_>, credential_id: Option<&str>) {
+        if !active.connection_identity || self.host.property(&[bypass::MARKER]).is_some() {
+            return;
+        }
+        let Some(state) = ConnectionIdentity::new(identity, credential_id) else { return };
+        // In order, the marker last: a refused set leaves the marker unset, so no route takes a
+        // partial identity.
+        for (name, value) in &state.properties {
+            if !self.host.set_connection_property(name, value) {
+                return;
+            }
+        }
+    }
+
     /// The apiserver's body while the composed answer is on its way: dropped chunk by chunk, so
     /// that a multi-megabyte document never fills Envoy's buffer.
     fn on_openapi_body(&mut self, body_size: usize) -> Option<Action> {

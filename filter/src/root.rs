@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
+use skewgate_core::bypass;
 use skewgate_core::table::{self, RoutingTable};
 
 use crate::active::Active;
@@ -18,11 +19,31 @@ const FLUSH_PERIOD: Duration = Duration::from_secs(1);
 pub struct Root<H: Host> {
     host: H,
     active: Option<Rc<Active<H>>>,
+    /// Whether Envoy took the connection properties, once declared (with the first table).
+    connection_identity: Option<bool>,
 }
 
 impl<H: Host> Root<H> {
     pub fn new(host: H) -> Self {
-        Self { host, active: None }
+        Self { host, active: None, connection_identity: None }
+    }
+
+    /// Declares the properties a mapped certificate identity is left in on its connection. If
+    /// Envoy refuses one, none is ever set: certificate clients then always meet the filter.
+    fn declare_connection_identity(&mut self) -> bool {
+        *self.connection_identity.get_or_insert_with(|| {
+            let names = [bypass::MARKER, bypass::USER, bypass::CREDENTIAL_ID]
+                .map(String::from)
+                .into_iter()
+                .chain((0..bypass::MAX_GROUPS).map(bypass::group_property));
+            let declared = names.into_iter().all(|name| self.host.declare_connection_property(&name));
+            if !declared {
+                log::warn!(
+                    "skewgate: Envoy refused connection properties; certificate clients skip no filter"
+                );
+            }
+            declared
+        })
     }
 }
 
@@ -51,7 +72,10 @@ impl<H: Host> RootContext for Root<H> {
                     table.gvrs().len()
                 );
                 let metrics = Metrics::define(self.host.clone(), &table);
-                if let Some(previous) = self.active.replace(Rc::new(Active { table, metrics })) {
+                let connection_identity = self.declare_connection_identity();
+                if let Some(previous) =
+                    self.active.replace(Rc::new(Active { table, metrics, connection_identity }))
+                {
                     previous.metrics.flush();
                 }
                 // Counts kept in the VM reach Envoy's stats at most this late.

@@ -74,8 +74,13 @@ impl Ca {
         self.leaf(dir, file, cn, &[], names, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
-    /// A client certificate: CN is the user, each O a group (kube-apiserver's x509 mapping).
+    /// A client certificate: CN is the user, the O (at most one) its group (kube-apiserver's x509
+    /// mapping). rcgen keeps one value per attribute type, so a second O would silently replace
+    /// the first.
     pub fn client(&self, dir: &Path, file: &str, cn: &str, orgs: &[&str]) -> Result<Pair> {
+        if orgs.len() > 1 {
+            anyhow::bail!("{file}: rcgen writes one O per subject, not {orgs:?}");
+        }
         self.leaf(dir, file, cn, orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
 

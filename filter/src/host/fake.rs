@@ -44,6 +44,17 @@ pub struct State {
     pub counters: Vec<String>,
     pub counts: BTreeMap<u32, u64>,
     pub tick_period: Option<Duration>,
+    /// Properties declared with the connection's lifespan, in order.
+    pub declared: Vec<String>,
+    /// Envoy refuses declarations.
+    pub refuse_declarations: bool,
+    /// The connection's properties in the order they were set (read-only: set once; readable
+    /// through `property` too).
+    pub connection: Vec<(String, String)>,
+    /// Every property set attempt, accepted or not.
+    pub connection_sets: usize,
+    /// Envoy refuses a set of this property.
+    pub refuse_set: Option<String>,
 }
 
 impl Fake {
@@ -186,6 +197,27 @@ impl Host for Fake {
         let s = self.0.borrow();
         let body = &s.call_response_body;
         (!body.is_empty()).then(|| body[..size.min(body.len())].to_vec())
+    }
+
+    fn declare_connection_property(&self, name: &str) -> bool {
+        let mut s = self.state();
+        if !s.refuse_declarations {
+            s.declared.push(name.to_owned());
+        }
+        !s.refuse_declarations
+    }
+
+    fn set_connection_property(&self, name: &str, value: &str) -> bool {
+        let mut s = self.state();
+        s.connection_sets += 1;
+        // Envoy refuses a second set of a read-only property, and the SDK traps on it.
+        assert!(!s.connection.iter().any(|(n, _)| n == name), "{name} set twice: the VM would trap");
+        let refused = !s.declared.iter().any(|d| d == name) || s.refuse_set.as_deref() == Some(name);
+        if !refused {
+            s.connection.push((name.to_owned(), value.to_owned()));
+            s.properties.insert(vec![name.to_owned()], value.as_bytes().to_vec());
+        }
+        !refused
     }
 
     fn define_counter(&self, name: &str) -> Option<u32> {

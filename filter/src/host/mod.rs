@@ -51,6 +51,14 @@ pub trait Host: Clone + 'static {
     ) -> Result<u32, Status>;
     fn call_response_headers(&self) -> Vec<(String, Bytes)>;
     fn call_response_body(&self, size: usize) -> Option<Bytes>;
+    /// Declares a read-only property with the downstream connection's lifespan (Envoy filter
+    /// state `wasm.<name>`): once set by one stream, later streams of the connection and Envoy's
+    /// routes see it, and no stream can change it. False when Envoy refused.
+    fn declare_connection_property(&self, name: &str) -> bool;
+    /// Sets a declared property on the stream's connection (read back with [`Host::property`]).
+    /// Only for one not set yet: Envoy refuses a second set, which proxy-wasm 0.2.5 turns into a
+    /// trap of the VM. False when Envoy reports another failure.
+    fn set_connection_property(&self, name: &str, value: &str) -> bool;
     /// A counter's id; Envoy hands out the same id for the same name.
     fn define_counter(&self, name: &str) -> Option<u32>;
     fn increment_metric(&self, id: u32, by: u64);

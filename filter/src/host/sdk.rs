@@ -82,6 +82,26 @@ impl Host for ProxyWasm {
         hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, size).ok().flatten()
     }
 
+    fn declare_connection_property(&self, name: &str) -> bool {
+        match hostcalls::call_foreign_function("declare_property", Some(&declare_property_arguments(name))) {
+            Ok(_) => true,
+            Err(e) => {
+                log::warn!("skewgate: declaring connection property {name}: {e:?}");
+                false
+            }
+        }
+    }
+
+    fn set_connection_property(&self, name: &str, value: &str) -> bool {
+        match hostcalls::set_property(vec![name], Some(value.as_bytes())) {
+            Ok(()) => true,
+            Err(e) => {
+                log::warn!("skewgate: setting connection property {name}: {e:?}");
+                false
+            }
+        }
+    }
+
     fn define_counter(&self, name: &str) -> Option<u32> {
         match hostcalls::define_metric(MetricType::Counter, name) {
             Ok(id) => Some(id),
@@ -103,5 +123,33 @@ impl Host for ProxyWasm {
         if let Err(e) = hostcalls::set_tick_period(period) {
             log::warn!("skewgate: setting the tick period: {e:?}");
         }
+    }
+}
+
+/// Envoy's `DeclarePropertyArguments` (source/extensions/common/wasm/ext/declare_property.proto),
+/// serialised: `name` (1), `readonly` (2) true, `type` (3) Bytes (0, the default, omitted),
+/// `span` (5) DownstreamConnection (2).
+fn declare_property_arguments(name: &str) -> Vec<u8> {
+    let mut out = vec![0x0a];
+    let mut len = name.len();
+    while len >= 0x80 {
+        out.push((len as u8 & 0x7f) | 0x80);
+        len >>= 7;
+    }
+    out.push(len as u8);
+    out.extend_from_slice(name.as_bytes());
+    out.extend_from_slice(&[0x10, 1, 0x28, 2]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn declare_property_arguments_are_protobuf() {
+        assert_eq!(super::declare_property_arguments("ab"), [0x0a, 2, b'a', b'b', 0x10, 1, 0x28, 2]);
+        let long = "x".repeat(200);
+        let encoded = super::declare_property_arguments(&long);
+        assert_eq!(encoded[..3], [0x0a, 0xc8, 0x01]);
+        assert_eq!(encoded.len(), 3 + 200 + 4);
     }
 }

@@ -3,9 +3,12 @@
 use proxy_wasm::types::{Action, Status};
 use serde_json::json;
 
-use super::{configured, get, reply_json, sample, stream};
+use skewgate_core::bypass;
+
+use super::{configure, configured, get, reply_json, sample, stream};
 use crate::host::fake::Fake;
 use crate::http::Http;
+use crate::root::Root;
 
 const SUBSET: &str = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims";
 const DIGEST: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -444,4 +447,94 @@ fn openapi_composer_unreachable_is_a_503_never_one_apiservers_document() {
     let (status, body) = reply_json(&fake);
     assert_eq!(status, 503);
     assert!(body["message"].as_str().unwrap_or("").contains("no answer"), "{body}");
+}
+
+/// A certificate client's request for `path` on the current connection.
+fn certificate_request(fake: &Fake, root: &Root<Fake>, subject: &str, path: &str) {
+    fake.set_property(&["connection", "subject_peer_certificate"], subject);
+    fake.set_property(&["connection", "sha256_peer_certificate_digest"], DIGEST);
+    let headers = [(":method", "GET"), (":path", path), ("x-forwarded-client-cert", "Hash=x")];
+    let mut http = stream(fake, root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+}
+
+fn connection(fake: &Fake) -> Vec<(String, String)> {
+    fake.state().connection.clone()
+}
+
+#[test]
+fn a_mapped_certificate_is_left_on_its_connection_marker_last() {
+    let (fake, root) = configured(&sample());
+    let declared = fake.state().declared.clone();
+    assert_eq!(declared.len(), 3 + bypass::MAX_GROUPS, "{declared:?}");
+    certificate_request(&fake, &root, "CN=système:node:ñ,O=ops,O=devs", SUBSET);
+    let pair = |n: &str, v: &str| (n.to_owned(), v.to_owned());
+    let expected = vec![
+        pair(bypass::USER, "système:node:ñ"),
+        pair("skewgate_group_0", "devs"),
+        pair("skewgate_group_1", "ops"),
+        pair(bypass::CREDENTIAL_ID, &format!("X509SHA256={DIGEST}")),
+        pair(bypass::MARKER, bypass::MARKER_VALUE),
+    ];
+    assert_eq!(connection(&fake), expected);
+    // What the filter sends itself is what the properties say.
+    assert_eq!(fake.header("x-remote-user"), ["système:node:ñ"]);
+    assert_eq!(fake.header("x-remote-group"), ["devs", "ops"]);
+    // The next request of the connection: the marker read, nothing set (a second set would trap).
+    fake.state().connection_sets = 0;
+    certificate_request(&fake, &root, "CN=système:node:ñ,O=ops,O=devs", "/api/v1/namespaces/a/pods");
+    assert_eq!(fake.state().connection_sets, 0);
+    assert!(fake.state().property_reads.contains(&vec![bypass::MARKER.to_owned()]));
+    assert_eq!(connection(&fake), expected);
+}
+
+#[test]
+fn only_mapped_certificates_that_fit_the_routes_are_left_on_the_connection() {
+    let many: String = std::iter::once("CN=u".to_owned())
+        .chain((0..=bypass::MAX_GROUPS).map(|i| format!("O=g{i}")))
+        .collect::<Vec<_>>()
+        .join(",");
+    for subject in [many.as_str(), "O=ops", ""] {
+        let (fake, root) = configured(&sample());
+        fake.set_property(&["connection", "subject_peer_certificate"], subject);
+        let headers = [(":method", "GET"), (":path", SUBSET), ("x-forwarded-client-cert", "Hash=x")];
+        stream(&fake, &root, &headers).on_http_request_headers(0, true);
+        assert_eq!(fake.state().connection_sets, 0, "{subject:?}");
+    }
+    // A token client makes no property call at all.
+    let (fake, root) = configured(&sample());
+    stream(&fake, &root, &get(SUBSET)).on_http_request_headers(0, true);
+    assert_eq!(fake.state().connection_sets, 0);
+    assert!(fake.state().property_reads.is_empty());
+}
+
+#[test]
+fn a_refused_set_never_leaves_the_marker() {
+    let (fake, root) = configured(&sample());
+    fake.state().refuse_set = Some("skewgate_group_0".into());
+    certificate_request(&fake, &root, "CN=bob,O=ops", SUBSET);
+    assert_eq!(connection(&fake), [(bypass::USER.to_owned(), "bob".to_owned())]);
+    // The request itself still carries the identity.
+    assert_eq!(fake.header("x-remote-group"), ["ops"]);
+}
+
+#[test]
+fn the_credential_id_is_left_only_where_the_policy_sends_it() {
+    let mut table = sample();
+    table["policy"] = json!({"x509CredentialId": false});
+    let (fake, root) = configured(&table);
+    certificate_request(&fake, &root, "CN=bob", SUBSET);
+    let names: Vec<String> = connection(&fake).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, [bypass::USER, bypass::MARKER]);
+}
+
+#[test]
+fn refused_declarations_leave_nothing_on_connections() {
+    let fake = Fake::default();
+    fake.state().refuse_declarations = true;
+    let mut root = Root::new(fake.clone());
+    assert!(configure(&fake, &mut root, sample().to_string().into_bytes()));
+    certificate_request(&fake, &root, "CN=bob", SUBSET);
+    assert_eq!(fake.state().connection_sets, 0);
+    assert_eq!(fake.header("x-remote-user"), ["bob"]);
 }

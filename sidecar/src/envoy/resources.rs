@@ -355,9 +355,13 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     // timeout, as the long-running route below does.
     let route = |name: &str, watch: bool, client: &[Value]| {
         let regex = if watch { &plan.watch_regex } else { &plan.path_regex };
+        // Envoy picks the route again once the filter has set its cluster header: a request the
+        // filter took (whose identity it forwards itself) must not then match a bypass route,
+        // which would add that identity a second time.
         let mut headers = vec![
             json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}),
             exact(":method", "GET"),
+            present(CLUSTER_HEADER, false),
         ];
         headers.extend_from_slice(client);
         let pool = json!({"cluster": table.pool_cluster()});
@@ -723,6 +727,7 @@ mod tests {
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
         let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regex}}});
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
+        let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
         let read = &routes[5];
         assert_eq!(read["name"], "read");
@@ -731,6 +736,7 @@ mod tests {
             [
                 path.clone(),
                 get.clone(),
+                unrouted.clone(),
                 json!({"name": "authorization", "present_match": true}),
                 json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true})
             ]
@@ -738,7 +744,7 @@ mod tests {
         );
         assert_eq!(
             header_matches(certificate),
-            [path, get, json!({"name": "x-forwarded-client-cert", "present_match": true})]
+            [path, get, unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true})]
                 .map(|h| h.to_string())
         );
         assert_eq!(token["match"].get("filter_state"), None);
