@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::table::TableConfig;
@@ -537,6 +537,42 @@ async fn certificate_clients_skip_the_filter_after_their_first_request() -> Resu
         }
         assert_eq!(route_taken(&f, &watch).await?, resources::BYPASS_CERTIFICATE_WATCH_ROUTE);
     }
+    Ok(())
+}
+
+/// Envoy's own failure on a bypass route (every apiserver gone) reaches the client as a Kubernetes
+/// `Status`, as the filter's 503 does on its routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_route_failures_are_a_503_status() -> Result<()> {
+    let f = Fixture::start("bypass-503").await?;
+    log_every_request(&f).await?;
+    // Every apiserver fails its health checks: the pool has no healthy host (no panic mode).
+    for echo in &f._echoes {
+        echo.set_ready(false);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut attempt = 0;
+    let (path, headers, body) = loop {
+        attempt += 1;
+        let path = format!("{PODS}/gone-{attempt}");
+        let req = f.anonymous.get(format!("{}{path}", f.base)).header("Authorization", "Bearer token-1");
+        let (status, headers, body) = f.send(&f.anonymous, req).await?;
+        if status == 503 {
+            break (path, headers, body);
+        }
+        ensure!(Instant::now() < deadline, "still {status} after every apiserver went unhealthy: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(headers.get("content-type").and_then(|v| v.to_str().ok()), Some("application/json"));
+    let status: Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        (status["kind"].as_str(), status["apiVersion"].as_str()),
+        (Some("Status"), Some("v1")),
+        "{body}"
+    );
+    assert_eq!((status["reason"].as_str(), status["code"].as_u64()), (Some("ServiceUnavailable"), Some(503)));
+    assert!(status["message"].as_str().unwrap_or("").contains("[pool]"), "{body}");
+    assert_eq!(route_taken(&f, &path).await?, resources::BYPASS_TOKEN_ROUTE);
     Ok(())
 }
 
