@@ -571,12 +571,16 @@ pub fn write_wrk_requests(path: &Path, requests: &[Request]) -> Result<()> {
     Ok(())
 }
 
-/// How many of `requests` each idea of issue 17 takes off the proxy-wasm filter: the bypass route
-/// (for token clients; certificate clients never match it) and the dynamic module (either kind).
+/// How many of `requests` each idea of issue 17 takes off the proxy-wasm filter: the bypass routes
+/// (reads and watches; a certificate client's after the first request of its connection) and the
+/// dynamic module.
 pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]) -> (usize, usize) {
     use skewgate_core::decision::{RequestHead, decide};
-    let regex = skewgate_core::bypass::path_regex(table).unwrap_or_default();
-    let bypass = |path: &str| !regex.is_empty() && regex_lite_match(&regex, path);
+    let plan = skewgate_core::bypass::plan(table);
+    let bypass = |path: &str| {
+        plan.as_ref()
+            .is_some_and(|p| regex_lite_match(&p.path_regex, path) || regex_lite_match(&p.watch_regex, path))
+    };
     let mut by_route = 0;
     let mut by_module = 0;
     for r in requests {

@@ -1,14 +1,15 @@
 //! `make bench`: what skewgate costs per request. Same Envoy 1.40 binary, same upstream (a second
 //! Envoy answering at once), same request mix, three configurations run interleaved:
 //!   (a) plain LB: no filter, one route to the pool (envoy-config/plain-lb.yaml) — the floor;
-//!   (b) skewgate: the filter with the routing table (envoy-config/bootstrap.yaml);
+//!   (b) skewgate: the filter with the routing table (envoy-config/bootstrap.yaml), and the routes
+//!       the sidecar writes with it, whose bypass routes take requests that need no decision;
 //!   (c) native: one Envoy route per GVR generated from the same table, no filter;
-//!   and for issue 17: module (the dynamic module ahead of the filter), bypass (a route that skips
-//!   the filter for resources every apiserver serves), module-only (the module, no filter), and
-//!   shipped (bootstrap.yaml's listener and routes, no filter: what the shipped settings cost).
+//!   and for issue 17: module (the dynamic module ahead of the filter), filter-only (skewgate
+//!   without bypass routes: every request meets the filter), module-only (the module, no filter),
+//!   and shipped (bootstrap.yaml's listener and routes, no filter: what the shipped settings cost).
 //! The upstream answers discovery requests with documents of the size skewgate composes (an
 //! apiserver's own are as large), so that plain Envoy forwards as many bytes as skewgate sends.
-//! At --concurrency 1 also per request class (uniform, rerouted, discovery, realistic), with a token.
+//! At --concurrency 1 also per request class (uniform, uniform-cert, rerouted, discovery, realistic).
 //! For table sizes real (~110 GVRs), 1,000 and 10,000, at --concurrency 1 (Envoy pinned to a core
 //! of its own) and 2. Also the table reload latency and the errors during reloads under load.
 //! Writes bench/results/latest.json, bench/results/cpu-per-request.svg and the results section
@@ -36,7 +37,7 @@ use skewgate_testkit::paths;
 /// module alone (no filter behind it: no discovery composition; to see what the chain costs).
 /// And `shipped`: bootstrap.yaml's listener and routes with no filter, every route to the pool —
 /// what the shipped Envoy settings cost before any skewgate code runs.
-const CONFIGS: [&str; 7] = ["plain", "skewgate", "native", "module", "bypass", "module-only", "shipped"];
+const CONFIGS: [&str; 7] = ["plain", "skewgate", "native", "module", "filter-only", "module-only", "shipped"];
 const PROBE_GROUP: &str = "probe.bench.skewgate.io";
 
 #[derive(Debug, Serialize)]
@@ -170,13 +171,11 @@ async fn main() -> Result<()> {
             let (upstream, endpoints) = start_upstream(&case.join("upstream"), &pki, &answers).await?;
             let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
             let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
-            let bypass_regex =
-                skewgate_core::bypass::path_regex(&compiled).context("no uniform resources")?;
             let mut envoys = Vec::new();
             for config in CONFIGS {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
-                    "skewgate" | "bypass" | "shipped" => Config::Skewgate,
+                    "skewgate" | "filter-only" | "shipped" => Config::Skewgate,
                     "module" | "module-only" => Config::Native {
                         module_ecds: skewgate_testkit::native::module_ecds(&serde_json::to_string(&table)?),
                         wasm: config == "module",
@@ -187,17 +186,15 @@ async fn main() -> Result<()> {
                     },
                 };
                 let mut s = Settings { concurrency, ..Settings::new(c, case.join(config), &pki)? };
-                if config == "shipped" {
-                    let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
-                    s.config = Config::Custom(bench::without_filter(&shipped, &table.pool_cluster)?);
-                }
-                if config == "bypass" {
-                    let shipped = skewgate_testkit::envoy::render_bootstrap(&s)?;
-                    s.config = Config::Custom(skewgate_testkit::native::with_bypass(
-                        &shipped,
-                        &bypass_regex,
-                        &table.pool_cluster,
-                    )?);
+                // The shipped bootstrap with the routes of a table without bypass (every request
+                // meets the filter, as before issue 17), and with no filter at all.
+                if config == "filter-only" || config == "shipped" {
+                    let rendered = skewgate_testkit::envoy::render_bootstrap(&s)?;
+                    let routed = skewgate_testkit::envoy::with_static_routes(&rendered, &s.route_timeout)?;
+                    s.config = Config::Custom(match config {
+                        "shipped" => bench::without_filter(&routed, &table.pool_cluster)?,
+                        _ => routed,
+                    });
                 }
                 let envoy = Envoy::start(s, &cds, &ecds).await?;
                 bench::pin(envoy.child.id(), if concurrency == 1 { "1" } else { "0,1" })?;
@@ -239,10 +236,10 @@ async fn main() -> Result<()> {
                 for (class, requests) in bench::class_mixes(&table) {
                     let (by_route, by_module) = bench::coverage(&compiled, &requests);
                     println!(
-                        "{name:>5} {class:<9}: of {} requests the bypass route takes {by_route} (token clients; none from certificate clients), the module {by_module} (either)",
+                        "{name:>5} {class:<9}: of {} requests the bypass routes take {by_route}, the module {by_module}",
                         requests.len()
                     );
-                    coverage.push(json!({"table": name, "class": class, "requests": requests.len(), "bypass_route": by_route, "module": by_module}));
+                    coverage.push(json!({"table": name, "class": class, "requests": requests.len(), "bypass_routes": by_route, "module": by_module}));
                     let path = case.join(format!("{class}.lua"));
                     bench::write_wrk_requests(&path, &requests)?;
                     scripts.push((class.to_string(), path));
@@ -528,7 +525,7 @@ fn summarize(cells: &[Cell]) -> Vec<Value> {
 fn markdown_tables(result: &Value) -> String {
     let mut md = String::new();
     md.push_str(&format!(
-        "Measured {} on {} with Envoy {} at commit {} ({} s per run, {} rounds interleaved plain → skewgate → native → module → bypass; medians; requests: `mix` is the anonymous mix, the others are the token request classes at --concurrency 1).\n\n",
+        "Measured {} on {} with Envoy {} at commit {} ({} s per run, {} rounds interleaved plain → skewgate → native → module → filter-only → module-only → shipped; medians; requests: `mix` is the anonymous mix, the others are the token request classes at --concurrency 1).\n\n",
         result["machine"]["date"].as_str().unwrap_or(""),
         result["machine"]["cpu"].as_str().unwrap_or(""),
         result["envoy"].as_str().unwrap_or(""),
@@ -611,7 +608,7 @@ fn plot(summary: &[Value]) -> String {
         ("skewgate", "#1f77b4"),
         ("native", "#d62728"),
         ("module", "#2ca02c"),
-        ("bypass", "#9467bd"),
+        ("filter-only", "#9467bd"),
     ];
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"14\">Envoy CPU per request vs routing table size</text>\n"
