@@ -463,8 +463,10 @@ async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
     // Routes Envoy cannot take are counted as rejected; the ones it runs stay.
     let before = admin.rds_rejections().await?;
     let mut broken = rds.clone();
-    broken["resources"][0]["virtual_hosts"][0]["routes"][0]["match"]["headers"][0]["string_match"]["safe_regex"]
-        ["regex"] = json!("(unclosed");
+    let matches = &mut broken["resources"][0]["virtual_hosts"][0]["routes"][0]["match"]["headers"];
+    let path = matches.as_array_mut().and_then(|h| h.iter_mut().find(|h| h["name"] == ":path"));
+    path.context("the bypass route matches no :path")?["string_match"]["safe_regex"]["regex"] =
+        json!("(unclosed");
     broken["version_info"] = json!("broken");
     skewgate::envoy::write_atomic(&f.envoy.settings.files().rds_path(), broken.to_string().as_bytes())?;
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -358,12 +358,12 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         // Envoy picks the route again once the filter has set its cluster header: a request the
         // filter took (whose identity it forwards itself) must not then match a bypass route,
         // which would add that identity a second time.
-        let mut headers = vec![
-            json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}),
-            exact(":method", "GET"),
-            present(CLUSTER_HEADER, false),
-        ];
+        // Envoy checks them in this order and stops at the first miss: the regex, the one that
+        // costs, goes last (a request the filter took fails the first check when re-routed).
+        let mut headers = vec![present(CLUSTER_HEADER, false)];
         headers.extend_from_slice(client);
+        headers.push(exact(":method", "GET"));
+        headers.push(json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}));
         let pool = json!({"cluster": table.pool_cluster()});
         let action = match watch {
             true => json!({"cluster": table.pool_cluster(), "timeout": "0s", "idle_timeout": "3600s"}),
@@ -734,17 +734,17 @@ mod tests {
         assert_eq!(
             header_matches(token),
             [
-                path.clone(),
-                get.clone(),
                 unrouted.clone(),
                 json!({"name": "authorization", "present_match": true}),
-                json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true})
+                json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true}),
+                get.clone(),
+                path.clone(),
             ]
             .map(|h| h.to_string())
         );
         assert_eq!(
             header_matches(certificate),
-            [path, get, unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true})]
+            [unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true}), get, path]
                 .map(|h| h.to_string())
         );
         assert_eq!(token["match"].get("filter_state"), None);
@@ -787,7 +787,9 @@ mod tests {
             let watch_path =
                 json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.watch_regex}}});
             let mut expected = header_matches(read_twin);
-            expected[0] = watch_path.to_string();
+            if let Some(last) = expected.last_mut() {
+                *last = watch_path.to_string();
+            }
             assert_eq!(header_matches(watch), expected);
             assert_eq!(watch["match"].get("filter_state"), read_twin["match"].get("filter_state"));
             assert_eq!(watch.get("request_headers_to_add"), read_twin.get("request_headers_to_add"));
