@@ -74,12 +74,13 @@ impl Ca {
         self.leaf(dir, file, cn, &[], names, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
-    /// A client certificate: CN is the user, the O (at most one) its group (kube-apiserver's x509
-    /// mapping). rcgen keeps one value per attribute type, so a second O would silently replace
-    /// the first.
+    /// A client certificate: CN is the user, each O (at most two) a group (kube-apiserver's x509
+    /// mapping), in this order. rcgen keeps one value per attribute type, so the second O goes
+    /// in under O's OID (2.5.4.10) as a custom type, which encodes the same; a third would have
+    /// no type left and silently replace one.
     pub fn client(&self, dir: &Path, file: &str, cn: &str, orgs: &[&str]) -> Result<Pair> {
-        if orgs.len() > 1 {
-            anyhow::bail!("{file}: rcgen writes one O per subject, not {orgs:?}");
+        if orgs.len() > 2 {
+            anyhow::bail!("{file}: rcgen writes at most two O per subject, not {orgs:?}");
         }
         self.leaf(dir, file, cn, orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
@@ -97,8 +98,9 @@ impl Ca {
         let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         let mut params = CertificateParams::new(names)?;
         params.distinguished_name.push(DnType::CommonName, cn);
-        for o in orgs {
-            params.distinguished_name.push(DnType::OrganizationName, *o);
+        let organization = [DnType::OrganizationName, DnType::CustomDnType(vec![2, 5, 4, 10])];
+        for (ty, o) in organization.into_iter().zip(orgs) {
+            params.distinguished_name.push(ty, *o);
         }
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
         params.extended_key_usages = vec![usage];
