@@ -113,3 +113,16 @@ fn a_new_table_applies_to_new_streams_and_old_streams_keep_theirs() {
     let (_, body) = reply_json(&fake);
     assert!(body["message"].as_str().unwrap_or("").contains("cluster set-c"), "{body}");
 }
+
+/// Envoy refuses a second declaration of a property on a root context: a new table declares
+/// nothing again.
+#[test]
+fn connection_properties_are_declared_once_per_root_context() {
+    let (fake, mut root) = configured(&sample());
+    let declared = fake.state().declared.clone();
+    assert_eq!(declared.len(), 3 + skewgate_core::bypass::MAX_GROUPS, "{declared:?}");
+    let mut next = sample();
+    next["generation"] = json!("next");
+    assert!(configure(&fake, &mut root, next.to_string().into_bytes()));
+    assert_eq!(fake.state().declared, declared);
+}
