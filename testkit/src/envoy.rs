@@ -428,8 +428,13 @@ impl Envoy {
         if self.settings.config == Config::Skewgate
             && table.is_some_and(|t| skewgate_core::table::RoutingTable::from_json(t.as_bytes()).is_ok())
         {
-            let rds = self.settings.rds_for(ecds);
-            write_atomic(&self.settings.files().rds_path(), rds.to_string().as_bytes())?;
+            // Only routes that changed, as the sidecar's push: Envoy compiles every route's regex
+            // again on each rds.json it reads (≈ 100 ms at 10,000 GVRs).
+            let rds = self.settings.rds_for(ecds).to_string();
+            let path = self.settings.files().rds_path();
+            if std::fs::read_to_string(&path).ok().as_deref() != Some(rds.as_str()) {
+                write_atomic(&path, rds.as_bytes())?;
+            }
         }
         if let Config::Native { .. } = self.settings.config {
             let table = skewgate::envoy::table_from_ecds(ecds);
