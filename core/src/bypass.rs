@@ -39,8 +39,8 @@ pub struct Plan {
     pub certificates: bool,
     /// The headers the certificate route adds, in order, each from a connection property.
     pub identity_headers: Vec<(&'static str, String)>,
-    /// Headers the bypass routes remove besides every `x-remote-*` (which a header-mutation
-    /// filter ahead of every other removes on every request) and `x-skewgate-*`.
+    /// Headers the bypass routes remove besides every `x-remote-*` (which the listener's early
+    /// header mutation removes from every request before routing) and `x-skewgate-*`.
     pub removed: Vec<&'static str>,
 }
 
