@@ -777,9 +777,15 @@ async fn failures_become_503(native: bool) -> Result<()> {
 async fn reads_are_retried_after_a_reset_and_writes_are_not() -> Result<()> {
     let f = Fixture::start("retries").await?;
     let path = "/apis/test.skewgate.io/v1/namespaces/ns/flaky";
+    // Every attempt in the access log, should a read fail.
+    reqwest::Client::new().post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100")).send().await?;
     for i in 0..10 {
         let (status, h, body) = f.get(&format!("{path}/x{i}")).await?;
-        assert_eq!(status, 200, "GET {i}: {body}");
+        if status != 200 {
+            let clusters = reqwest::get(f.envoy.admin_url("/clusters")).await?.text().await?;
+            let hosts = grep(&clusters, "set-a-d::");
+            bail!("GET {i}: {status} {body}\nset-a-d in /clusters:\n{hosts}\n{}", f.envoy.log());
+        }
         assert_eq!(h.get(SERVED_BY).map(|v| v.to_str().unwrap_or("")), Some("a"), "GET {i}");
     }
     let mut reset = 0;
