@@ -86,7 +86,7 @@ struct Args {
 fn args() -> Result<Args> {
     let mut a = Args {
         seconds: 5,
-        rounds: 2,
+        rounds: 3,
         sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
         concurrencies: vec![1, 2],
         write: true,
