@@ -153,7 +153,7 @@ fn native_routes(timeout: &str) -> Vec<Value> {
             "retry_on": "connect-failure,refused-stream,reset-before-request,reset",
             "num_retries": 2,
             "retry_host_predicate": host_predicate,
-            "host_selection_retry_max_attempts": 3
+            "host_selection_retry_max_attempts": 10
         }
     });
     vec![
