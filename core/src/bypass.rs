@@ -181,7 +181,8 @@ impl ConnectionIdentity {
     }
 }
 
-#[cfg(all(test, not(target_arch = "wasm32")))]
+#[cfg(test)]
+#[cfg(not(target_arch = "wasm32"))]
 mod tests {
     use super::*;
     use crate::decision::{Action, RequestHead, decide};

@@ -13,7 +13,8 @@ pub fn module_handles(d: &Decision<'_, '_>) -> bool {
     }
 }
 
-#[cfg(all(test, not(target_arch = "wasm32")))]
+#[cfg(test)]
+#[cfg(not(target_arch = "wasm32"))]
 mod tests {
     use super::*;
     use crate::decision::{Reason, RequestHead, decide};
