@@ -579,7 +579,7 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
     let plan = skewgate_core::bypass::plan(table);
     let bypass = |path: &str| {
         plan.as_ref()
-            .is_some_and(|p| regex_lite_match(&p.path_regex, path) || regex_lite_match(&p.watch_regex, path))
+            .is_some_and(|p| p.path_regexes.iter().chain(&p.watch_regexes).any(|r| regex_lite_match(r, path)))
     };
     let mut by_route = 0;
     let mut by_module = 0;

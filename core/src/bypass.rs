@@ -4,8 +4,9 @@
 //!
 //! - a GET for a resource every apiserver serves with the same resources (or one object of it by
 //!   name), without subresources (exec, log, ...), `%`, or `w` in the query (never a watch): the
-//!   [`Plan::path_regex`] (RE2, for Envoy's `safe_regex` on `:path`), over as many group/versions
-//!   as keep it within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own first;
+//!   [`Plan::path_regexes`] (RE2, for Envoy's `safe_regex` on `:path`), each over as many
+//!   group/versions as keep it within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own in
+//!   the first;
 //! - from a token client (an `authorization` header, no client certificate): nothing to forward;
 //! - or from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
@@ -31,11 +32,12 @@ pub fn uniform_group_versions(table: &RoutingTable) -> BTreeMap<(String, String)
 /// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// `:path` (path and query) of the requests the bypass takes, watches excepted.
-    pub path_regex: String,
+    /// `:path` (path and query) of the requests the bypass takes, watches excepted: one regex per
+    /// slice of the uniform group/versions that fits [`REGEX_BUDGET`], Kubernetes' own first.
+    pub path_regexes: Vec<String>,
     /// `:path` of watches of those resources (kube-apiserver's long-running requests, which a
-    /// route must not time out).
-    pub watch_regex: String,
+    /// route must not time out), slice by slice as `path_regexes`.
+    pub watch_regexes: Vec<String>,
     /// Certificate clients too (the table maps certificates to `X-Remote-*`).
     pub certificates: bool,
     /// The headers the certificate route adds, in order, each from a connection property.
@@ -47,8 +49,15 @@ pub struct Plan {
 
 /// The bypass of `table`, or `None` when no resource is served by every apiserver.
 pub fn plan(table: &RoutingTable) -> Option<Plan> {
-    let path_regex = path_regex(table)?;
-    let watch_regex = watch_regex(table)?;
+    plan_within(table, REGEX_BUDGET)
+}
+
+/// [`plan`] with regexes of at most `budget` bytes of alternatives each.
+fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
+    let slices = resource_alternatives(table, budget);
+    if slices.is_empty() {
+        return None;
+    }
     let policy = table.policy();
     let mut identity_headers = vec![(REMOTE_USER, envoy_key(USER))];
     identity_headers.extend((0..MAX_GROUPS).map(|i| (REMOTE_GROUP, envoy_key(&group_property(i)))));
@@ -56,8 +65,8 @@ pub fn plan(table: &RoutingTable) -> Option<Plan> {
         identity_headers.push((CREDENTIAL_ID_HEADER, envoy_key(CREDENTIAL_ID)));
     }
     Some(Plan {
-        path_regex,
-        watch_regex,
+        path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
+        watch_regexes: slices.iter().map(|s| watch_regex(s)).collect(),
         certificates: policy.client_cert_identity,
         identity_headers,
         removed: match policy.strip_downstream_peer_proxied {
@@ -67,35 +76,34 @@ pub fn plan(table: &RoutingTable) -> Option<Plan> {
     })
 }
 
-/// The `:path` (path and query) regex of requests the bypass takes, or `None` when no
-/// group/version is uniform: a collection or one object by name, and a query without `w` (so
-/// never `watch`), `%`, `;` or `#`.
-pub fn path_regex(table: &RoutingTable) -> Option<String> {
-    let resources = resource_alternatives(table)?;
-    Some(format!("^(?:{resources})(?:/{NAME})?(?:\\?[^w#%;]*)?$"))
+/// The `:path` (path and query) regex of requests the bypass takes of `resources` (alternatives
+/// of [`resource_alternatives`]): a collection or one object by name, and a query without `w`
+/// (so never `watch`), `%`, `;` or `#`.
+fn path_regex(resources: &str) -> String {
+    format!("^(?:{resources})(?:/{NAME})?(?:\\?[^w#%;]*)?$")
 }
 
-/// The `:path` regex of watches the bypass takes: a collection with exactly one parameter
-/// beginning with `w`, `watch=true` or `watch=1` (Go's `ParseBool` takes more spellings; those,
-/// and a repeated `watch`, go through the filter).
-pub fn watch_regex(table: &RoutingTable) -> Option<String> {
-    let resources = resource_alternatives(table)?;
+/// The `:path` regex of watches the bypass takes of `resources`: a collection with exactly one
+/// parameter beginning with `w`, `watch=true` or `watch=1` (Go's `ParseBool` takes more
+/// spellings; those, and a repeated `watch`, go through the filter).
+fn watch_regex(resources: &str) -> String {
     const OTHER: &str = "[^w&#%;][^&#%;]*";
-    Some(format!("^(?:{resources})\\?(?:{OTHER}&)*watch=(?:true|1)(?:&{OTHER})*$"))
+    format!("^(?:{resources})\\?(?:{OTHER}&)*watch=(?:true|1)(?:&{OTHER})*$")
 }
 
 /// How long the alternatives of one bypass regex may grow. RE2 (Envoy's regex engine, with its
 /// default 8 MiB budget) runs its fast DFA out of memory on a regex of every uniform group/version
 /// of a 10,000-GVR table (137 KB: searched with RE2 itself, "DFA out of memory" on every search,
 /// 2× slower, and the bypass cost 1.29 × plain Envoy instead of 1.04 ×); at 35 KB it did not.
+/// Larger tables get one regex (one route of each kind) per slice.
 pub const REGEX_BUDGET: usize = 24 * 1024;
 
-/// `/api/v1/(namespaces/NAME/)?(pods|...)|/apis/apps/v1/...` over the uniform group/versions that
-/// fit [`REGEX_BUDGET`]: Kubernetes' own first (the core group, groups without a dot and
-/// `*.k8s.io`: pods, nodes, leases, events, deployments — most of a control plane's requests),
-/// then the others in order. A group/version left out goes through the filter, as before the
-/// bypass.
-fn resource_alternatives(table: &RoutingTable) -> Option<String> {
+/// `/api/v1/(namespaces/NAME/)?(pods|...)|/apis/apps/v1/...` over the uniform group/versions,
+/// cut into slices that fit `budget` ([`REGEX_BUDGET`]; a group/version larger than that alone gets a
+/// slice of its own). Kubernetes' own come first (the core group, groups without a dot and
+/// `*.k8s.io`: pods, nodes, leases, events, deployments — most of a control plane's requests), so
+/// that they match the first route of each kind; then the others in the table's order.
+fn resource_alternatives(table: &RoutingTable, budget: usize) -> Vec<String> {
     let gvs = uniform_group_versions(table);
     let own = |group: &str| group.is_empty() || !group.contains('.') || group.ends_with(".k8s.io");
     let mut alternatives: Vec<(bool, String)> = gvs
@@ -111,16 +119,17 @@ fn resource_alternatives(table: &RoutingTable) -> Option<String> {
         .collect();
     // Stable: within each kind, the table's order.
     alternatives.sort_by_key(|(other, _)| *other);
-    let mut kept = String::new();
+    let mut slices: Vec<String> = Vec::new();
     for (_, alternative) in alternatives {
-        if kept.len() + alternative.len() < REGEX_BUDGET {
-            if !kept.is_empty() {
-                kept.push('|');
+        match slices.last_mut() {
+            Some(slice) if slice.len() + 1 + alternative.len() <= budget => {
+                slice.push('|');
+                slice.push_str(&alternative);
             }
-            kept.push_str(&alternative);
+            _ => slices.push(alternative),
         }
     }
-    (!kept.is_empty()).then_some(kept)
+    slices
 }
 
 /// A Kubernetes object name (DNS subdomain), never a dot segment.
@@ -207,11 +216,13 @@ mod tests {
             }
         }
         assert!(t.gvrs().iter().any(|g| g.serving != Serving::All), "sample has no rerouted GVR");
-        let re = regex_automata::meta::Regex::new(&plan(&t).unwrap().path_regex).unwrap();
+        let plan = plan(&t).unwrap();
+        assert_eq!((plan.path_regexes.len(), plan.watch_regexes.len()), (1, 1));
+        let re = regex_automata::meta::Regex::new(&plan.path_regexes[0]).unwrap();
         assert!(re.is_match("/api/v1/namespaces/default/pods/web-1"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods?watch=true"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods/web-1/log"));
-        let watch = regex_automata::meta::Regex::new(&plan(&t).unwrap().watch_regex).unwrap();
+        let watch = regex_automata::meta::Regex::new(&plan.watch_regexes[0]).unwrap();
         assert!(watch.is_match(
             "/api/v1/namespaces/default/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true"
         ));
@@ -220,16 +231,25 @@ mod tests {
         assert!(!watch.is_match("/api/v1/namespaces/default/pods/web-1?watch=true"));
     }
 
-    /// A table of 2,000 CRD group/versions besides Kubernetes' own: the regexes stay within RE2's
-    /// reach, keep Kubernetes' own group/versions and leave the CRDs that do not fit to the filter.
+    /// The regexes of `regexes`, compiled.
+    fn compiled(regexes: &[String]) -> Vec<regex_automata::meta::Regex> {
+        regexes.iter().map(|r| regex_automata::meta::Regex::new(r).unwrap()).collect()
+    }
+
+    fn any_match(regexes: &[regex_automata::meta::Regex], path: &str) -> bool {
+        regexes.iter().any(|r| r.is_match(path))
+    }
+
+    /// A table of 2,000 CRD group/versions besides Kubernetes' own: every group/version bypasses,
+    /// over regexes that each stay within RE2's reach, Kubernetes' own in the first.
     #[test]
-    fn large_tables_keep_kubernetes_own_group_versions_within_the_budget() {
+    fn large_tables_cut_their_regexes_into_slices_within_the_budget() {
         let all = ["a", "b", "c"];
         let mut gvs = vec![
             json!({"group": "", "version": "v1", "servedBy": all, "resources": {"pods": all}}),
             json!({"group": "apps", "version": "v1", "servedBy": all, "resources": {"deployments": all}}),
         ];
-        // Listed first, so only the budget (not the order) can leave them out.
+        // Listed first, so only the ordering puts Kubernetes' own in the first slice.
         gvs.splice(
             0..0,
             (0..2000).map(|i| {
@@ -241,22 +261,26 @@ mod tests {
         t["groupVersions"] = json!(gvs);
         let t = RoutingTable::from_json(t.to_string().as_bytes()).unwrap();
         let plan = plan(&t).unwrap();
-        for regex in [&plan.path_regex, &plan.watch_regex] {
+        assert!(plan.path_regexes.len() > 1, "{}", plan.path_regexes.len());
+        assert_eq!(plan.path_regexes.len(), plan.watch_regexes.len());
+        for regex in plan.path_regexes.iter().chain(&plan.watch_regexes) {
             assert!(regex.len() < REGEX_BUDGET + 200, "{}", regex.len());
         }
-        let read = regex_automata::meta::Regex::new(&plan.path_regex).unwrap();
+        let (read, watch) = (compiled(&plan.path_regexes), compiled(&plan.watch_regexes));
         for path in [
             "/api/v1/namespaces/kube-system/pods/coredns",
             "/apis/apps/v1/namespaces/default/deployments/web",
             "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/node-1",
-            "/apis/g0.example.com/v1/widgets",
         ] {
-            assert!(read.is_match(path), "{path}");
+            assert!(read[0].is_match(path), "{path} is not in the first slice");
         }
-        assert!(!read.is_match("/apis/g1999.example.com/v1/widgets"), "past the budget");
-        let watch = regex_automata::meta::Regex::new(&plan.watch_regex).unwrap();
-        assert!(watch.is_match("/apis/coordination.k8s.io/v1/leases?watch=true"));
-        assert!(!watch.is_match("/apis/g1999.example.com/v1/widgets?watch=true"));
+        for i in [0, 999, 1999] {
+            let path = format!("/apis/g{i}.example.com/v1/namespaces/default/widgets/w");
+            assert!(any_match(&read, &path), "{path}");
+            let watched = format!("/apis/g{i}.example.com/v1/widgets?watch=true");
+            assert!(any_match(&watch, &watched) && !any_match(&read, &watched), "{watched}");
+        }
+        assert!(!any_match(&read, "/apis/g2000.example.com/v1/widgets"));
     }
 
     /// The headers the certificate route adds for a connection: each of the plan's headers whose
@@ -315,13 +339,19 @@ mod tests {
             // A certificate subject as Envoy renders it (RFC 2253), or a token client.
             subject in proptest::option::of("(CN=[a-z:é, \\\\]{0,12}|O=[a-z:]{0,6}|OU=x|CN=)(,(O=[a-z:%\"]{0,8}|CN=[a-z]{1,5}|O=)){0,10}"),
             credential in proptest::option::of("[0-9a-f]{64}"),
+            // The sample's group/versions in one regex, or cut into slices of one or two.
+            budget in prop_oneof![Just(REGEX_BUDGET), 1usize..400],
         ) {
             let t = table();
-            let plan = plan(&t).unwrap();
-            let re = regex_automata::meta::Regex::new(&plan.path_regex).unwrap();
-            let watch = regex_automata::meta::Regex::new(&plan.watch_regex).unwrap();
+            let plan = plan_within(&t, budget).unwrap();
+            let (re, watch) = (compiled(&plan.path_regexes), compiled(&plan.watch_regexes));
             let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
-            let (plain, watched) = (re.is_match(&target), watch.is_match(&target));
+            let (plain, watched) = (any_match(&re, &target), any_match(&watch, &target));
+            // Slicing takes what one regex over every uniform group/version would, no more.
+            let whole = plan_within(&t, usize::MAX).unwrap();
+            prop_assert_eq!(whole.path_regexes.len(), 1);
+            prop_assert_eq!(plain, any_match(&compiled(&whole.path_regexes), &target), "{}", target);
+            prop_assert_eq!(watched, any_match(&compiled(&whole.watch_regexes), &target), "{}", target);
             prop_assert!(!(plain && watched), "{}: both routes", target);
             if !plain && !watched {
                 return Ok(());

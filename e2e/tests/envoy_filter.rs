@@ -609,6 +609,74 @@ async fn bypass_route_failures_are_a_503_status() -> Result<()> {
     Ok(())
 }
 
+/// A table too large for one bypass regex (2,000 more group/versions every apiserver serves): the
+/// sidecar cuts them into slices, one route of each kind per slice, and Envoy takes a GET of the
+/// last group/version through the last slice's route to the pool, counted under the kind's
+/// statistics; a rerouted GVR still meets the filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
+    use skewgate::envoy::{HttpAdmin, Pusher};
+    let f = Fixture::start("bypass-slices").await?;
+    log_every_request(&f).await?;
+    let files = f.envoy.settings.files();
+    let admin = HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
+    let pusher = Pusher::new(&files, Some(admin), Duration::from_secs(30), Duration::ZERO);
+    let mut next = table(&["c"]);
+    next.generation = "crds".into();
+    let all = next.group_versions[0].served_by.clone();
+    for i in 0..2000 {
+        next.group_versions.push(serde_json::from_value(json!({
+            "group": format!("g{i}.example.com"), "version": "v1", "servedBy": all,
+            "resources": {"widgets": all}
+        }))?);
+    }
+    next.assign_sets(|members| format!("set-{}", members.join("-")));
+    let (pushed, _) = push_table(&f, &pusher, next).await?;
+    let routes = &pushed.rds["resources"][0]["virtual_hosts"][0]["routes"];
+    let names: Vec<&str> =
+        routes.as_array().context("routes")?.iter().filter_map(|r| r["name"].as_str()).collect();
+    // bypass-token-2, bypass-token-3, ... (not bypass-token-watch).
+    let slice = |n: &&&str| {
+        n.strip_prefix(resources::BYPASS_TOKEN_ROUTE)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|i| i.parse::<usize>().is_ok())
+    };
+    let slices = names.iter().filter(slice).count();
+    assert!(slices >= 1, "one regex for 2,000 group/versions: {names:?}");
+    let last = format!("{}-{}", resources::BYPASS_TOKEN_ROUTE, slices + 1);
+    assert!(names.contains(&last.as_str()), "{names:?}");
+
+    // A group/version of the last slice, as its regex names it (`/apis/g123\.example\.com/...`).
+    let regex = routes
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["name"] == last.as_str()))
+        .and_then(|r| {
+            r["match"]["headers"].as_array()?.last()?["string_match"]["safe_regex"]["regex"].as_str()
+        })
+        .context("the last slice's regex")?;
+    let group: String = regex
+        .split("/apis/g")
+        .nth(1)
+        .map(|rest| rest.chars().take_while(char::is_ascii_digit).collect())
+        .context("a group in the last slice")?;
+    let widget = format!("/apis/g{group}.example.com/v1/namespaces/default/widgets/w");
+    let widget = widget.as_str();
+    let token = [("Authorization", "Bearer token-1")];
+    let (by, echo) = f.echo(&f.anonymous, widget, &token).await?;
+    assert!(!by.is_empty(), "{echo}");
+    f.echo(&f.anonymous, &format!("{PODS}/p"), &token).await?;
+    let (status, _, body) = f
+        .send(&f.anonymous, f.anonymous.get(format!("{}{CLAIMS_V1}", f.base)).header(token[0].0, token[0].1))
+        .await?;
+    assert!(status < 500, "{status} {body}");
+    assert_eq!(route_taken(&f, widget).await?, last);
+    assert_eq!(route_taken(&f, &format!("{PODS}/p")).await?, resources::BYPASS_TOKEN_ROUTE);
+    assert_eq!(route_taken(&f, CLAIMS_V1).await?, "read");
+    let stat = format!("vhost.apiservers.route.{}.upstream_rq_completed", resources::BYPASS_TOKEN_ROUTE);
+    f.envoy.wait_stat(&stat, 2, Duration::from_secs(5)).await?;
+    Ok(())
+}
+
 /// The sidecar's push through a real Envoy: routes that change with the table (configmaps no
 /// longer served by every apiserver) go after the clusters and before the table, confirmed
 /// live through the admin API; then configmaps meet the filter and pods still skip it.

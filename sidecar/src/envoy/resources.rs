@@ -354,10 +354,7 @@ fn present(header: &str, present: bool) -> Value {
 /// host.
 fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     let Some(plan) = bypass::plan(table) else { return Vec::new() };
-    // Each client kind gets a route for reads and one for watches: a watch outlives any request
-    // timeout, as the long-running route below does.
-    let route = |name: &str, watch: bool, client: &[Value]| {
-        let regex = if watch { &plan.watch_regex } else { &plan.path_regex };
+    let route = |name: &str, watch: bool, client: &[Value], regex: &str| {
         // Envoy picks the route again once the filter has set its cluster header: a request the
         // filter took (whose identity it forwards itself) must not then match a bypass route,
         // which would add that identity a second time.
@@ -366,8 +363,8 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         let mut headers = vec![present(CLUSTER_HEADER, false)];
         headers.extend_from_slice(client);
         headers.push(exact(":method", "GET"));
-        // Every request the read route leaves tries the watch route: a substring search spares
-        // all but watches the regex, which at 10,000 group/versions is the dearest check here.
+        // Every request the read routes leave tries the watch routes: a substring search spares
+        // all but watches their regexes.
         if watch {
             headers.push(json!({"name": ":path", "string_match": {"contains": "watch="}}));
         }
@@ -379,7 +376,8 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         };
         let mut route = json!({
             "name": name,
-            // Envoy's route statistics under vhost.apiservers.route.<name>.
+            // Envoy's route statistics under vhost.apiservers.route.<name>, one set for every
+            // slice of a kind.
             "stat_prefix": name,
             "match": {"prefix": "/", "headers": headers},
             "route": action,
@@ -393,36 +391,54 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         }
         route
     };
+    // Each client kind gets a route for reads and one for watches (a watch outlives any request
+    // timeout, as the long-running route below does), each once per slice of the plan's
+    // group/versions: `bypass-token`, `bypass-token-2`, ... sharing their statistics.
+    let routes = |name: &str, watch: bool, client: &[Value]| -> Vec<Value> {
+        let regexes = if watch { &plan.watch_regexes } else { &plan.path_regexes };
+        regexes
+            .iter()
+            .enumerate()
+            .map(|(i, regex)| {
+                let mut r = route(name, watch, client, regex);
+                if i > 0 {
+                    r["name"] = json!(format!("{name}-{}", i + 1));
+                }
+                r
+            })
+            .collect()
+    };
     // A token client: nothing to forward but what it sent. One with a certificate (Envoy sets
     // x-forwarded-client-cert for a verified one) is the certificate route's or the filter's.
     let token = [present("authorization", true), present("x-forwarded-client-cert", false)];
-    let mut routes =
-        vec![route(BYPASS_TOKEN_ROUTE, false, &token), route(BYPASS_TOKEN_WATCH_ROUTE, true, &token)];
+    let mut all = routes(BYPASS_TOKEN_ROUTE, false, &token);
+    all.extend(routes(BYPASS_TOKEN_WATCH_ROUTE, true, &token));
     if plan.certificates {
         // A certificate client whose connection the filter has mapped already (its first request
         // went through the filter, which left the identity as filter state, the marker last):
         // the route adds the filter's X-Remote-* from there. An absent group adds no header.
         let certificate = [present("x-forwarded-client-cert", true)];
         for (name, watch) in [(BYPASS_CERTIFICATE_ROUTE, false), (BYPASS_CERTIFICATE_WATCH_ROUTE, true)] {
-            let mut r = route(name, watch, &certificate);
-            r["match"]["filter_state"] = json!([{
-                "key": bypass::envoy_key(bypass::MARKER),
-                "string_match": {"exact": bypass::MARKER_VALUE}
-            }]);
-            r["request_headers_to_add"] = plan
-                .identity_headers
-                .iter()
-                .map(|(header, key)| {
-                    json!({
-                        "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
-                        "append_action": "APPEND_IF_EXISTS_OR_ADD"
+            for mut r in routes(name, watch, &certificate) {
+                r["match"]["filter_state"] = json!([{
+                    "key": bypass::envoy_key(bypass::MARKER),
+                    "string_match": {"exact": bypass::MARKER_VALUE}
+                }]);
+                r["request_headers_to_add"] = plan
+                    .identity_headers
+                    .iter()
+                    .map(|(header, key)| {
+                        json!({
+                            "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
+                            "append_action": "APPEND_IF_EXISTS_OR_ADD"
+                        })
                     })
-                })
-                .collect();
-            routes.push(r);
+                    .collect();
+                all.push(r);
+            }
         }
     }
-    routes
+    all
 }
 
 /// `ecds.json`: the skewgate filter with `table_json` as its plugin configuration.
@@ -733,7 +749,7 @@ mod tests {
         ];
         assert_eq!(route_names(&v), [&bypass[..], &SHIPPED].concat());
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
-        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regex}}});
+        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regexes[0]}}});
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
         let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
@@ -794,7 +810,7 @@ mod tests {
         // no timeout.
         for (watch, read_twin) in [(&routes[1], token), (&routes[3], certificate)] {
             let watch_path =
-                json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.watch_regex}}});
+                json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.watch_regexes[0]}}});
             let watches = json!({"name": ":path", "string_match": {"contains": "watch="}});
             let mut expected = header_matches(read_twin);
             expected.pop();
@@ -805,6 +821,54 @@ mod tests {
             assert_eq!(watch["route"], json!({"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"}));
             assert_eq!(watch["typed_per_filter_config"], read_twin["typed_per_filter_config"]);
         }
+    }
+
+    /// A table too large for one regex per route: each kind of bypass route once per slice, in
+    /// the plan's order, every slice of a kind under the kind's statistics.
+    #[test]
+    fn large_tables_get_a_bypass_route_of_each_kind_per_slice() {
+        let t = routing_table(|t| {
+            let gvs = t["groupVersions"].as_array_mut().unwrap();
+            let all = gvs[0]["servedBy"].clone();
+            gvs.extend((0..2000).map(|i| {
+                json!({"group": format!("g{i}.example.com"), "version": "v1", "servedBy": all, "resources": {"widgets": all}})
+            }));
+        });
+        let plan = bypass::plan(&t).unwrap();
+        let slices = plan.path_regexes.len();
+        assert!(slices > 1, "{slices}");
+        let v = rds(Some(&t), "65s");
+        let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let kinds = [
+            (BYPASS_TOKEN_ROUTE, &plan.path_regexes),
+            (BYPASS_TOKEN_WATCH_ROUTE, &plan.watch_regexes),
+            (BYPASS_CERTIFICATE_ROUTE, &plan.path_regexes),
+            (BYPASS_CERTIFICATE_WATCH_ROUTE, &plan.watch_regexes),
+        ];
+        let expected: Vec<(String, &str, &str)> = kinds
+            .iter()
+            .flat_map(|(kind, regexes)| {
+                regexes.iter().enumerate().map(move |(i, regex)| {
+                    let name = match i {
+                        0 => kind.to_string(),
+                        _ => format!("{kind}-{}", i + 1),
+                    };
+                    (name, *kind, regex.as_str())
+                })
+            })
+            .collect();
+        let taken: Vec<(String, &str, &str)> = routes[..expected.len()]
+            .iter()
+            .map(|r| {
+                let regex = r["match"]["headers"].as_array().unwrap().last().unwrap()["string_match"]["safe_regex"]
+                    ["regex"]
+                    .as_str()
+                    .unwrap();
+                (r["name"].as_str().unwrap().to_owned(), r["stat_prefix"].as_str().unwrap(), regex)
+            })
+            .collect();
+        assert_eq!(taken, expected);
+        assert_eq!(route_names(&v)[expected.len()..], SHIPPED);
     }
 
     #[test]
