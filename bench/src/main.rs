@@ -16,7 +16,8 @@
 //! of BENCHMARKS.md.
 //!
 //! Usage: bench [--seconds N] [--rounds N] [--sizes real,1000,10000] [--concurrency 1,2]
-//!   [--mixes mix,uniform,rerouted,discovery,realistic] [--no-write] [--quick]
+//!   [--mixes mix,uniform,rerouted,discovery,realistic] [--configs skewgate,filter-only,...]
+//!   [--no-write] [--quick]
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -81,16 +82,22 @@ struct Args {
     write: bool,
     /// Request mixes to run (`mix` and the classes of `bench::class_mixes`); all when empty.
     mixes: Vec<String>,
+    /// Configurations to run, plain first (the others' ratios are to it); all by default.
+    configs: Vec<&'static str>,
 }
 
 fn args() -> Result<Args> {
     let mut a = Args {
-        seconds: 5,
-        rounds: 3,
+        // Short runs, many rounds: the machine's speed drifts over minutes (plain Envoy's CPU per
+        // request moved 25 % between rounds of one run), and a ratio is only as good as the
+        // runs it compares were close in time.
+        seconds: 2,
+        rounds: 7,
         sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
         concurrencies: vec![1, 2],
         write: true,
         mixes: Vec::new(),
+        configs: CONFIGS.to_vec(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -119,15 +126,26 @@ fn args() -> Result<Args> {
                     .map(String::from)
                     .collect();
             }
+            "--configs" => {
+                let wanted = it.next().context("--configs skewgate,filter-only,...")?;
+                let wanted: Vec<&str> = wanted.split(',').collect();
+                if let Some(unknown) = wanted.iter().find(|w| !CONFIGS.contains(w)) {
+                    bail!("unknown configuration {unknown:?} (one of {})", CONFIGS.join(", "));
+                }
+                a.configs = CONFIGS.iter().copied().filter(|c| *c == "plain" || wanted.contains(c)).collect();
+            }
             "--quick" => {
                 a.seconds = 2;
                 a.rounds = 1;
                 a.concurrencies = vec![1];
             }
             other => bail!(
-                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --no-write, --quick)"
+                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --configs skewgate,..., --no-write, --quick)"
             ),
         }
+    }
+    if a.write && a.configs.len() != CONFIGS.len() {
+        bail!("--configs runs a part of the benchmark: add --no-write");
     }
     Ok(a)
 }
@@ -173,7 +191,7 @@ async fn main() -> Result<()> {
             let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
             let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
             let mut envoys = Vec::new();
-            for config in CONFIGS {
+            for &config in &args.configs {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
                     "skewgate" | "filter-only" | "shipped" => Config::Skewgate,
@@ -254,7 +272,8 @@ async fn main() -> Result<()> {
                     // round measured lower (plain against itself: 0.94–1.00), which a fixed order
                     // would have charged to every other configuration.
                     let mut runs = Vec::new();
-                    for i in (0..CONFIGS.len()).map(|i| (i + round - 1) % CONFIGS.len()) {
+                    let n = args.configs.len();
+                    for i in (0..n).map(|i| (i + round - 1) % n) {
                         let (envoy, (client_port, _)) = (&envoys[i], &client_ports[i]);
                         let pid = envoy.child.id();
                         let url = match mix_name.ends_with("-cert") {
@@ -273,7 +292,7 @@ async fn main() -> Result<()> {
                     }
                     runs.sort_by_key(|(i, ..)| *i);
                     let (base_cpu, base_rps) = (runs[0].1, runs[0].3.requests_per_second);
-                    for ((_, cpu, rss_kib, wrk), config) in runs.into_iter().zip(CONFIGS) {
+                    for ((_, cpu, rss_kib, wrk), &config) in runs.into_iter().zip(&args.configs) {
                         let cell = Cell {
                             concurrency,
                             table: name.clone(),
@@ -301,15 +320,21 @@ async fn main() -> Result<()> {
                     }
                 }
             }
-            memory.push(json!({
-                "concurrency": concurrency,
-                "table": name,
-                "gvrs": gvrs,
-                "wasm_stats": wasm_memory_stats(&envoys[1]).await?,
-            }));
+            let envoy_of = |config: &str| args.configs.iter().position(|c| *c == config).map(|i| &envoys[i]);
+            if let Some(envoy) = envoy_of("skewgate") {
+                memory.push(json!({
+                    "concurrency": concurrency,
+                    "table": name,
+                    "gvrs": gvrs,
+                    "wasm_stats": wasm_memory_stats(envoy).await?,
+                }));
+            }
             if concurrency == 1 {
-                reloads.push(reload(&envoys[1], "skewgate", &table, name, gvrs, &wasm, &script).await?);
-                reloads.push(reload(&envoys[3], "module", &table, name, gvrs, &wasm, &script).await?);
+                for config in ["skewgate", "module"] {
+                    if let Some(envoy) = envoy_of(config) {
+                        reloads.push(reload(envoy, config, &table, name, gvrs, &wasm, &script).await?);
+                    }
+                }
             }
             drop(client);
             drop(envoys);
