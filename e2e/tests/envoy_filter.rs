@@ -372,6 +372,12 @@ async fn push_table(
     Ok((pushed, steps))
 }
 
+/// The sidecar's pusher for `f`'s Envoy, waiting up to `timeout` for each step to go live.
+fn pusher(f: &Fixture, timeout: Duration) -> Result<skewgate::envoy::Pusher<skewgate::envoy::HttpAdmin>> {
+    let admin = skewgate::envoy::HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
+    Ok(skewgate::envoy::Pusher::new(&f.envoy.settings.files(), Some(admin), timeout, Duration::ZERO))
+}
+
 /// Each of `wanted` is among `steps`, in this order.
 fn assert_in_order(steps: &[skewgate::envoy::Step], wanted: &[skewgate::envoy::Step]) {
     let at: Vec<Option<usize>> = wanted.iter().map(|w| steps.iter().position(|s| s == w)).collect();
@@ -615,12 +621,9 @@ async fn bypass_route_failures_are_a_503_status() -> Result<()> {
 /// statistics; a rerouted GVR still meets the filter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
-    use skewgate::envoy::{HttpAdmin, Pusher};
     let f = Fixture::start("bypass-slices").await?;
     log_every_request(&f).await?;
-    let files = f.envoy.settings.files();
-    let admin = HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
-    let pusher = Pusher::new(&files, Some(admin), Duration::from_secs(30), Duration::ZERO);
+    let pusher = pusher(&f, Duration::from_secs(30))?;
     let mut next = table(&["c"]);
     next.generation = "crds".into();
     let all = next.group_versions[0].served_by.clone();
@@ -682,12 +685,10 @@ async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
 /// live through the admin API; then configmaps meet the filter and pods still skip it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_pushed_by_the_sidecar_go_before_the_table() -> Result<()> {
-    use skewgate::envoy::{HttpAdmin, Pusher, Step, rds_version};
+    use skewgate::envoy::{Step, rds_version};
     let f = Fixture::start("push-routes").await?;
     log_every_request(&f).await?;
-    let files = f.envoy.settings.files();
-    let admin = HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
-    let pusher = Pusher::new(&files, Some(admin), Duration::from_secs(15), Duration::ZERO);
+    let pusher = pusher(&f, Duration::from_secs(15))?;
     let mut next = table(&["b", "c"]);
     next.group_versions[0].resources.insert("configmaps".into(), vec!["a".into(), "b".into()]);
     next.assign_sets(|members| format!("set-{}", members.join("-")));
@@ -892,12 +893,10 @@ async fn module_reloads_through_ecds_without_failures() -> Result<()> {
 /// the table confirmed live in both through the admin API, then requests routed by the new table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn module_tables_pushed_by_the_sidecar() -> Result<()> {
-    use skewgate::envoy::{HttpAdmin, Pusher, Step};
+    use skewgate::envoy::Step;
     let f = Fixture::start_with("push-native", true).await?;
     let files = f.envoy.settings.files();
-    let admin = HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
-    let pusher =
-        Pusher::new(&files, Some(admin), Duration::from_secs(15), Duration::ZERO).with_native_module(&files);
+    let pusher = pusher(&f, Duration::from_secs(15))?.with_native_module(&files);
     let (pushed, steps) = push_table(&f, &pusher, table(&["b", "c"])).await?;
     let generation = pushed.generation.clone();
     assert_in_order(
