@@ -418,22 +418,24 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         // went through the filter, which left the identity as filter state, the marker last):
         // the route adds the filter's X-Remote-* from there. An absent group adds no header.
         let certificate = [present("x-forwarded-client-cert", true)];
+        let marker = json!([{
+            "key": bypass::envoy_key(bypass::MARKER),
+            "string_match": {"exact": bypass::MARKER_VALUE}
+        }]);
+        let identity: Value = plan
+            .identity_headers
+            .iter()
+            .map(|(header, key)| {
+                json!({
+                    "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
+                    "append_action": "APPEND_IF_EXISTS_OR_ADD"
+                })
+            })
+            .collect();
         for (name, watch) in [(BYPASS_CERTIFICATE_ROUTE, false), (BYPASS_CERTIFICATE_WATCH_ROUTE, true)] {
             for mut r in routes(name, watch, &certificate) {
-                r["match"]["filter_state"] = json!([{
-                    "key": bypass::envoy_key(bypass::MARKER),
-                    "string_match": {"exact": bypass::MARKER_VALUE}
-                }]);
-                r["request_headers_to_add"] = plan
-                    .identity_headers
-                    .iter()
-                    .map(|(header, key)| {
-                        json!({
-                            "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
-                            "append_action": "APPEND_IF_EXISTS_OR_ADD"
-                        })
-                    })
-                    .collect();
+                r["match"]["filter_state"] = marker.clone();
+                r["request_headers_to_add"] = identity.clone();
                 all.push(r);
             }
         }
