@@ -579,6 +579,7 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
     let plan = skewgate_core::bypass::plan(table);
     let bypass = |path: &str| {
         plan.as_ref()
+            .and_then(|p| p.pool())
             .is_some_and(|p| p.path_regexes.iter().chain(&p.watch_regexes).any(|r| regex_lite_match(r, path)))
     };
     let mut by_route = 0;

@@ -1,43 +1,62 @@
-//! Requests that need no decision, sent to the pool by an Envoy route without entering any filter
-//! (issue 17). Envoy routes match a request before its filters run, by `:path`, headers and
-//! filter state, so the bypass takes only what it can recognise there:
+//! Requests that need no decision, sent by an Envoy route straight to the cluster `decide` would
+//! pick, without entering any filter (issue 17). Envoy routes match a request before its filters
+//! run, by `:path`, headers and filter state, so the bypass takes only what it can recognise there:
 //!
-//! - a GET for a resource every apiserver serves with the same resources (or one object of it by
-//!   name), without subresources (exec, log, ...), `%`, or `w` in the query (never a watch): the
-//!   [`Plan::path_regexes`] (RE2, for Envoy's `safe_regex` on `:path`), each over as many
-//!   group/versions as keep it within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own in
-//!   the first;
+//! - a GET for a resource (or one object of it by name), without subresources (exec, log, ...),
+//!   `%`, or `w` in the query (never a watch), or a plain watch of a collection: the regexes of a
+//!   [`Target`] (RE2, for Envoy's `safe_regex` on `:path`), one target per cluster `decide` sends
+//!   resources to — the pool for those every apiserver serves, a serving set's cluster for the
+//!   rerouted ones — each cut into regexes that stay within RE2's fast matching
+//!   ([`REGEX_BUDGET`]), Kubernetes' own group/versions in the first;
 //! - from a token client (an `authorization` header, no client certificate): nothing to forward;
 //! - or from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
 //!   ([`ConnectionIdentity`]), and the route forwards it from there byte for byte.
 //!
-//! The property tests below show that whatever the bypass takes, [`crate::decision::decide`] would
-//! have sent to the pool, with the same identity and no header change the routes do not make.
+//! The property tests below show that whatever a target's regexes take, [`crate::decision::decide`]
+//! would have sent to that target's cluster, with the same identity and no header change the
+//! routes do not make.
 
 use std::collections::BTreeMap;
 
 use crate::identity::{CREDENTIAL_ID_HEADER, Identity, REMOTE_GROUP, REMOTE_USER};
 use crate::table::{RoutingTable, Serving};
 
-/// Resources every apiserver serves, by group/version.
-pub fn uniform_group_versions(table: &RoutingTable) -> BTreeMap<(String, String), Vec<String>> {
-    let mut gvs: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-    for gvr in table.gvrs().iter().filter(|g| g.serving == Serving::All) {
+/// The resources of `table` by where `decide` sends them: every apiserver's (the pool, first), then
+/// each serving set's, each by group/version.
+pub fn group_versions_by_target(table: &RoutingTable) -> BTreeMap<(bool, &str), GroupVersions> {
+    let mut targets: BTreeMap<(bool, &str), GroupVersions> = BTreeMap::new();
+    for gvr in table.gvrs() {
+        let key = (matches!(gvr.serving, Serving::Set(_)), table.cluster(gvr.serving));
+        let gvs = targets.entry(key).or_default();
         gvs.entry((gvr.group.clone(), gvr.version.clone())).or_default().push(gvr.resource.clone());
     }
-    gvs
+    targets
+}
+
+/// Resources by group/version.
+pub type GroupVersions = BTreeMap<(String, String), Vec<String>>;
+
+/// Where one set of bypass routes sends the requests its regexes take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub cluster: String,
+    /// A serving set's cluster: the route stamps `x-kubernetes-peer-proxied: true`, as the
+    /// filter does for a rerouted request.
+    pub rerouted: bool,
+    /// `:path` (path and query) of the requests the bypass takes, watches excepted: one regex per
+    /// slice of the target's group/versions that fits [`REGEX_BUDGET`], Kubernetes' own first.
+    pub path_regexes: Vec<String>,
+    /// `:path` of watches of those resources (kube-apiserver's long-running requests, which a
+    /// route must not time out), slice by slice as `path_regexes`.
+    pub watch_regexes: Vec<String>,
 }
 
 /// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// `:path` (path and query) of the requests the bypass takes, watches excepted: one regex per
-    /// slice of the uniform group/versions that fits [`REGEX_BUDGET`], Kubernetes' own first.
-    pub path_regexes: Vec<String>,
-    /// `:path` of watches of those resources (kube-apiserver's long-running requests, which a
-    /// route must not time out), slice by slice as `path_regexes`.
-    pub watch_regexes: Vec<String>,
+    /// The pool's target first (when every apiserver serves something), then each serving set's.
+    pub targets: Vec<Target>,
     /// Certificate clients too (the table maps certificates to `X-Remote-*`).
     pub certificates: bool,
     /// The headers the certificate route adds, in order, each from a connection property.
@@ -47,15 +66,33 @@ pub struct Plan {
     pub removed: Vec<&'static str>,
 }
 
-/// The bypass of `table`, or `None` when no resource is served by every apiserver.
+impl Plan {
+    /// The target of resources every apiserver serves.
+    pub fn pool(&self) -> Option<&Target> {
+        self.targets.first().filter(|t| !t.rerouted)
+    }
+}
+
+/// The bypass of `table`, or `None` when it has no resources.
 pub fn plan(table: &RoutingTable) -> Option<Plan> {
     plan_within(table, REGEX_BUDGET)
 }
 
 /// [`plan`] with regexes of at most `budget` bytes of alternatives each.
 fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
-    let slices = resource_alternatives(table, budget);
-    if slices.is_empty() {
+    let targets: Vec<Target> = group_versions_by_target(table)
+        .into_iter()
+        .map(|((rerouted, cluster), gvs)| {
+            let slices = resource_alternatives(&gvs, budget);
+            Target {
+                cluster: cluster.to_owned(),
+                rerouted,
+                path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
+                watch_regexes: slices.iter().map(|s| watch_regex(s)).collect(),
+            }
+        })
+        .collect();
+    if targets.is_empty() {
         return None;
     }
     let policy = table.policy();
@@ -65,8 +102,7 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
         identity_headers.push((CREDENTIAL_ID_HEADER, envoy_key(CREDENTIAL_ID)));
     }
     Some(Plan {
-        path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
-        watch_regexes: slices.iter().map(|s| watch_regex(s)).collect(),
+        targets,
         certificates: policy.client_cert_identity,
         identity_headers,
         removed: match policy.strip_downstream_peer_proxied {
@@ -98,13 +134,12 @@ fn watch_regex(resources: &str) -> String {
 /// Larger tables get one regex (one route of each kind) per slice.
 pub const REGEX_BUDGET: usize = 24 * 1024;
 
-/// `/api/v1/(namespaces/NAME/)?(pods|...)|/apis/apps/v1/...` over the uniform group/versions,
+/// `/api/v1/(namespaces/NAME/)?(pods|...)|/apis/apps/v1/...` over `gvs`,
 /// cut into slices that fit `budget` ([`REGEX_BUDGET`]; a group/version larger than that alone gets a
 /// slice of its own). Kubernetes' own come first (the core group, groups without a dot and
 /// `*.k8s.io`: pods, nodes, leases, events, deployments — most of a control plane's requests), so
 /// that they match the first route of each kind; then the others in the table's order.
-fn resource_alternatives(table: &RoutingTable, budget: usize) -> Vec<String> {
-    let gvs = uniform_group_versions(table);
+fn resource_alternatives(gvs: &GroupVersions, budget: usize) -> Vec<String> {
     let own = |group: &str| group.is_empty() || !group.contains('.') || group.ends_with(".k8s.io");
     let mut alternatives: Vec<(bool, String)> = gvs
         .iter()
@@ -208,21 +243,29 @@ mod tests {
     #[test]
     fn sample_has_uniform_and_rerouted_group_versions() {
         let t = table();
-        let gvs = uniform_group_versions(&t);
-        assert!(!gvs.is_empty());
-        for ((g, v), resources) in &gvs {
-            for r in resources {
-                assert_eq!(t.gvr(g, v, r).map(|x| x.serving), Some(Serving::All));
+        let targets = group_versions_by_target(&t);
+        assert_eq!(targets.keys().next(), Some(&(false, t.pool_cluster())), "the pool first");
+        assert!(targets.len() > 1, "sample has no rerouted GVR");
+        for ((rerouted, cluster), gvs) in &targets {
+            for ((g, v), resources) in gvs {
+                for r in resources {
+                    let serving = t.gvr(g, v, r).unwrap().serving;
+                    assert_eq!(
+                        (matches!(serving, Serving::Set(_)), t.cluster(serving)),
+                        (*rerouted, *cluster)
+                    );
+                }
             }
         }
-        assert!(t.gvrs().iter().any(|g| g.serving != Serving::All), "sample has no rerouted GVR");
         let plan = plan(&t).unwrap();
-        assert_eq!((plan.path_regexes.len(), plan.watch_regexes.len()), (1, 1));
-        let re = regex_automata::meta::Regex::new(&plan.path_regexes[0]).unwrap();
+        assert_eq!(plan.targets.len(), targets.len());
+        let pool = plan.pool().unwrap();
+        assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len()), (1, 1));
+        let re = regex_automata::meta::Regex::new(&pool.path_regexes[0]).unwrap();
         assert!(re.is_match("/api/v1/namespaces/default/pods/web-1"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods?watch=true"));
         assert!(!re.is_match("/api/v1/namespaces/default/pods/web-1/log"));
-        let watch = regex_automata::meta::Regex::new(&plan.watch_regexes[0]).unwrap();
+        let watch = regex_automata::meta::Regex::new(&pool.watch_regexes[0]).unwrap();
         assert!(watch.is_match(
             "/api/v1/namespaces/default/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true"
         ));
@@ -261,6 +304,7 @@ mod tests {
         t["groupVersions"] = json!(gvs);
         let t = RoutingTable::from_json(t.to_string().as_bytes()).unwrap();
         let plan = plan(&t).unwrap();
+        let plan = plan.pool().unwrap();
         assert!(plan.path_regexes.len() > 1, "{}", plan.path_regexes.len());
         assert_eq!(plan.path_regexes.len(), plan.watch_regexes.len());
         for regex in plan.path_regexes.iter().chain(&plan.watch_regexes) {
@@ -322,16 +366,18 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the bypass route matches, for a GET from a token client or from a certificate
-        /// client whose connection carries a mapped identity, `decide` picks the pool, not
-        /// long-running, no composed answer, not anonymous, with the identity the route adds:
-        /// the filter would only have set the pool's cluster header, added those identity
-        /// headers and stripped headers the bypass strips too.
+        /// Whatever a bypass route matches, for a GET from a token client or from a certificate
+        /// client whose connection carries a mapped identity, `decide` picks the route's
+        /// cluster (the pool, or the serving set's for rerouted resources), long-running exactly
+        /// for watches, no composed answer, not anonymous, with the identity the route adds: the
+        /// filter would only have set that cluster header, added those identity headers (and
+        /// `x-kubernetes-peer-proxied` when rerouted, which the route sets too) and stripped
+        /// headers the bypass strips too.
         #[test]
-        fn bypassed_requests_are_pool_requests(
-            // Half collections of uniform resources as they are (both routes then match often),
-            // half paths built from pieces of uniform and rerouted group/versions.
-            path in "(/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/apps/v1|/apis|)(/(namespaces|default|kube-system|watch|proxy|pods|configmaps|deployments|resourceclaims|log|exec|status|web-1|a\\.b|%2F|\\.\\.|\\.|v1|)){0,5}",
+        fn bypassed_requests_go_where_decide_sends_them(
+            // Half collections of uniform and rerouted resources as they are (the routes then
+            // match often), half paths built from pieces of uniform and rerouted group/versions.
+            path in "(/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods|/apis/resource\\.k8s\\.io/v1/resourceclaims|/apis/resource\\.k8s\\.io/v1/namespaces/default/resourceclaims|/apis/resource\\.k8s\\.io/v1alpha3/deviceclasses){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/apps/v1|/apis|)(/(namespaces|default|kube-system|watch|proxy|pods|configmaps|deployments|resourceclaims|log|exec|status|web-1|a\\.b|%2F|\\.\\.|\\.|v1|)){0,5}",
             query in proptest::option::of(proptest::collection::vec(
                 "(watch=(true|1|false|True|t|0|)|watch|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|;|[a-zW=;+]{0,6})",
                 0..4,
@@ -344,18 +390,26 @@ mod tests {
         ) {
             let t = table();
             let plan = plan_within(&t, budget).unwrap();
-            let (re, watch) = (compiled(&plan.path_regexes), compiled(&plan.watch_regexes));
-            let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
-            let (plain, watched) = (any_match(&re, &target), any_match(&watch, &target));
-            // Slicing takes what one regex over every uniform group/version would, no more.
             let whole = plan_within(&t, usize::MAX).unwrap();
-            prop_assert_eq!(whole.path_regexes.len(), 1);
-            prop_assert_eq!(plain, any_match(&compiled(&whole.path_regexes), &target), "{}", target);
-            prop_assert_eq!(watched, any_match(&compiled(&whole.watch_regexes), &target), "{}", target);
-            prop_assert!(!(plain && watched), "{}: both routes", target);
-            if !plain && !watched {
-                return Ok(());
+            let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
+            // Which target's routes take it (Envoy takes the first route that matches; at most
+            // one may).
+            let mut taken = Vec::new();
+            for (sliced, one) in plan.targets.iter().zip(&whole.targets) {
+                prop_assert_eq!((&sliced.cluster, sliced.rerouted), (&one.cluster, one.rerouted));
+                let plain = any_match(&compiled(&sliced.path_regexes), &target);
+                let watched = any_match(&compiled(&sliced.watch_regexes), &target);
+                // Slicing takes what one regex over the target's group/versions would, no more.
+                prop_assert_eq!(one.path_regexes.len(), 1);
+                prop_assert_eq!(plain, any_match(&compiled(&one.path_regexes), &target), "{}", target);
+                prop_assert_eq!(watched, any_match(&compiled(&one.watch_regexes), &target), "{}", target);
+                if plain || watched {
+                    taken.push((sliced, plain, watched));
+                }
             }
+            prop_assert!(taken.len() <= 1, "{}: {} targets", target, taken.len());
+            let Some(&(bypass, plain, watched)) = taken.first() else { return Ok(()) };
+            prop_assert!(!(plain && watched), "{}: both routes", target);
             // The filter's earlier request on the same connection: what it left there.
             let conn = match subject.as_deref().map(identity::from_subject) {
                 None => None,
@@ -379,8 +433,9 @@ mod tests {
             };
             let d = decide(&t, &h);
             let Action::Route(route) = d.action else { return Err(TestCaseError::fail(format!("{target}: refused"))) };
-            prop_assert_eq!(route.cluster, t.pool_cluster(), "{}", target);
-            prop_assert!(!route.rerouted && route.compose.is_none(), "{}: {:?}", target, route);
+            prop_assert_eq!(route.cluster, bypass.cluster.as_str(), "{}", target);
+            prop_assert_eq!(route.rerouted, bypass.rerouted, "{}", target);
+            prop_assert!(route.compose.is_none(), "{}: {:?}", target, route);
             // The watch route has no timeout; the other one must never take a long-running request.
             prop_assert_eq!(route.long_running, watched, "{}", target);
             prop_assert!(d.openapi.is_none() && !d.anonymous, "{}", target);
@@ -388,7 +443,9 @@ mod tests {
             // What the filter would strip, the bypass strips too: every x-remote-* (the
             // header-mutation filter), x-skewgate-* (the virtual host) and the plan's removals.
             for name in ["authorization", "accept", "user-agent", "x-remote-user", "x-remote-uid", "x-remote-extra-a", "x-kubernetes-peer-proxied", "x-skewgate-route"] {
-                let bypass_strips = name.starts_with("x-remote-") || name.starts_with("x-skewgate-") || plan.removed.contains(&name);
+                // A rerouted route sets x-kubernetes-peer-proxied over whatever the client sent.
+                let sets = bypass.rerouted && name == crate::identity::PEER_PROXIED;
+                let bypass_strips = name.starts_with("x-remote-") || name.starts_with("x-skewgate-") || plan.removed.contains(&name) || sets;
                 prop_assert!(!d.strips(name) || bypass_strips, "{}: {}", target, name);
             }
         }

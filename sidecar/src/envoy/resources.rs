@@ -354,6 +354,9 @@ fn present(header: &str, present: bool) -> Value {
 /// host.
 fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     let Some(plan) = bypass::plan(table) else { return Vec::new() };
+    // Rerouted resources (the plan's other targets) still meet the filter, which counts them
+    // per GVR in skewgate_rerouted_requests_total.
+    let Some(pool) = plan.pool() else { return Vec::new() };
     let route = |name: &str, watch: bool, client: &[Value], regex: &str| {
         // Envoy picks the route again once the filter has set its cluster header: a request the
         // filter took (whose identity it forwards itself) must not then match a bypass route,
@@ -395,7 +398,7 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     // timeout, as the long-running route below does), each once per slice of the plan's
     // group/versions: `bypass-token`, `bypass-token-2`, ... sharing their statistics.
     let routes = |name: &str, watch: bool, client: &[Value]| -> Vec<Value> {
-        let regexes = if watch { &plan.watch_regexes } else { &plan.path_regexes };
+        let regexes = if watch { &pool.watch_regexes } else { &pool.path_regexes };
         regexes
             .iter()
             .enumerate()
@@ -733,7 +736,7 @@ mod tests {
                 }
             }
         });
-        assert_eq!(bypass::plan(&rerouted), None);
+        assert_eq!(bypass::plan(&rerouted).and_then(|p| p.pool().cloned()), None);
         assert_eq!(rds(Some(&rerouted), "65s")["resources"], none["resources"]);
         assert_ne!(rds(None, "10s")["version_info"], none["version_info"], "the version follows the content");
     }
@@ -751,7 +754,7 @@ mod tests {
         ];
         assert_eq!(route_names(&v), [&bypass[..], &SHIPPED].concat());
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
-        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.path_regexes[0]}}});
+        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.pool().unwrap().path_regexes[0]}}});
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
         let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
@@ -811,8 +814,7 @@ mod tests {
         // The watch routes: the same clients and additions, the watch regex after a cheap check,
         // no timeout.
         for (watch, read_twin) in [(&routes[1], token), (&routes[3], certificate)] {
-            let watch_path =
-                json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.watch_regexes[0]}}});
+            let watch_path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.pool().unwrap().watch_regexes[0]}}});
             let watches = json!({"name": ":path", "string_match": {"contains": "watch="}});
             let mut expected = header_matches(read_twin);
             expected.pop();
@@ -837,6 +839,7 @@ mod tests {
             }));
         });
         let plan = bypass::plan(&t).unwrap();
+        let plan = plan.pool().unwrap();
         let slices = plan.path_regexes.len();
         assert!(slices > 1, "{slices}");
         let v = rds(Some(&t), "65s");
