@@ -572,15 +572,16 @@ pub fn write_wrk_requests(path: &Path, requests: &[Request]) -> Result<()> {
 }
 
 /// How many of `requests` each idea of issue 17 takes off the proxy-wasm filter: the bypass routes
-/// (reads and watches; a certificate client's after the first request of its connection) and the
-/// dynamic module.
+/// (reads and watches, the pool's and the serving sets'; a certificate client's after the first
+/// request of its connection) and the dynamic module.
 pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]) -> (usize, usize) {
     use skewgate_core::decision::{RequestHead, decide};
     let plan = skewgate_core::bypass::plan(table);
     let bypass = |path: &str| {
-        plan.as_ref()
-            .and_then(|p| p.pool())
-            .is_some_and(|p| p.path_regexes.iter().chain(&p.watch_regexes).any(|r| regex_lite_match(r, path)))
+        plan.iter()
+            .flat_map(|p| &p.targets)
+            .flat_map(|t| t.path_regexes.iter().chain(&t.watch_regexes))
+            .any(|r| regex_lite_match(r, path))
     };
     let mut by_route = 0;
     let mut by_module = 0;

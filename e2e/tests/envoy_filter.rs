@@ -411,11 +411,14 @@ async fn logged(f: &Fixture, path: &str) -> Result<(String, String)> {
 }
 
 /// Issue 17: a token client's GET of a resource every apiserver serves takes the bypass route to
-/// the pool without meeting the filter, spoofed identity and routing headers gone on the way;
-/// whatever needs a decision still meets the filter. The routes are the sidecar's `rds.json`,
-/// which Envoy reports running, and a broken one is counted as rejected.
+/// the pool without meeting the filter, spoofed identity and routing headers gone on the way; a
+/// GET of a rerouted GVR takes its serving set's route to the apiservers that serve it, stamped
+/// as the filter stamps it and counted under the set; whatever needs a decision still meets the
+/// filter.
+/// The routes are the sidecar's `rds.json`, which Envoy reports running, and a broken one is
+/// counted as rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
+async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
     use skewgate::envoy::{EnvoyAdmin, HttpAdmin, rds_version};
     let f = Fixture::start("bypass").await?;
     log_every_request(&f).await?;
@@ -452,17 +455,41 @@ async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
     let stat = format!("vhost.apiservers.route.{}.upstream_rq_completed", resources::BYPASS_TOKEN_ROUTE);
     f.envoy.wait_stat(&stat, 20, Duration::from_secs(5)).await?;
 
-    // A rerouted GVR, its watch, a watch spelled the way only Go reads it, a %2F in a name, a
-    // subresource: the filter decides. A plain watch of pods takes the bypass's watch route.
+    // A rerouted GVR: only c serves resourceclaims; the route stamps the header the filter
+    // stamps, over the client's own value.
+    let mut peer = headers;
+    peer[4].1 = "false";
+    for i in 0..10 {
+        let path = format!("{CLAIMS_V1}/claim-{i}");
+        let (by, echo) = f.echo(&f.anonymous, &path, &peer).await?;
+        assert_eq!(by, "c", "{path}");
+        assert_eq!(header_values(&echo, "x-kubernetes-peer-proxied"), ["true"], "{path}");
+        for name in ["x-remote-user", "x-remote-extra-foo", "x-skewgate-route"] {
+            assert!(header_values(&echo, name).is_empty(), "{path}: {name} reached upstream");
+        }
+        assert_eq!(header_values(&echo, "authorization"), ["Bearer token-1"], "{path}");
+    }
+    let set = "set-c";
+    // Counted under the set, which Envoy's Prometheus output gives as the route's tag.
+    let stat = "vhost.apiservers.route.rerouted_set-c.upstream_rq_completed";
+    f.envoy.wait_stat(stat, 10, Duration::from_secs(5)).await?;
+    let prom = f.envoy.prometheus().await?;
+    let counted = "envoy_vhost_route_upstream_rq_completed{envoy_virtual_host=\"apiservers\",envoy_route=\"rerouted_set-c\"} 10";
+    assert!(prom.lines().any(|l| l == counted), "{}", grep(&prom, "rerouted_"));
+
+    // A watch spelled the way only Go reads it, a %2F in a name, a subresource: the filter
+    // decides. Plain watches of pods and resourceclaims take the bypass's watch routes.
     let through_filter = [
-        (CLAIMS_V1.to_owned(), "read"),
-        (format!("{PODS}?watch=1"), resources::BYPASS_TOKEN_WATCH_ROUTE),
-        (format!("{CLAIMS_V1}?watch=1"), "long-running"),
-        (format!("{PODS}?watch=True"), "long-running"),
-        (format!("{PODS}/a%2Fb"), "read"),
-        (format!("{PODS}/web-1/log"), "long-running"),
+        (format!("{CLAIMS_V1}/claim-0"), format!("{}/{set}", resources::BYPASS_TOKEN_ROUTE)),
+        (format!("{PODS}?watch=1"), resources::BYPASS_TOKEN_WATCH_ROUTE.to_owned()),
+        (format!("{CLAIMS_V1}?watch=1"), format!("{}/{set}", resources::BYPASS_TOKEN_WATCH_ROUTE)),
+        (format!("{CLAIMS_V1}?watch=1&watch=1"), "long-running".to_owned()),
+        (format!("{PODS}?watch=True"), "long-running".to_owned()),
+        (format!("{PODS}/a%2Fb"), "read".to_owned()),
+        (format!("{CLAIMS_V1}/a%2Fb"), "read".to_owned()),
+        (format!("{PODS}/web-1/log"), "long-running".to_owned()),
     ];
-    for (path, _) in &through_filter {
+    for (path, _) in &through_filter[1..] {
         let (status, _, body) = f
             .send(
                 &f.anonymous,
@@ -477,7 +504,7 @@ async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
         assert_eq!(route_taken(&f, &path).await?, resources::BYPASS_TOKEN_ROUTE, "{path}");
     }
     for (path, route) in &through_filter {
-        assert_eq!(route_taken(&f, path).await?, *route, "{path}");
+        assert_eq!(route_taken(&f, path).await?, route.as_str(), "{path}");
     }
     assert_eq!(route_taken(&f, &steered).await?, "read");
 
@@ -508,7 +535,8 @@ async fn uniform_reads_by_token_clients_skip_the_filter() -> Result<()> {
 /// the certificate and leaves the identity on the connection; the connection's later reads and
 /// watches of uniform resources take the certificate bypass routes, which forward that identity
 /// byte for byte as the filter did (a non-ASCII CN, two O, the credential id), spoofed
-/// identity headers gone. Over HTTP/1.1 keep-alive and HTTP/2.
+/// identity headers gone; a rerouted GVR's reads take its serving set's certificate route, with
+/// the same identity. Over HTTP/1.1 keep-alive and HTTP/2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificate_clients_skip_the_filter_after_their_first_request() -> Result<()> {
     const IDENTITY: [&str; 3] =
@@ -552,9 +580,15 @@ async fn certificate_clients_skip_the_filter_after_their_first_request() -> Resu
         let watch = format!("{PODS}?watch=1&resourceVersion={n}");
         let (_, echo) = f.echo(&client, &watch, &spoofed).await?;
         assert_eq!(IDENTITY.iter().map(|h| header_values(&echo, h)).collect::<Vec<_>>(), forwarded);
-        // A rerouted GVR on the same connection still meets the filter, with the same identity.
-        let (_, echo) = f.echo(&client, CLAIMS_V1, &spoofed).await?;
+        // A rerouted GVR on the same connection: the same identity, to the apiserver serving it.
+        let claims = format!("{CLAIMS_V1}/node-{n}");
+        let (by, echo) = f.echo(&client, &claims, &spoofed).await?;
         assert_eq!(IDENTITY.iter().map(|h| header_values(&echo, h)).collect::<Vec<_>>(), forwarded);
+        assert_eq!(
+            (by.as_str(), header_values(&echo, "x-kubernetes-peer-proxied")),
+            ("c", vec!["true".to_owned()])
+        );
+        let claims_route = format!("{}/set-c", resources::BYPASS_CERTIFICATE_ROUTE);
 
         // The routes each request took (the filter's for a connection's first request, the bypass
         // for the others): reqwest's pool may open another HTTP/1.1 connection for the next
@@ -562,6 +596,7 @@ async fn certificate_clients_skip_the_filter_after_their_first_request() -> Resu
         let mut sent = vec![(&first, "read", resources::BYPASS_CERTIFICATE_ROUTE)];
         sent.extend(later.iter().map(|path| (path, "read", resources::BYPASS_CERTIFICATE_ROUTE)));
         sent.push((&watch, "long-running", resources::BYPASS_CERTIFICATE_WATCH_ROUTE));
+        sent.push((&claims, "read", &claims_route));
         let mut connections = BTreeSet::new();
         let mut bypassed = 0;
         for (path, filter_route, bypass_route) in sent {
@@ -579,8 +614,8 @@ async fn certificate_clients_skip_the_filter_after_their_first_request() -> Resu
     Ok(())
 }
 
-/// Envoy's own failure on a bypass route (every apiserver gone) reaches the client as a Kubernetes
-/// `Status`, as the filter's 503 does on its routes.
+/// Envoy's own failure on a bypass route (every apiserver gone), the pool's or a rerouted GVR's,
+/// reaches the client as a Kubernetes `Status`, as the filter's 503 does on its routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bypass_route_failures_are_a_503_status() -> Result<()> {
     let f = Fixture::start("bypass-503").await?;
@@ -612,13 +647,27 @@ async fn bypass_route_failures_are_a_503_status() -> Result<()> {
     assert_eq!((status["reason"].as_str(), status["code"].as_u64()), (Some("ServiceUnavailable"), Some(503)));
     assert!(status["message"].as_str().unwrap_or("").contains("[pool]"), "{body}");
     assert_eq!(route_taken(&f, &path).await?, resources::BYPASS_TOKEN_ROUTE);
+    // A rerouted GVR's route: the same Status, naming the set's cluster.
+    let claim = format!("{CLAIMS_V1}/gone");
+    let req = f.anonymous.get(format!("{}{claim}", f.base)).header("Authorization", "Bearer token-1");
+    let (code, _, body) = f.send(&f.anonymous, req).await?;
+    let status: Value = serde_json::from_str(&body)?;
+    assert_eq!(
+        (code, status["kind"].as_str(), status["code"].as_u64()),
+        (503, Some("Status"), Some(503)),
+        "{body}"
+    );
+    let message = status["message"].as_str().unwrap_or("");
+    assert!(message.contains("[set-") && !message.contains("[pool]"), "{body}");
+    let claims = format!("{}/set-c", resources::BYPASS_TOKEN_ROUTE);
+    assert_eq!(route_taken(&f, &claim).await?, claims);
     Ok(())
 }
 
 /// A table too large for one bypass regex (2,000 more group/versions every apiserver serves): the
 /// sidecar cuts them into slices, one route of each kind per slice, and Envoy takes a GET of the
 /// last group/version through the last slice's route to the pool, counted under the kind's
-/// statistics; a rerouted GVR still meets the filter.
+/// statistics; a rerouted GVR takes its serving set's route.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
     let f = Fixture::start("bypass-slices").await?;
@@ -674,7 +723,8 @@ async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
     assert!(status < 500, "{status} {body}");
     assert_eq!(route_taken(&f, widget).await?, last);
     assert_eq!(route_taken(&f, &format!("{PODS}/p")).await?, resources::BYPASS_TOKEN_ROUTE);
-    assert_eq!(route_taken(&f, CLAIMS_V1).await?, "read");
+    let claims = format!("{}/set-c", resources::BYPASS_TOKEN_ROUTE);
+    assert_eq!(route_taken(&f, CLAIMS_V1).await?, claims);
     let stat = format!("vhost.apiservers.route.{}.upstream_rq_completed", resources::BYPASS_TOKEN_ROUTE);
     f.envoy.wait_stat(&stat, 2, Duration::from_secs(5)).await?;
     Ok(())
@@ -682,7 +732,8 @@ async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
 
 /// The sidecar's push through a real Envoy: routes that change with the table (configmaps no
 /// longer served by every apiserver) go after the clusters and before the table, confirmed
-/// live through the admin API; then configmaps meet the filter and pods still skip it.
+/// live through the admin API; then configmaps take their rerouted route to a and b, and pods the
+/// pool's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_pushed_by_the_sidecar_go_before_the_table() -> Result<()> {
     use skewgate::envoy::{Step, rds_version};
@@ -713,7 +764,8 @@ async fn routes_pushed_by_the_sidecar_go_before_the_table() -> Result<()> {
     }
     assert_eq!(by, BTreeSet::from(["a".to_string(), "b".to_string()]));
     f.echo(&f.anonymous, &format!("{PODS}/p"), &token).await?;
-    assert_eq!(route_taken(&f, &format!("{configmaps}0")).await?, "read");
+    let rerouted = format!("{}/set-a-b", resources::BYPASS_TOKEN_ROUTE);
+    assert_eq!(route_taken(&f, &format!("{configmaps}0")).await?, rerouted);
     assert_eq!(route_taken(&f, &format!("{PODS}/p")).await?, resources::BYPASS_TOKEN_ROUTE);
     Ok(())
 }

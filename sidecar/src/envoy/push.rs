@@ -1019,11 +1019,16 @@ mod tests {
         let mut fin: Vec<&str> = base.to_vec();
         fin.extend(["skewgate-set-a", "skewgate-set-b_c"]);
         fin.sort();
+        // The routes name the sets' clusters too (the bypass routes of rerouted GVRs): they go
+        // once the new clusters are there, and before the old ones leave.
+        let routes = rds_version(&r2.rds).unwrap().to_owned();
         assert_eq!(
             steps,
             [
                 Step::WroteCds(names(&union)),
                 Step::ClustersPresent,
+                Step::WroteRds(routes.clone()),
+                Step::RoutesLive(routes),
                 Step::WroteEcds("g2".into()),
                 Step::TableLive("g2".into()),
                 Step::WroteCds(names(&fin)),
@@ -1135,7 +1140,14 @@ mod tests {
         assert!(
             matches!(
                 &steps[..],
-                [Step::ClustersPresent, Step::WroteEcds(_), Step::TableLive(_), Step::WroteCds(_)]
+                [
+                    Step::ClustersPresent,
+                    Step::WroteRds(_),
+                    Step::RoutesLive(_),
+                    Step::WroteEcds(_),
+                    Step::TableLive(_),
+                    Step::WroteCds(_)
+                ]
             ),
             "{steps:?}"
         );
@@ -1197,7 +1209,7 @@ mod tests {
             panic!("not pushed")
         };
         assert!(
-            matches!(&steps[..], [Step::WroteCds(u), Step::Settled, Step::WroteEcds(_), Step::Settled, Step::WroteCds(f)] if u.len() == 8 && f.len() == 6),
+            matches!(&steps[..], [Step::WroteCds(u), Step::Settled, Step::WroteRds(_), Step::Settled, Step::WroteEcds(_), Step::Settled, Step::WroteCds(f)] if u.len() == 8 && f.len() == 6),
             "{steps:?}"
         );
     }

@@ -9,6 +9,7 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 use skewgate_core::bypass;
+use skewgate_core::identity::PEER_PROXIED;
 use skewgate_core::table::{RoutingTable, TableConfig};
 
 /// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
@@ -30,6 +31,10 @@ pub const BYPASS_TOKEN_ROUTE: &str = "bypass-token";
 pub const BYPASS_CERTIFICATE_ROUTE: &str = "bypass-certificate";
 pub const BYPASS_TOKEN_WATCH_ROUTE: &str = "bypass-token-watch";
 pub const BYPASS_CERTIFICATE_WATCH_ROUTE: &str = "bypass-certificate-watch";
+/// The statistics of a serving set's bypass routes: `vhost.apiservers.route.` this, then the
+/// set's cluster with `_` for any dot (`rerouted_skewgate-set-cp-3`: Envoy's Prometheus output
+/// tags a route's statistics with `envoy_route` up to the first dot).
+pub const REROUTED_STAT_PREFIX: &str = "rerouted_";
 /// Where the filter names the cluster of a request, and its route class.
 const CLUSTER_HEADER: &str = "x-skewgate-cluster";
 const ROUTE_HEADER: &str = "x-skewgate-route";
@@ -346,25 +351,44 @@ fn present(header: &str, present: bool) -> Value {
     }
 }
 
-/// The routes that take, for `table`, requests that need no decision straight to the pool with
-/// the skewgate filter disabled (issue 17; what they may take is [`bypass::plan`]'s, proven
-/// there). Envoy picks a route before any filter runs, so a request these do not match meets the
-/// filter and the routes after them as before. Every `x-remote-*` a client sent is already gone
-/// (the listener's early header mutation, before routing), `x-skewgate-*` goes with the virtual
-/// host.
+/// The routes that take, for `table`, requests that need no decision straight to the cluster the
+/// filter would pick (the pool, or the serving set of a rerouted GVR) with the skewgate filter
+/// disabled (issue 17; what they may take is [`bypass::plan`]'s, proven there). Envoy picks a
+/// route before any filter runs, so a request these do not match meets the filter and the
+/// routes after them as before. Every `x-remote-*` a client sent is already gone (the listener's
+/// early header mutation, before routing), `x-skewgate-*` goes with the virtual host.
 fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     let Some(plan) = bypass::plan(table) else { return Vec::new() };
-    // Rerouted resources (the plan's other targets) still meet the filter, which counts them
-    // per GVR in skewgate_rerouted_requests_total.
-    let Some(pool) = plan.pool() else { return Vec::new() };
-    let route = |name: &str, watch: bool, client: &[Value], regex: &str| {
+    // A token client: nothing to forward but what it sent. One with a certificate (Envoy sets
+    // x-forwarded-client-cert for a verified one) is the certificate route's or the filter's.
+    let token = [present("authorization", true), present("x-forwarded-client-cert", false)];
+    let mut kinds = vec![(BYPASS_TOKEN_ROUTE, false, false), (BYPASS_TOKEN_WATCH_ROUTE, true, false)];
+    // A certificate client whose connection the filter has mapped already (its first request
+    // went through the filter, which left the identity as filter state, the marker last): the
+    // route adds the filter's X-Remote-* from there. An absent group adds no header.
+    let certificate = [present("x-forwarded-client-cert", true)];
+    if plan.certificates {
+        kinds.extend([(BYPASS_CERTIFICATE_ROUTE, false, true), (BYPASS_CERTIFICATE_WATCH_ROUTE, true, true)]);
+    }
+    let marker = json!([{
+        "key": bypass::envoy_key(bypass::MARKER),
+        "string_match": {"exact": bypass::MARKER_VALUE}
+    }]);
+    let identity: Vec<Value> = plan
+        .identity_headers
+        .iter()
+        .map(|(header, key)| {
+            add_header(header, &format!("%FILTER_STATE({key}:PLAIN)%"), "APPEND_IF_EXISTS_OR_ADD")
+        })
+        .collect();
+    let route = |target: &bypass::Target, kind: &str, watch: bool, certified: bool, regex: &str| {
         // Envoy picks the route again once the filter has set its cluster header: a request the
         // filter took (whose identity it forwards itself) must not then match a bypass route,
         // which would add that identity a second time.
         // Envoy checks them in this order and stops at the first miss: the regex, the one that
         // costs, goes last (a request the filter took fails the first check when re-routed).
         let mut headers = vec![present(CLUSTER_HEADER, false)];
-        headers.extend_from_slice(client);
+        headers.extend_from_slice(if certified { &certificate[..] } else { &token[..] });
         headers.push(exact(":method", "GET"));
         // Every request the read routes leave tries the watch routes: a substring search spares
         // all but watches their regexes.
@@ -372,16 +396,30 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             headers.push(json!({"name": ":path", "string_match": {"contains": "watch="}}));
         }
         headers.push(json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}));
-        let pool = json!({"cluster": table.pool_cluster()});
+        let cluster = json!({"cluster": target.cluster});
         let action = match watch {
-            true => json!({"cluster": table.pool_cluster(), "timeout": "0s", "idle_timeout": "3600s"}),
-            false => read_route(pool, timeout),
+            true => json!({"cluster": target.cluster, "timeout": "0s", "idle_timeout": "3600s"}),
+            false => read_route(cluster, timeout),
+        };
+        let mut added = match certified {
+            true => identity.clone(),
+            false => Vec::new(),
+        };
+        let mut removed = plan.removed.clone();
+        // The statistics of the pool's routes are their kind's (vhost.apiservers.route.<kind>),
+        // a serving set's are the set's, whichever kind took the request.
+        let stat_prefix = match target.rerouted {
+            false => kind.to_owned(),
+            true => {
+                // What the filter does for a rerouted request, over whatever the client sent.
+                removed.retain(|h| *h != PEER_PROXIED);
+                added.push(add_header(PEER_PROXIED, "true", "OVERWRITE_IF_EXISTS_OR_ADD"));
+                format!("{REROUTED_STAT_PREFIX}{}", target.cluster.replace('.', "_"))
+            }
         };
         let mut route = json!({
-            "name": name,
-            // Envoy's route statistics under vhost.apiservers.route.<name>, one set for every
-            // slice of a kind.
-            "stat_prefix": name,
+            "name": kind,
+            "stat_prefix": stat_prefix,
             "match": {"prefix": "/", "headers": headers},
             "route": action,
             "typed_per_filter_config": {FILTER_NAME: {
@@ -389,61 +427,47 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
                 "disabled": true
             }}
         });
-        if !plan.removed.is_empty() {
-            route["request_headers_to_remove"] = json!(plan.removed);
+        if certified {
+            route["match"]["filter_state"] = marker.clone();
+        }
+        if !added.is_empty() {
+            route["request_headers_to_add"] = json!(added);
+        }
+        if !removed.is_empty() {
+            route["request_headers_to_remove"] = json!(removed);
         }
         route
     };
-    // Each client kind gets a route for reads and one for watches (a watch outlives any request
-    // timeout, as the long-running route below does), each once per slice of the plan's
-    // group/versions: `bypass-token`, `bypass-token-2`, ... sharing their statistics.
-    let routes = |name: &str, watch: bool, client: &[Value]| -> Vec<Value> {
-        let regexes = if watch { &pool.watch_regexes } else { &pool.path_regexes };
-        regexes
-            .iter()
-            .enumerate()
-            .map(|(i, regex)| {
-                let mut r = route(name, watch, client, regex);
-                if i > 0 {
-                    r["name"] = json!(format!("{name}-{}", i + 1));
+    // Each target gets, for each client kind, a route for reads and one for watches (a watch
+    // outlives any request timeout, as the long-running route below does), each once per slice
+    // of its regexes: `bypass-token`, `bypass-token-2`, ... for the pool,
+    // `bypass-token/skewgate-set-cp-3`, ... for a serving set's rerouted GVRs. The pool's first:
+    // most requests stop there. One set of routes per set, not per GVR: every request the
+    // filter routes passes each route twice (before and after the filter names its cluster), and
+    // 152 routes of 38 rerouted GVRs made each such request 12 µs dearer (make bench).
+    let mut all = Vec::new();
+    for target in &plan.targets {
+        for &(kind, watch, certified) in &kinds {
+            let regexes = if watch { &target.watch_regexes } else { &target.path_regexes };
+            for (i, regex) in regexes.iter().enumerate() {
+                let mut name = match i {
+                    0 => kind.to_owned(),
+                    _ => format!("{kind}-{}", i + 1),
+                };
+                if target.rerouted {
+                    name = format!("{name}/{}", target.cluster);
                 }
-                r
-            })
-            .collect()
-    };
-    // A token client: nothing to forward but what it sent. One with a certificate (Envoy sets
-    // x-forwarded-client-cert for a verified one) is the certificate route's or the filter's.
-    let token = [present("authorization", true), present("x-forwarded-client-cert", false)];
-    let mut all = routes(BYPASS_TOKEN_ROUTE, false, &token);
-    all.extend(routes(BYPASS_TOKEN_WATCH_ROUTE, true, &token));
-    if plan.certificates {
-        // A certificate client whose connection the filter has mapped already (its first request
-        // went through the filter, which left the identity as filter state, the marker last):
-        // the route adds the filter's X-Remote-* from there. An absent group adds no header.
-        let certificate = [present("x-forwarded-client-cert", true)];
-        let marker = json!([{
-            "key": bypass::envoy_key(bypass::MARKER),
-            "string_match": {"exact": bypass::MARKER_VALUE}
-        }]);
-        let identity: Value = plan
-            .identity_headers
-            .iter()
-            .map(|(header, key)| {
-                json!({
-                    "header": {"key": header, "value": format!("%FILTER_STATE({key}:PLAIN)%")},
-                    "append_action": "APPEND_IF_EXISTS_OR_ADD"
-                })
-            })
-            .collect();
-        for (name, watch) in [(BYPASS_CERTIFICATE_ROUTE, false), (BYPASS_CERTIFICATE_WATCH_ROUTE, true)] {
-            for mut r in routes(name, watch, &certificate) {
-                r["match"]["filter_state"] = marker.clone();
-                r["request_headers_to_add"] = identity.clone();
+                let mut r = route(target, kind, watch, certified, regex);
+                r["name"] = json!(name);
                 all.push(r);
             }
         }
     }
     all
+}
+
+fn add_header(key: &str, value: &str, action: &str) -> Value {
+    json!({"header": {"key": key, "value": value}, "append_action": action})
 }
 
 /// `ecds.json`: the skewgate filter with `table_json` as its plugin configuration.
@@ -701,8 +725,13 @@ mod tests {
 
     const SHIPPED: [&str; 4] = ["long-running", "read", "read-head", "default"];
 
+    /// The routes but the serving sets' (named `<kind>/<set cluster>`).
+    fn without_rerouted<'a>(names: &[&'a str]) -> Vec<&'a str> {
+        names.iter().copied().filter(|n| !n.contains('/')).collect()
+    }
+
     #[test]
-    fn without_uniform_resources_only_the_shipped_routes() {
+    fn without_uniform_resources_no_pool_routes() {
         let none = rds(None, "65s");
         assert_eq!(route_names(&none), SHIPPED);
         let config = &none["resources"][0];
@@ -737,7 +766,14 @@ mod tests {
             }
         });
         assert_eq!(bypass::plan(&rerouted).and_then(|p| p.pool().cloned()), None);
-        assert_eq!(rds(Some(&rerouted), "65s")["resources"], none["resources"]);
+        let names =
+            route_names(&rds(Some(&rerouted), "65s")).into_iter().map(str::to_owned).collect::<Vec<_>>();
+        let (bypass, shipped) = names.split_at(names.len() - SHIPPED.len());
+        assert_eq!(shipped, SHIPPED);
+        assert!(
+            bypass.iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
+            "only the serving sets' {bypass:?}"
+        );
         assert_ne!(rds(None, "10s")["version_info"], none["version_info"], "the version follows the content");
     }
 
@@ -752,14 +788,13 @@ mod tests {
             BYPASS_CERTIFICATE_ROUTE,
             BYPASS_CERTIFICATE_WATCH_ROUTE,
         ];
-        assert_eq!(route_names(&v), [&bypass[..], &SHIPPED].concat());
+        assert_eq!(without_rerouted(&route_names(&v)), [&bypass[..], &SHIPPED].concat());
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
         let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.pool().unwrap().path_regexes[0]}}});
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
         let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
-        let read = &routes[5];
-        assert_eq!(read["name"], "read");
+        let read = routes.iter().find(|r| r["name"] == "read").unwrap();
         assert_eq!(
             header_matches(token),
             [
@@ -825,6 +860,36 @@ mod tests {
             assert_eq!(watch["route"], json!({"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"}));
             assert_eq!(watch["typed_per_filter_config"], read_twin["typed_per_filter_config"]);
         }
+        // A serving set's routes, after the pool's: the same checks and clients, to the set's
+        // cluster, stamped as the filter stamps a rerouted request.
+        let claims = plan.targets.iter().find(|t| t.rerouted).unwrap();
+        let set = claims.cluster.as_str();
+        let named = |name: String| routes.iter().position(|r| r["name"] == name.as_str()).unwrap();
+        let kinds = bypass.map(|kind| named(format!("{kind}/{set}")));
+        assert_eq!(kinds.to_vec(), (kinds[0]..kinds[0] + 4).collect::<Vec<_>>(), "one after another");
+        assert!(kinds[0] > named(BYPASS_CERTIFICATE_WATCH_ROUTE.to_owned()), "the pool's first");
+        let peer_proxied = json!({"header": {"key": "x-kubernetes-peer-proxied", "value": "true"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"});
+        for (k, (i, pool_twin)) in kinds.iter().zip(&routes[..4]).enumerate() {
+            let route = &routes[*i];
+            assert_eq!(route["stat_prefix"], format!("rerouted_{set}"));
+            let mut expected = header_matches(pool_twin);
+            let regexes = if k % 2 == 1 { &claims.watch_regexes } else { &claims.path_regexes };
+            expected.pop();
+            expected.push(
+                json!({"name": ":path", "string_match": {"safe_regex": {"regex": regexes[0]}}}).to_string(),
+            );
+            assert_eq!(header_matches(route), expected);
+            assert_eq!(route["match"].get("filter_state"), pool_twin["match"].get("filter_state"));
+            let mut added = pool_twin.get("request_headers_to_add").cloned().unwrap_or(json!([]));
+            added.as_array_mut().unwrap().push(peer_proxied.clone());
+            assert_eq!(route["request_headers_to_add"], added);
+            assert_eq!(route.get("request_headers_to_remove"), None, "set over a client's value");
+            let mut action = pool_twin["route"].clone();
+            action["cluster"] = json!(claims.cluster);
+            assert_ne!(claims.cluster, "pool");
+            assert_eq!(route["route"], action);
+            assert_eq!(route["typed_per_filter_config"], pool_twin["typed_per_filter_config"]);
+        }
     }
 
     /// A table too large for one regex per route: each kind of bypass route once per slice, in
@@ -873,7 +938,7 @@ mod tests {
             })
             .collect();
         assert_eq!(taken, expected);
-        assert_eq!(route_names(&v)[expected.len()..], SHIPPED);
+        assert_eq!(without_rerouted(&route_names(&v)[expected.len()..]), SHIPPED);
     }
 
     #[test]
@@ -881,9 +946,10 @@ mod tests {
         let policy = |p: Value| routing_table(move |t| t["policy"] = p);
         let no_certificates = rds(Some(&policy(json!({"clientCertIdentity": false}))), "65s");
         assert_eq!(
-            route_names(&no_certificates),
+            without_rerouted(&route_names(&no_certificates)),
             [&[BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE][..], &SHIPPED].concat()
         );
+        assert!(!no_certificates.to_string().contains("bypass-certificate"));
         let keep_peer = rds(Some(&policy(json!({"stripDownstreamPeerProxied": false}))), "65s");
         let routes = keep_peer["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
         assert_eq!(
