@@ -166,9 +166,7 @@ fn cluster(
             }]);
             let identity = std::iter::once(("X-Remote-User", &tls.health_user))
                 .chain(tls.health_groups.iter().map(|g| ("X-Remote-Group", g)))
-                .map(|(key, value)| {
-                    json!({"header": {"key": key, "value": value}, "append_action": "APPEND_IF_EXISTS_OR_ADD"})
-                })
+                .map(|(key, value)| add_header(key, value, "APPEND_IF_EXISTS_OR_ADD"))
                 .collect::<Vec<_>>();
             json!({"path": "/readyz", "request_headers_to_add": identity})
         }
@@ -466,6 +464,7 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     all
 }
 
+/// An Envoy `HeaderValueOption`: `key: value`, added as `action` says.
 fn add_header(key: &str, value: &str, action: &str) -> Value {
     json!({"header": {"key": key, "value": value}, "append_action": action})
 }
