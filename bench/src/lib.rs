@@ -578,10 +578,10 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
     use skewgate_core::decision::{RequestHead, decide};
     let plan = skewgate_core::bypass::plan(table);
     let bypass = |path: &str| {
-        plan.iter()
-            .flat_map(|p| &p.targets)
-            .flat_map(|t| t.path_regexes.iter().chain(&t.watch_regexes))
-            .any(|r| regex_lite_match(r, path))
+        plan.iter().flat_map(|p| &p.targets).any(|t| {
+            t.path_regexes.iter().chain(&t.watch_regexes).any(|r| regex_lite_match(r, path))
+                && !t.except.iter().any(|r| regex_lite_match(r, path))
+        })
     };
     let mut by_route = 0;
     let mut by_module = 0;

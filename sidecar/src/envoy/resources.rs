@@ -4,7 +4,7 @@
 //! proxy-wasm filter's and the native module's (docs/native-module.md). JSON, as Envoy's
 //! filesystem xDS reads it.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -394,6 +394,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             headers.push(json!({"name": ":path", "string_match": {"contains": "watch="}}));
         }
         headers.push(json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}));
+        headers.extend(target.except.iter().map(|except| {
+            json!({"name": ":path", "string_match": {"safe_regex": {"regex": except}}, "invert_match": true})
+        }));
         let cluster = json!({"cluster": target.cluster});
         let action = match watch {
             true => json!({"cluster": target.cluster, "timeout": "0s", "idle_timeout": "3600s"}),
@@ -438,19 +441,23 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     };
     // Each target gets, for each client kind, a route for reads and one for watches (a watch
     // outlives any request timeout, as the long-running route below does), each once per slice
-    // of its regexes: `bypass-token`, `bypass-token-2`, ... for the pool,
-    // `bypass-token/skewgate-set-cp-3`, ... for a serving set's rerouted GVRs. The pool's first:
-    // most requests stop there. One set of routes per set, not per GVR: every request the
-    // filter routes passes each route twice (before and after the filter names its cluster), and
-    // 152 routes of 38 rerouted GVRs made each such request 12 µs dearer (make bench).
+    // of its regexes: `bypass-token` (any group/version), then `bypass-token-2`, ... for the
+    // pool's named resources, `bypass-token/skewgate-set-cp-3`, ... for a serving set's rerouted
+    // GVRs. The pool's first: most requests stop there. One set of routes per set, not per GVR:
+    // every request the filter routes passes each route twice (before and after the filter names
+    // its cluster), and 152 routes of 38 rerouted GVRs made each such request 12 µs dearer
+    // (make bench).
     let mut all = Vec::new();
+    let mut count: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for target in &plan.targets {
         for &(kind, watch, certified) in &kinds {
             let regexes = if watch { &target.watch_regexes } else { &target.path_regexes };
-            for (i, regex) in regexes.iter().enumerate() {
-                let mut name = match i {
-                    0 => kind.to_owned(),
-                    _ => format!("{kind}-{}", i + 1),
+            for regex in regexes {
+                let n = count.entry((kind, &target.cluster)).or_default();
+                *n += 1;
+                let mut name = match n {
+                    1 => kind.to_owned(),
+                    _ => format!("{kind}-{n}"),
                 };
                 if target.rerouted {
                     name = format!("{name}/{}", target.cluster);
@@ -724,13 +731,36 @@ mod tests {
 
     const SHIPPED: [&str; 4] = ["long-running", "read", "read-head", "default"];
 
+    const KINDS: [&str; 4] = [
+        BYPASS_TOKEN_ROUTE,
+        BYPASS_TOKEN_WATCH_ROUTE,
+        BYPASS_CERTIFICATE_ROUTE,
+        BYPASS_CERTIFICATE_WATCH_ROUTE,
+    ];
+
+    fn path_matcher(regex: &str) -> String {
+        json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}).to_string()
+    }
+
+    /// `headers` but the `:path` regexes, then `regex` and `except` (inverted) after them.
+    fn with_paths(headers: &[String], regex: &str, except: &[String]) -> Vec<String> {
+        let mut headers: Vec<String> =
+            headers.iter().filter(|h| !h.contains("safe_regex")).cloned().collect();
+        headers.push(path_matcher(regex));
+        headers.extend(except.iter().map(|e| {
+            json!({"name": ":path", "string_match": {"safe_regex": {"regex": e}}, "invert_match": true})
+                .to_string()
+        }));
+        headers
+    }
+
     /// The routes but the serving sets' (named `<kind>/<set cluster>`).
     fn without_rerouted<'a>(names: &[&'a str]) -> Vec<&'a str> {
         names.iter().copied().filter(|n| !n.contains('/')).collect()
     }
 
     #[test]
-    fn without_uniform_resources_no_pool_routes() {
+    fn without_a_table_only_the_shipped_routes() {
         let none = rds(None, "65s");
         assert_eq!(route_names(&none), SHIPPED);
         let config = &none["resources"][0];
@@ -755,7 +785,8 @@ mod tests {
             );
         }
         assert_eq!(routes[3]["route"], json!({"cluster_header": "x-skewgate-cluster", "timeout": "65s"}));
-        // A table whose every group/version is served by some apiservers only: no plan.
+        // A table whose every group/version is served by some apiservers only: the pool's routes
+        // take only group/versions the table does not know (which `decide` sends to the pool).
         let rerouted = routing_table(|t| {
             for gv in t["groupVersions"].as_array_mut().unwrap() {
                 gv["servedBy"] = json!(["a", "b"]);
@@ -764,14 +795,18 @@ mod tests {
                 }
             }
         });
-        assert_eq!(bypass::plan(&rerouted).and_then(|p| p.pool().cloned()), None);
+        let plan = bypass::plan(&rerouted).unwrap();
+        assert!(plan.targets[1..].iter().all(|t| t.rerouted), "no named pool resources");
+        let except = &plan.pool().unwrap().except;
+        assert!(except[0].contains("/apis/resource\\.k8s\\.io/v1beta1"), "{except:?}");
         let names =
             route_names(&rds(Some(&rerouted), "65s")).into_iter().map(str::to_owned).collect::<Vec<_>>();
         let (bypass, shipped) = names.split_at(names.len() - SHIPPED.len());
         assert_eq!(shipped, SHIPPED);
+        assert_eq!(without_rerouted(&bypass.iter().map(String::as_str).collect::<Vec<_>>()), KINDS);
         assert!(
-            bypass.iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
-            "only the serving sets' {bypass:?}"
+            bypass[KINDS.len()..].iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
+            "then the serving sets' {bypass:?}"
         );
         assert_ne!(rds(None, "10s")["version_info"], none["version_info"], "the version follows the content");
     }
@@ -781,15 +816,16 @@ mod tests {
         let t = routing_table(|_| {});
         let plan = bypass::plan(&t).unwrap();
         let v = rds(Some(&t), "65s");
-        let bypass = [
-            BYPASS_TOKEN_ROUTE,
-            BYPASS_TOKEN_WATCH_ROUTE,
-            BYPASS_CERTIFICATE_ROUTE,
-            BYPASS_CERTIFICATE_WATCH_ROUTE,
-        ];
-        assert_eq!(without_rerouted(&route_names(&v)), [&bypass[..], &SHIPPED].concat());
+        let bypass = KINDS;
+        // Any group/version's, then the named resources of v1alpha3, then the sets'.
+        let named_pool = bypass.map(|kind| format!("{kind}-2"));
+        let named_pool: Vec<&str> = named_pool.iter().map(String::as_str).collect();
+        assert_eq!(without_rerouted(&route_names(&v)), [&bypass[..], &named_pool, &SHIPPED].concat());
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
-        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.pool().unwrap().path_regexes[0]}}});
+        let pool = plan.pool().unwrap();
+        let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": pool.path_regexes[0]}}});
+        let except = json!({"name": ":path", "string_match": {"safe_regex": {"regex": pool.except[0]}}, "invert_match": true});
+        assert_eq!(pool.except.len(), 1);
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
         let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
@@ -802,12 +838,13 @@ mod tests {
                 json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true}),
                 get.clone(),
                 path.clone(),
+                except.clone(),
             ]
             .map(|h| h.to_string())
         );
         assert_eq!(
             header_matches(certificate),
-            [unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true}), get, path]
+            [unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true}), get, path, except]
                 .map(|h| h.to_string())
         );
         assert_eq!(token["match"].get("filter_state"), None);
@@ -848,36 +885,52 @@ mod tests {
         // The watch routes: the same clients and additions, the watch regex after a cheap check,
         // no timeout.
         for (watch, read_twin) in [(&routes[1], token), (&routes[3], certificate)] {
-            let watch_path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": plan.pool().unwrap().watch_regexes[0]}}});
             let watches = json!({"name": ":path", "string_match": {"contains": "watch="}});
             let mut expected = header_matches(read_twin);
-            expected.pop();
-            expected.extend([watches.to_string(), watch_path.to_string()]);
-            assert_eq!(header_matches(watch), expected);
+            expected.insert(expected.len() - 2, watches.to_string());
+            assert_eq!(header_matches(watch), with_paths(&expected, &pool.watch_regexes[0], &pool.except));
             assert_eq!(watch["match"].get("filter_state"), read_twin["match"].get("filter_state"));
             assert_eq!(watch.get("request_headers_to_add"), read_twin.get("request_headers_to_add"));
             assert_eq!(watch["route"], json!({"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"}));
             assert_eq!(watch["typed_per_filter_config"], read_twin["typed_per_filter_config"]);
         }
-        // A serving set's routes, after the pool's: the same checks and clients, to the set's
-        // cluster, stamped as the filter stamps a rerouted request.
+        // The pool's named resources and a serving set's, after any group/version's: the same
+        // checks and clients with their own regexes and no exceptions, each to its cluster, a
+        // set's stamped as the filter stamps a rerouted request.
+        let named = |name: String| routes.iter().position(|r| r["name"] == name.as_str()).unwrap();
+        let devicetaintrules = &plan.targets[1];
+        assert_eq!((devicetaintrules.cluster.as_str(), devicetaintrules.rerouted), ("pool", false));
+        for (k, (route, pool_twin)) in routes[4..8].iter().zip(&routes[..4]).enumerate() {
+            assert_eq!(route["name"], format!("{}-2", KINDS[k]));
+            assert_eq!(route["stat_prefix"], pool_twin["stat_prefix"]);
+            let regexes =
+                if k % 2 == 1 { &devicetaintrules.watch_regexes } else { &devicetaintrules.path_regexes };
+            assert_eq!(header_matches(route), with_paths(&header_matches(pool_twin), &regexes[0], &[]));
+            for field in [
+                "route",
+                "filter_state",
+                "request_headers_to_add",
+                "request_headers_to_remove",
+                "typed_per_filter_config",
+            ] {
+                assert_eq!(
+                    route.get(field).or(route["match"].get(field)),
+                    pool_twin.get(field).or(pool_twin["match"].get(field)),
+                    "{field}"
+                );
+            }
+        }
         let claims = plan.targets.iter().find(|t| t.rerouted).unwrap();
         let set = claims.cluster.as_str();
-        let named = |name: String| routes.iter().position(|r| r["name"] == name.as_str()).unwrap();
         let kinds = bypass.map(|kind| named(format!("{kind}/{set}")));
         assert_eq!(kinds.to_vec(), (kinds[0]..kinds[0] + 4).collect::<Vec<_>>(), "one after another");
-        assert!(kinds[0] > named(BYPASS_CERTIFICATE_WATCH_ROUTE.to_owned()), "the pool's first");
+        assert!(kinds[0] > named(format!("{BYPASS_CERTIFICATE_WATCH_ROUTE}-2")), "the pool's first");
         let peer_proxied = json!({"header": {"key": "x-kubernetes-peer-proxied", "value": "true"}, "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"});
         for (k, (i, pool_twin)) in kinds.iter().zip(&routes[..4]).enumerate() {
             let route = &routes[*i];
             assert_eq!(route["stat_prefix"], format!("rerouted_{set}"));
-            let mut expected = header_matches(pool_twin);
             let regexes = if k % 2 == 1 { &claims.watch_regexes } else { &claims.path_regexes };
-            expected.pop();
-            expected.push(
-                json!({"name": ":path", "string_match": {"safe_regex": {"regex": regexes[0]}}}).to_string(),
-            );
-            assert_eq!(header_matches(route), expected);
+            assert_eq!(header_matches(route), with_paths(&header_matches(pool_twin), &regexes[0], &[]));
             assert_eq!(route["match"].get("filter_state"), pool_twin["match"].get("filter_state"));
             let mut added = pool_twin.get("request_headers_to_add").cloned().unwrap_or(json!([]));
             added.as_array_mut().unwrap().push(peer_proxied.clone());
@@ -891,19 +944,21 @@ mod tests {
         }
     }
 
-    /// A table too large for one regex per route: each kind of bypass route once per slice, in
-    /// the plan's order, every slice of a kind under the kind's statistics.
+    /// A table too large for one regex per route: after any group/version's routes, each kind
+    /// of route for the pool's named resources once per slice, in the plan's order, every slice
+    /// of a kind under the kind's statistics.
     #[test]
     fn large_tables_get_a_bypass_route_of_each_kind_per_slice() {
         let t = routing_table(|t| {
             let gvs = t["groupVersions"].as_array_mut().unwrap();
             let all = gvs[0]["servedBy"].clone();
             gvs.extend((0..2000).map(|i| {
-                json!({"group": format!("g{i}.example.com"), "version": "v1", "servedBy": all, "resources": {"widgets": all}})
+                json!({"group": format!("g{i}.example.com"), "version": "v1", "servedBy": all, "resources": {"widgets": all, "gadgets": ["c"]}})
             }));
         });
         let plan = bypass::plan(&t).unwrap();
-        let plan = plan.pool().unwrap();
+        let plan = &plan.targets[1];
+        assert_eq!((plan.cluster.as_str(), plan.rerouted), ("pool", false));
         let slices = plan.path_regexes.len();
         assert!(slices > 1, "{slices}");
         let v = rds(Some(&t), "65s");
@@ -917,16 +972,13 @@ mod tests {
         let expected: Vec<(String, &str, &str)> = kinds
             .iter()
             .flat_map(|(kind, regexes)| {
-                regexes.iter().enumerate().map(move |(i, regex)| {
-                    let name = match i {
-                        0 => kind.to_string(),
-                        _ => format!("{kind}-{}", i + 1),
-                    };
-                    (name, *kind, regex.as_str())
-                })
+                regexes
+                    .iter()
+                    .enumerate()
+                    .map(move |(i, regex)| (format!("{kind}-{}", i + 2), *kind, regex.as_str()))
             })
             .collect();
-        let taken: Vec<(String, &str, &str)> = routes[..expected.len()]
+        let taken: Vec<(String, &str, &str)> = routes[KINDS.len()..KINDS.len() + expected.len()]
             .iter()
             .map(|r| {
                 let regex = r["match"]["headers"].as_array().unwrap().last().unwrap()["string_match"]["safe_regex"]
@@ -937,16 +989,23 @@ mod tests {
             })
             .collect();
         assert_eq!(taken, expected);
-        assert_eq!(without_rerouted(&route_names(&v)[expected.len()..]), SHIPPED);
+        assert_eq!(without_rerouted(&route_names(&v)[..KINDS.len()]), KINDS);
+        assert_eq!(without_rerouted(&route_names(&v)[KINDS.len() + expected.len()..]), SHIPPED);
     }
 
     #[test]
     fn the_policy_shapes_the_bypass_routes() {
         let policy = |p: Value| routing_table(move |t| t["policy"] = p);
         let no_certificates = rds(Some(&policy(json!({"clientCertIdentity": false}))), "65s");
+        let named = [format!("{BYPASS_TOKEN_ROUTE}-2"), format!("{BYPASS_TOKEN_WATCH_ROUTE}-2")];
         assert_eq!(
             without_rerouted(&route_names(&no_certificates)),
-            [&[BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE][..], &SHIPPED].concat()
+            [
+                &[BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE][..],
+                &named.each_ref().map(String::as_str),
+                &SHIPPED
+            ]
+            .concat()
         );
         assert!(!no_certificates.to_string().contains("bypass-certificate"));
         let keep_peer = rds(Some(&policy(json!({"stripDownstreamPeerProxied": false}))), "65s");
