@@ -8,8 +8,9 @@
 //!   group/version except those where some resource is not every apiserver's (`decide` sends a
 //!   resource it does not know to the pool too), so its regexes stay the same whatever the table
 //!   holds. The resources of those group/versions are named one by one, in the targets of the
-//!   cluster `decide` sends each to — the pool, or a serving set's for the rerouted ones — cut
-//!   into regexes that stay within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own first;
+//!   cluster `decide` sends each to — the pool, or a serving set's for the rerouted ones (reads
+//!   only) — cut into regexes that stay within RE2's fast matching ([`REGEX_BUDGET`]),
+//!   Kubernetes' own first;
 //! - from a token client (an `authorization` header, no client certificate): nothing to forward;
 //! - or from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
@@ -50,7 +51,7 @@ pub struct Target {
     /// slice of the target's group/versions that fits [`REGEX_BUDGET`], Kubernetes' own first.
     pub path_regexes: Vec<String>,
     /// `:path` of watches of those resources (kube-apiserver's long-running requests, which a
-    /// route must not time out), slice by slice as `path_regexes`.
+    /// route must not time out), slice by slice as `path_regexes`; none for a serving set.
     pub watch_regexes: Vec<String>,
     /// `:path` regexes of requests the target's routes leave to others although its regexes take
     /// them: the group/versions whose resources are not all the pool's, and kube-apiserver's
@@ -90,13 +91,19 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
     if by_target.is_empty() {
         return None;
     }
+    // A serving set's watches go through the filter: Envoy compiles every route's regex again
+    // on each new rds.json, a set's regexes name all its GVRs, and a watch, one request for
+    // minutes of events, costs next to nothing per event there.
     let named = |cluster: &str, rerouted: bool, gvs: &GroupVersions| {
         let slices = resource_alternatives(gvs, budget);
         Target {
             cluster: cluster.to_owned(),
             rerouted,
             path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
-            watch_regexes: slices.iter().map(|s| watch_regex(s)).collect(),
+            watch_regexes: match rerouted {
+                true => Vec::new(),
+                false => slices.iter().map(|s| watch_regex(s)).collect(),
+            },
             except: Vec::new(),
         }
     };
@@ -169,7 +176,7 @@ fn resource_alternatives(gvs: &GroupVersions, budget: usize) -> Vec<String> {
     let alternatives = gvs.iter().map(|((group, version), resources)| {
         let resources: Vec<String> = resources.iter().map(|r| escape(r)).collect();
         let prefix = group_version_prefix(group, version);
-        (!own(group), format!("{prefix}/(?:namespaces/{NAME}/)?(?:{})", resources.join("|")))
+        (!own(group), format!("{prefix}/(?:namespaces/{NAMESPACE}/)?(?:{})", resources.join("|")))
     });
     slices(alternatives, budget)
 }
@@ -211,7 +218,7 @@ fn group_version_prefix(group: &str, version: &str) -> String {
 fn any_resource() -> String {
     const VERSION: &str = "[a-z0-9]+";
     const LABEL: &str = "[a-z0-9](?:[-a-z0-9]*[a-z0-9])?";
-    format!("(?:/api/{VERSION}|/apis/{NAME}/{VERSION})/(?:namespaces/{NAME}/)?{LABEL}")
+    format!("(?:/api/{VERSION}|/apis/{NAME}/{VERSION})/(?:namespaces/{NAMESPACE}/)?{LABEL}")
 }
 
 /// kube-apiserver's verbs in the place of a resource (`/api/v1/watch/pods`,
@@ -226,6 +233,10 @@ fn prefix_regex(prefixes: &str) -> String {
 
 /// A Kubernetes object name (DNS subdomain), never a dot segment.
 const NAME: &str = "[a-z0-9](?:[-a-z0-9.]*[a-z0-9])?";
+
+/// A namespace's name (a DNS label, or a wrong one that `decide` would route the same way: it
+/// never looks at the namespace), without dots; short, as it is repeated for every group/version.
+const NAMESPACE: &str = "[a-z0-9][-a-z0-9]*";
 
 fn escape(s: &str) -> String {
     s.chars()
@@ -407,8 +418,9 @@ mod tests {
         let (pool, named, set) = (&plan.targets[0], &plan.targets[1], &plan.targets[2]);
         for target in [named, set] {
             assert!(target.path_regexes.len() > 1, "{}", target.path_regexes.len());
-            assert_eq!(target.path_regexes.len(), target.watch_regexes.len());
         }
+        assert_eq!(named.path_regexes.len(), named.watch_regexes.len());
+        assert_eq!(set.watch_regexes, Vec::<String>::new(), "a set's watches go through the filter");
         assert!(pool.except.len() > 1, "{}", pool.except.len());
         for regex in
             plan.targets.iter().flat_map(|t| t.path_regexes.iter().chain(&t.watch_regexes).chain(&t.except))
