@@ -44,6 +44,8 @@ pub type GroupVersions = BTreeMap<(String, String), Vec<String>>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub cluster: String,
+    /// The apiservers of `cluster`, for Envoy's 503 when none answers (as the filter's names them).
+    pub servers: Vec<String>,
     /// A serving set's cluster: the route stamps `x-kubernetes-peer-proxied: true`, as the
     /// filter does for a rerouted request.
     pub rerouted: bool,
@@ -98,6 +100,7 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
         let slices = resource_alternatives(gvs, budget);
         Target {
             cluster: cluster.to_owned(),
+            servers: servers(table, cluster),
             rerouted,
             path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
             watch_regexes: match rerouted {
@@ -116,6 +119,7 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
     let any = any_resource();
     let mut targets = vec![Target {
         cluster: table.pool_cluster().to_owned(),
+        servers: servers(table, table.pool_cluster()),
         rerouted: false,
         path_regexes: vec![path_regex(&any)],
         watch_regexes: vec![watch_regex(&any)],
@@ -146,6 +150,12 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
             false => Vec::new(),
         },
     })
+}
+
+/// The apiservers behind `cluster`, the pool's or a serving set's.
+fn servers(table: &RoutingTable, cluster: &str) -> Vec<String> {
+    let serving = table.sets().iter().position(|s| s.cluster == cluster).map_or(Serving::All, Serving::Set);
+    table.members(serving).map(str::to_owned).collect()
 }
 
 /// The `:path` (path and query) regex of requests the bypass takes of `resources` (alternatives
@@ -331,6 +341,8 @@ mod tests {
         let clusters: Vec<(&str, bool)> =
             plan.targets.iter().map(|t| (t.cluster.as_str(), t.rerouted)).collect();
         assert_eq!(clusters, [("pool", false), ("pool", false), ("set-a-b", true), ("set-c", true)]);
+        let servers: Vec<String> = plan.targets.iter().map(|t| t.servers.join(",")).collect();
+        assert_eq!(servers, ["a,b,c", "a,b,c", "a,b", "c"]);
         let pool = plan.pool().unwrap();
         assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len(), pool.except.len()), (1, 1, 1));
         let takes = |target: &Target, path: &str| {

@@ -21,12 +21,12 @@ async fn peer_loss() -> Result<Row> {
     let outage = SUITE.peer_loss(&mut c, &mut row, Duration::from_secs(20), Duration::from_secs(30)).await?;
     let e = &outage.kubectl_error;
     // The filter's 503 names the GVR and its servers; Envoy's on the set's bypass route (kubectl's
-    // connection mapped already), the set's cluster.
+    // connection mapped already), the set's servers and cluster.
     assert!(
         e.contains("the server is currently unable to handle the request")
             && (e.contains("resourceclaims.v1.resource.k8s.io is served by [c]")
                 || e.contains(
-                    "no apiserver of [skewgate-set-c] answered (route bypass-certificate/skewgate-set-c;"
+                    "no apiserver of [c] answered (cluster skewgate-set-c; route bypass-certificate/skewgate-set-c;"
                 )),
         "{e}"
     );

@@ -19,6 +19,10 @@ pub const MODULE_FILTER_NAME: &str = "skewgate-module";
 /// The module's shared object without `lib` and `.so`, as Envoy looks it up in
 /// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
 pub const MODULE_NAME: &str = "skewgate_module";
+/// The namespace of the bypass routes' metadata, which the bootstrap's local reply reads
+/// (`%METADATA(ROUTE:skewgate:servers)%`).
+pub const ROUTE_METADATA: &str = "skewgate";
+
 /// The type of the module's ECDS resource, which the bootstrap's `type_urls` must name.
 pub const DYNAMIC_MODULE_FILTER_TYPE: &str =
     "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
@@ -426,7 +430,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             "typed_per_filter_config": {FILTER_NAME: {
                 "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
                 "disabled": true
-            }}
+            }},
+            // For the bootstrap's Status 503 when none of them answers.
+            "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
         });
         if certified {
             route["match"]["filter_state"] = marker.clone();
@@ -870,6 +876,7 @@ mod tests {
         assert_eq!(token.get("request_headers_to_add"), None);
         for (route, name) in [(token, BYPASS_TOKEN_ROUTE), (certificate, BYPASS_CERTIFICATE_ROUTE)] {
             assert_eq!(route["stat_prefix"], name);
+            assert_eq!(route["metadata"], json!({"filter_metadata": {"skewgate": {"servers": "a,b,c"}}}));
             assert_eq!(route["route"]["cluster"], "pool");
             assert_eq!(route["route"]["timeout"], "65s");
             assert_eq!(
@@ -931,6 +938,7 @@ mod tests {
         for (i, pool_twin) in kinds.iter().zip([&routes[0], &routes[2]]) {
             let route = &routes[*i];
             assert_eq!(route["stat_prefix"], format!("rerouted_{set}"));
+            assert_eq!(route["metadata"]["filter_metadata"]["skewgate"]["servers"], claims.servers.join(","));
             assert_eq!(
                 header_matches(route),
                 with_paths(&header_matches(pool_twin), &claims.path_regexes[0], &[])
