@@ -76,7 +76,7 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The target of resources every apiserver serves.
+    /// The target of any group/version's resources but the exceptions' (always the first).
     pub fn pool(&self) -> Option<&Target> {
         self.targets.first().filter(|t| !t.rerouted)
     }
@@ -93,23 +93,6 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
     if by_target.is_empty() {
         return None;
     }
-    // A serving set's watches go through the filter: Envoy compiles every route's regex again
-    // on each new rds.json, a set's regexes name all its GVRs, and a watch, one request for
-    // minutes of events, costs next to nothing per event there.
-    let named = |cluster: &str, rerouted: bool, gvs: &GroupVersions| {
-        let slices = resource_alternatives(gvs, budget);
-        Target {
-            cluster: cluster.to_owned(),
-            servers: servers(table, cluster),
-            rerouted,
-            path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
-            watch_regexes: match rerouted {
-                true => Vec::new(),
-                false => slices.iter().map(|s| watch_regex(s)).collect(),
-            },
-            except: Vec::new(),
-        }
-    };
     // Group/versions some resource of which goes elsewhere than the pool: their pool resources
     // are named, the rest of the pool's are any resource of any other group/version.
     let mixed: BTreeSet<&(String, String)> =
@@ -131,9 +114,24 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
     for ((rerouted, cluster), gvs) in &by_target {
         let gvs: GroupVersions =
             gvs.iter().filter(|(gv, _)| mixed.contains(gv)).map(|(gv, r)| (gv.clone(), r.clone())).collect();
-        if !gvs.is_empty() {
-            targets.push(named(cluster, *rerouted, &gvs));
+        if gvs.is_empty() {
+            continue;
         }
+        let slices = resource_alternatives(&gvs, budget);
+        targets.push(Target {
+            cluster: cluster.to_string(),
+            servers: servers(table, cluster),
+            rerouted: *rerouted,
+            path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
+            // A serving set's watches go through the filter: Envoy compiles every route's regex
+            // again on each new rds.json, a set's regexes name all its GVRs, and a watch, one
+            // request for minutes of events, costs next to nothing per event there.
+            watch_regexes: match rerouted {
+                true => Vec::new(),
+                false => slices.iter().map(|s| watch_regex(s)).collect(),
+            },
+            except: Vec::new(),
+        });
     }
     let policy = table.policy();
     let mut identity_headers = vec![(REMOTE_USER, envoy_key(USER))];
