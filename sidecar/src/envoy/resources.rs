@@ -383,76 +383,77 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             add_header(header, &format!("%FILTER_STATE({key}:PLAIN)%"), "APPEND_IF_EXISTS_OR_ADD")
         })
         .collect();
-    let route = |target: &bypass::Target, kind: &str, watch: bool, certified: bool, regex: &str| {
-        // Envoy picks the route again once the filter has set its cluster header: a request the
-        // filter took (whose identity it forwards itself) must not then match a bypass route,
-        // which would add that identity a second time.
-        // Envoy checks them in this order and stops at the first miss: the regex, the one that
-        // costs, goes last (a request the filter took fails the first check when re-routed).
-        let mut headers = vec![present(CLUSTER_HEADER, false)];
-        headers.extend_from_slice(if certified { &certificate[..] } else { &token[..] });
-        headers.push(exact(":method", "GET"));
-        // Every request the read routes leave tries the watch routes: a substring search spares
-        // all but watches their regexes.
-        if watch {
-            headers.push(json!({"name": ":path", "string_match": {"contains": "watch="}}));
-        }
-        headers.push(json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}));
-        headers.extend(target.except.iter().map(|except| {
+    let route =
+        |name: String, target: &bypass::Target, kind: &str, watch: bool, certified: bool, regex: &str| {
+            // Envoy picks the route again once the filter has set its cluster header: a request the
+            // filter took (whose identity it forwards itself) must not then match a bypass route,
+            // which would add that identity a second time.
+            // Envoy checks them in this order and stops at the first miss: the regex, the one that
+            // costs, goes last (a request the filter took fails the first check when re-routed).
+            let mut headers = vec![present(CLUSTER_HEADER, false)];
+            headers.extend_from_slice(if certified { &certificate[..] } else { &token[..] });
+            headers.push(exact(":method", "GET"));
+            // Every request the read routes leave tries the watch routes: a substring search spares
+            // all but watches their regexes.
+            if watch {
+                headers.push(json!({"name": ":path", "string_match": {"contains": "watch="}}));
+            }
+            headers.push(json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}));
+            headers.extend(target.except.iter().map(|except| {
             json!({"name": ":path", "string_match": {"safe_regex": {"regex": except}}, "invert_match": true})
         }));
-        let cluster = json!({"cluster": target.cluster});
-        let action = match watch {
-            true => json!({"cluster": target.cluster, "timeout": "0s", "idle_timeout": "3600s"}),
-            false => read_route(cluster, timeout),
-        };
-        let mut added = match certified {
-            true => identity.clone(),
-            false => Vec::new(),
-        };
-        let mut removed = plan.removed.clone();
-        // The statistics of the pool's routes are their kind's (vhost.apiservers.route.<kind>),
-        // a serving set's are the set's, whichever kind took the request.
-        let stat_prefix = match target.rerouted {
-            false => kind.to_owned(),
-            true => {
-                // What the filter does for a rerouted request, over whatever the client sent.
-                removed.retain(|h| *h != PEER_PROXIED);
-                added.push(add_header(PEER_PROXIED, "true", "OVERWRITE_IF_EXISTS_OR_ADD"));
-                format!("{REROUTED_STAT_PREFIX}{}", target.cluster.replace('.', "_"))
+            let cluster = json!({"cluster": target.cluster});
+            let action = match watch {
+                true => json!({"cluster": target.cluster, "timeout": "0s", "idle_timeout": "3600s"}),
+                false => read_route(cluster, timeout),
+            };
+            let mut added = match certified {
+                true => identity.clone(),
+                false => Vec::new(),
+            };
+            let mut removed = plan.removed.clone();
+            // The statistics of the pool's routes are their kind's (vhost.apiservers.route.<kind>),
+            // a serving set's are the set's, whichever kind took the request.
+            let stat_prefix = match target.rerouted {
+                false => kind.to_owned(),
+                true => {
+                    // What the filter does for a rerouted request, over whatever the client sent.
+                    removed.retain(|h| *h != PEER_PROXIED);
+                    added.push(add_header(PEER_PROXIED, "true", "OVERWRITE_IF_EXISTS_OR_ADD"));
+                    format!("{REROUTED_STAT_PREFIX}{}", target.cluster.replace('.', "_"))
+                }
+            };
+            let mut route = json!({
+                "name": name,
+                "stat_prefix": stat_prefix,
+                "match": {"prefix": "/", "headers": headers},
+                "route": action,
+                "typed_per_filter_config": {FILTER_NAME: {
+                    "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
+                    "disabled": true
+                }},
+                // For the bootstrap's Status 503 when none of them answers.
+                "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
+            });
+            if certified {
+                route["match"]["filter_state"] = marker.clone();
             }
+            if !added.is_empty() {
+                route["request_headers_to_add"] = json!(added);
+            }
+            if !removed.is_empty() {
+                route["request_headers_to_remove"] = json!(removed);
+            }
+            route
         };
-        let mut route = json!({
-            "name": kind,
-            "stat_prefix": stat_prefix,
-            "match": {"prefix": "/", "headers": headers},
-            "route": action,
-            "typed_per_filter_config": {FILTER_NAME: {
-                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
-                "disabled": true
-            }},
-            // For the bootstrap's Status 503 when none of them answers.
-            "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
-        });
-        if certified {
-            route["match"]["filter_state"] = marker.clone();
-        }
-        if !added.is_empty() {
-            route["request_headers_to_add"] = json!(added);
-        }
-        if !removed.is_empty() {
-            route["request_headers_to_remove"] = json!(removed);
-        }
-        route
-    };
     // Each target gets, for each client kind, a route for reads and one for watches (a watch
-    // outlives any request timeout, as the long-running route below does; a set has none), each once per slice
-    // of its regexes: `bypass-token` (any group/version), then `bypass-token-2`, ... for the
-    // pool's named resources, `bypass-token/skewgate-set-cp-3`, ... for a serving set's rerouted
-    // GVRs. The pool's first: most requests stop there. One set of routes per set, not per GVR:
-    // every request the filter routes passes each route twice (before and after the filter names
-    // its cluster), and 152 routes of 38 rerouted GVRs made each such request 12 µs dearer
-    // (make bench).
+    // outlives any request timeout, as the long-running route below does; a set has none),
+    // each once per slice of its regexes: `bypass-token` (any group/version), then
+    // `bypass-token-2`, ... for the pool's named resources, `bypass-token/skewgate-set-cp-3`,
+    // ... for a serving set's rerouted GVRs. The pool's first: most requests stop there. One
+    // set of routes per set, not per GVR: every request the filter routes passes each route
+    // twice (before and after the filter names its cluster), and 152 routes of 38 rerouted GVRs
+    // made each such request 12 µs dearer (make bench).
     let mut all = Vec::new();
     let mut count: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for target in &plan.targets {
@@ -468,9 +469,7 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
                 if target.rerouted {
                     name = format!("{name}/{}", target.cluster);
                 }
-                let mut r = route(target, kind, watch, certified, regex);
-                r["name"] = json!(name);
-                all.push(r);
+                all.push(route(name, target, kind, watch, certified, regex));
             }
         }
     }
