@@ -135,6 +135,8 @@ pub struct DiscoveryConfig {
 pub struct PolicyConfig {
     /// Remove a downstream `x-kubernetes-peer-proxied` header. Upstream does not authenticate it,
     /// so any client could otherwise switch off an apiserver's own peer proxying for its request.
+    /// The shipped bootstraps remove it at the listener too, before routing, for the bypass
+    /// routes ([`crate::bypass::LISTENER_STRIPS`]): `false` takes effect with that line gone.
     #[serde(default = "yes")]
     pub strip_downstream_peer_proxied: bool,
     /// Map a verified downstream client certificate to `X-Remote-User`/`X-Remote-Group`.

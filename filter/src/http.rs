@@ -83,6 +83,7 @@ impl<H: Host> HttpContext for Http<H> {
             let body = unavailable_body(None, "skewgate-unconfigured", &[], "skewgate has no routing table");
             return self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()));
         };
+        active.metrics.seen();
         let table = &active.table;
         let headers = self.host.request_headers();
         let mut head = RequestHead::default();

@@ -16,6 +16,9 @@ pub struct Metrics<H: Host> {
     /// to Envoy by [`Metrics::flush`] (every tick, and when the table is retired): a host call
     /// per rerouted request cost more than the rest of the counting.
     rerouted: Vec<(Option<u32>, Cell<u64>)>,
+    /// Every request the filter saw, counted as `rerouted`: Envoy's `downstream_rq_total` less
+    /// this is what the bypass routes took (issue 17), which Envoy does not count for the pool.
+    seen: (Option<u32>, Cell<u64>),
     /// Indexed like `RoutingTable::sets`, pool last.
     unavailable: Vec<Option<u32>>,
     merged_ok: Option<u32>,
@@ -65,6 +68,7 @@ impl<H: Host> Metrics<H> {
             .map(|c| counter(&format!("skewgate.unavailable_replies_total.cluster={c};")))
             .collect();
         Self {
+            seen: (counter("skewgate.requests_total"), Cell::new(0)),
             merged_ok: counter("skewgate.merged_discovery_total.code=200;"),
             merged_not_modified: counter("skewgate.merged_discovery_total.code=304;"),
             refused: counter("skewgate.refused_certificates_total"),
@@ -80,9 +84,13 @@ impl<H: Host> Metrics<H> {
         }
     }
 
+    pub fn seen(&self) {
+        self.seen.1.set(self.seen.1.get() + 1);
+    }
+
     /// Hands the counts kept in the VM to Envoy.
     pub fn flush(&self) {
-        for (id, pending) in &self.rerouted {
+        for (id, pending) in self.rerouted.iter().chain([&self.seen]) {
             let (Some(id), n) = (id, pending.take()) else { continue };
             if n == 0 {
                 continue;

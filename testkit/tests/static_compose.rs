@@ -689,6 +689,22 @@ fn compose_envoy_config_is_the_template_rendered() -> Result<()> {
     ensure_generated(ENVOY_YAML, &rendered, "rendered for docker-compose")
 }
 
+/// The bypass routes remove no header: they rely on the listener having removed, from every
+/// request before routing, what the filter strips from a client (core's `bypass::LISTENER_STRIPS`).
+#[test]
+fn the_listener_strips_what_the_bypass_routes_rely_on() -> Result<()> {
+    let template = std::fs::read_to_string(paths::envoy_config_dir().join("bootstrap.yaml"))?;
+    let (prefix, header) = skewgate_core::bypass::LISTENER_STRIPS;
+    let mutations =
+        template.split("early_header_mutation_extensions:").nth(1).context("no early header mutation")?;
+    let mutations = mutations.split("http_filters:").next().unwrap_or_default();
+    for matcher in [format!("{{prefix: {prefix}}}"), format!("{{exact: {header}}}")] {
+        let line = format!("- remove_on_match: {{key_matcher: {matcher}}}");
+        ensure!(mutations.contains(&line), "bootstrap.yaml's early header mutation lacks {line}");
+    }
+    Ok(())
+}
+
 /// `relative` holds exactly `generated` (from envoy-config/bootstrap.yaml, `how`); with
 /// `SKEWGATE_BLESS` set, it is written first.
 fn ensure_generated(relative: &str, generated: &str, how: &str) -> Result<()> {

@@ -43,6 +43,13 @@ fn served_by_a_subset_is_rerouted_marked_and_counted() {
     let mut root = root;
     proxy_wasm::traits::RootContext::on_tick(&mut root);
     assert_eq!(fake.counter(name), 2);
+    // Every request the filter sees is counted, rerouted or not: the rest went by the bypass.
+    assert_eq!(fake.counter("skewgate.requests_total"), 2);
+    let mut http = stream(&fake, &root, &get("/api/v1/namespaces/ns/pods/p"));
+    http.on_http_request_headers(0, true);
+    proxy_wasm::traits::RootContext::on_tick(&mut root);
+    assert_eq!(fake.counter("skewgate.requests_total"), 3);
+    assert_eq!(fake.counter(name), 2);
 
     let mut http = stream(&fake, &root, &get("/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
     http.on_http_request_headers(0, true);
