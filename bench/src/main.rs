@@ -84,6 +84,8 @@ struct Args {
     mixes: Vec<String>,
     /// Configurations to run, plain first (the others' ratios are to it); all by default.
     configs: Vec<&'static str>,
+    /// Count instructions per request under callgrind ([`INSTRUCTION_CLASSES`] at the real table).
+    instructions: bool,
 }
 
 fn args() -> Result<Args> {
@@ -98,6 +100,7 @@ fn args() -> Result<Args> {
         write: true,
         mixes: Vec::new(),
         configs: CONFIGS.to_vec(),
+        instructions: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -118,6 +121,7 @@ fn args() -> Result<Args> {
                     .collect::<Result<_, _>>()?;
             }
             "--no-write" => a.write = false,
+            "--no-instructions" => a.instructions = false,
             "--mixes" => {
                 a.mixes = it
                     .next()
@@ -138,9 +142,10 @@ fn args() -> Result<Args> {
                 a.seconds = 2;
                 a.rounds = 1;
                 a.concurrencies = vec![1];
+                a.instructions = false;
             }
             other => bail!(
-                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --configs skewgate,..., --no-write, --quick)"
+                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --configs skewgate,..., --no-write, --no-instructions, --quick)"
             ),
         }
     }
@@ -171,6 +176,7 @@ async fn main() -> Result<()> {
     let mut reloads = Vec::new();
     let mut memory = Vec::new();
     let mut coverage = Vec::new();
+    let mut instructions = Vec::new();
     for &concurrency in &args.concurrencies {
         for (name, size) in &args.sizes {
             let table = with_probes(
@@ -337,7 +343,22 @@ async fn main() -> Result<()> {
                 }
             }
             drop(client);
+            // Each configuration again, alone and under callgrind, on the same files and ports.
+            let settings: Vec<Settings> = envoys.iter().map(|e| e.settings.clone()).collect();
             drop(envoys);
+            if args.instructions && concurrency == 1 && name == "real" {
+                for (settings, &config) in settings.into_iter().zip(&args.configs) {
+                    let classes =
+                        scripts.iter().filter(|(mix, _)| INSTRUCTION_CLASSES.contains(&mix.as_str()));
+                    let counted = count_instructions(settings, &cds, &ecds, classes).await?;
+                    for (class, requests, per_request) in counted {
+                        println!(
+                            "instructions {name} {class:<9} {config:<11}: {per_request:>7} per request ({requests} requests)"
+                        );
+                        instructions.push(json!({"table": name, "gvrs": gvrs, "class": class, "config": config, "requests": requests, "per_request": per_request}));
+                    }
+                }
+            }
             drop(upstream);
         }
     }
@@ -355,6 +376,7 @@ async fn main() -> Result<()> {
         "reloads": reloads,
         "coverage": coverage,
         "wasm_memory": memory,
+        "instructions": with_ratios(instructions),
         "cells": cells,
     });
     println!("\n{}", markdown_tables(&result));
@@ -371,6 +393,73 @@ async fn main() -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+/// The request classes whose instructions per request `make bench` counts: CPU time on this
+/// machine moves by ±5 % between runs, too much to tell 1.03 × plain from 1.06 ×; instructions
+/// counted by callgrind repeat to 0.1 %. They leave out the kernel's share (TLS records, sockets),
+/// the same for every configuration, so their ratios run above CPU's.
+const INSTRUCTION_CLASSES: [&str; 2] = ["uniform", "realistic"];
+
+/// Starts `settings` under callgrind and counts, for each class, the instructions per request
+/// of `wrk` (1 thread, 2 connections, 8 s) after a warm-up: (class, requests, per request).
+async fn count_instructions(
+    mut settings: Settings,
+    cds: &Value,
+    ecds: &Value,
+    classes: impl Iterator<Item = &(String, std::path::PathBuf)>,
+) -> Result<Vec<(String, u64, u64)>> {
+    let dumps = settings.dir.join("callgrind");
+    let _ = std::fs::remove_dir_all(&dumps);
+    std::fs::create_dir_all(&dumps)?;
+    settings.wrapper = bench::callgrind_wrapper(&dumps);
+    let envoy = Envoy::start(settings, cds, ecds).await?;
+    let pid = envoy.child.id();
+    let url = format!("https://127.0.0.1:{}", envoy.settings.listen_port);
+    const REQUESTS: &str = "http.apiserver.downstream_rq_total";
+    let mut counted = Vec::new();
+    for (class, script) in classes {
+        let run = |seconds: u64| {
+            let (url, script) = (url.clone(), script.clone());
+            tokio::task::spawn_blocking(move || bench::wrk(&url, &script, 1, 2, seconds))
+        };
+        let warm = run(2).await??;
+        if warm.errors > 0 {
+            bail!("{class}: {} of {} requests failed under callgrind", warm.errors, warm.requests);
+        }
+        let before = envoy.stat(REQUESTS).await?;
+        bench::callgrind_control(pid, &["-z"])?;
+        bench::callgrind_control(pid, &["-i", "on"])?;
+        let wrk = run(8).await??;
+        bench::callgrind_control(pid, &["-i", "off"])?;
+        let total = tokio::task::block_in_place(|| bench::callgrind_dump(pid, &dumps))?;
+        let requests = envoy.stat(REQUESTS).await? - before;
+        if wrk.errors > 0 || requests == 0 {
+            bail!("{class}: {} of {} requests failed under callgrind", wrk.errors, wrk.requests);
+        }
+        counted.push((class.clone(), requests, total / requests));
+    }
+    Ok(counted)
+}
+
+/// `instructions` with each row's ratio to plain's of the same class.
+fn with_ratios(instructions: Vec<Value>) -> Vec<Value> {
+    let plain = |class: &Value| {
+        instructions
+            .iter()
+            .find(|r| r["class"] == *class && r["config"] == "plain")
+            .and_then(|r| r["per_request"].as_f64())
+    };
+    instructions
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            if let (Some(base), Some(own)) = (plain(&r["class"]), r["per_request"].as_f64()) {
+                r["ratio_to_plain"] = json!((own / base * 1000.0).round() / 1000.0);
+            }
+            r
+        })
+        .collect()
 }
 
 /// The apiservers' stand-in (see [`bench::upstream_bootstrap`]), on core 0 with the driver and wrk.
@@ -585,6 +674,20 @@ fn markdown_tables(result: &Value) -> String {
             s["rss_mib"].as_f64().unwrap_or(f64::NAN),
             s["errors"],
         ));
+    }
+    if let Some(rows) = result["instructions"].as_array().filter(|r| !r.is_empty()) {
+        md.push_str("\nInstructions per request, counted by callgrind (Envoy alone under valgrind, `wrk` 1 thread, 2 connections, 8 s after a 2 s warm-up; user space only: the kernel's share, the same for every configuration, is not in them):\n\n| table | GVRs | requests | config | instructions/req | × plain |\n|---|---|---|---|---|---|\n");
+        for r in rows {
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {:.3} |\n",
+                r["table"].as_str().unwrap_or(""),
+                r["gvrs"],
+                r["class"].as_str().unwrap_or(""),
+                r["config"].as_str().unwrap_or(""),
+                r["per_request"],
+                r["ratio_to_plain"].as_f64().unwrap_or(f64::NAN),
+            ));
+        }
     }
     md.push_str("\n| config | table | GVRs | ecds.json KiB | reload: rename → new table answers (median of 5) | requests during 10 reloads | failed |\n|---|---|---|---|---|---|---|\n");
     for r in result["reloads"].as_array().into_iter().flatten() {

@@ -132,6 +132,7 @@ impl Cluster {
             client_ca: self.pki.cluster_ca.cert_path.clone(),
             route_timeout: "10s".into(),
             concurrency: 2,
+            wrapper: Vec::new(),
         })
     }
 

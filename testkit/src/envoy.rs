@@ -45,6 +45,9 @@ pub struct Settings {
     /// Route timeout for requests that are not long-running, e.g. "65s".
     pub route_timeout: String,
     pub concurrency: u32,
+    /// A command Envoy runs under, its arguments before Envoy's (valgrind's, for the
+    /// benchmarks' instruction counts); empty: Envoy itself.
+    pub wrapper: Vec<String>,
 }
 
 impl Settings {
@@ -61,6 +64,7 @@ impl Settings {
             client_ca: pki.cluster_ca.cert_path.clone(),
             route_timeout: skewgate::envoy::envoy_duration(skewgate::config::DEFAULT_ROUTE_TIMEOUT),
             concurrency: 2,
+            wrapper: Vec::new(),
         })
     }
 
@@ -329,7 +333,14 @@ impl Envoy {
         let log = settings.dir.join("envoy.log");
         std::fs::File::create(&log)?;
         let append = || std::fs::OpenOptions::new().append(true).open(&log);
-        let mut command = Command::new(paths::envoy_binary()?);
+        let mut command = match settings.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(paths::envoy_binary()?);
+                c
+            }
+            None => Command::new(paths::envoy_binary()?),
+        };
         if matches!(settings.config, Config::Native { .. }) {
             command.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", crate::native::module_dir()?);
         }
@@ -344,8 +355,10 @@ impl Envoy {
             .stderr(append()?)
             .spawn()
             .context("starting envoy")?;
+        // Under valgrind Envoy starts tens of times slower.
+        let startup = if settings.wrapper.is_empty() { 20 } else { 180 };
         let mut envoy = Self { settings, child, log, http: reqwest::Client::new() };
-        envoy.wait_live(Duration::from_secs(20)).await?;
+        envoy.wait_live(Duration::from_secs(startup)).await?;
         Ok(envoy)
     }
 
