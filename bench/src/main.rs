@@ -84,7 +84,7 @@ struct Args {
     mixes: Vec<String>,
     /// Configurations to run, plain first (the others' ratios are to it); all by default.
     configs: Vec<&'static str>,
-    /// Count instructions per request under callgrind ([`INSTRUCTION_CLASSES`] at the real table).
+    /// Count instructions per request under callgrind ([`INSTRUCTION_CLASSES`]).
     instructions: bool,
 }
 
@@ -395,11 +395,12 @@ async fn main() -> Result<()> {
     Ok(())
 }
 
-/// The request classes whose instructions per request `make bench` counts: CPU time on this
-/// machine moves by ±5 % between runs, too much to tell 1.03 × plain from 1.06 ×; instructions
-/// counted by callgrind repeat to 0.1 %. They leave out the kernel's share (TLS records, sockets),
-/// the same for every configuration, so their ratios run above CPU's.
-const INSTRUCTION_CLASSES: [&str; 2] = ["uniform", "realistic"];
+/// The request classes (token clients) whose instructions per request `make bench` counts at
+/// the real table: CPU time on this machine moves by ±5 % between runs, too much to tell
+/// 1.03 × plain from 1.06 ×; instructions counted by callgrind repeat to within 0.3 %. They leave
+/// out the kernel's share (TLS records, sockets), the same for every configuration, so their
+/// ratios run above CPU's.
+const INSTRUCTION_CLASSES: [&str; 4] = ["uniform", "rerouted", "discovery", "realistic"];
 
 /// Starts `settings` under callgrind and counts, for each class, the instructions per request
 /// of `wrk` (1 thread, 2 connections, 8 s) after a warm-up: (class, requests, per request).
