@@ -64,7 +64,9 @@ pub struct Target {
 /// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// The pool's target first (when every apiserver serves something), then each serving set's.
+    /// The pool's target of any group/version first (when every apiserver serves something),
+    /// then those that name their resources (the pool's in mixed group/versions, each serving
+    /// set's), most resources first.
     pub targets: Vec<Target>,
     /// Certificate clients too (the table maps certificates to `X-Remote-*`).
     pub certificates: bool,
@@ -115,13 +117,21 @@ fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
             .map(|s| prefix_regex(s))
             .collect(),
     }];
-    for ((rerouted, cluster), gvs) in &by_target {
-        let gvs: GroupVersions =
-            gvs.iter().filter(|(gv, _)| mixed.contains(gv)).map(|(gv, r)| (gv.clone(), r.clone())).collect();
-        if gvs.is_empty() {
-            continue;
-        }
-        let slices = resource_alternatives(&gvs, budget);
+    // The named targets' regexes are disjoint, so their order decides only how many a request
+    // runs before its own: the target with most resources first (a serving set of the newest
+    // apiservers, as a rule), which took a rerouted read from 226k instructions to 219k with the
+    // real table's four sets (callgrind, BENCHMARKS.md).
+    let mut named: Vec<(bool, &str, GroupVersions)> = by_target
+        .iter()
+        .map(|((rerouted, cluster), gvs)| {
+            let gvs = gvs.iter().filter(|(gv, _)| mixed.contains(gv)).map(|(gv, r)| (gv.clone(), r.clone()));
+            (*rerouted, *cluster, gvs.collect::<GroupVersions>())
+        })
+        .filter(|(_, _, gvs)| !gvs.is_empty())
+        .collect();
+    named.sort_by_key(|(_, _, gvs)| std::cmp::Reverse(gvs.values().map(Vec::len).sum::<usize>()));
+    for (rerouted, cluster, gvs) in &named {
+        let slices = resource_alternatives(gvs, budget);
         targets.push(Target {
             cluster: cluster.to_string(),
             servers: servers(table, cluster),
@@ -330,13 +340,13 @@ mod tests {
             }
         }
         let plan = plan(&t).unwrap();
-        // Any group/version's, the pool's named resources of v1alpha3 (devicetaintrules: its
-        // deviceclasses are a and b's), then set-c's and set-a-b's.
+        // Any group/version's, then those naming their resources, most first: set-c's, the
+        // pool's of v1alpha3 (devicetaintrules: its deviceclasses are a and b's), set-a-b's.
         let clusters: Vec<(&str, bool)> =
             plan.targets.iter().map(|t| (t.cluster.as_str(), t.rerouted)).collect();
-        assert_eq!(clusters, [("pool", false), ("pool", false), ("set-a-b", true), ("set-c", true)]);
+        assert_eq!(clusters, [("pool", false), ("set-c", true), ("pool", false), ("set-a-b", true)]);
         let servers: Vec<String> = plan.targets.iter().map(|t| t.servers.join(",")).collect();
-        assert_eq!(servers, ["a,b,c", "a,b,c", "a,b", "c"]);
+        assert_eq!(servers, ["a,b,c", "c", "a,b,c", "a,b"]);
         let pool = plan.pool().unwrap();
         assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len(), pool.except.len()), (1, 1, 1));
         let takes = |target: &Target, path: &str| {
@@ -368,9 +378,10 @@ mod tests {
         ] {
             assert!(!takes(pool, path), "{path}");
         }
-        assert!(takes(&plan.targets[1], "/apis/resource.k8s.io/v1alpha3/devicetaintrules/t"));
-        assert!(!takes(&plan.targets[1], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
-        assert!(takes(&plan.targets[2], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
+        assert!(takes(&plan.targets[2], "/apis/resource.k8s.io/v1alpha3/devicetaintrules/t"));
+        assert!(!takes(&plan.targets[2], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
+        assert!(takes(&plan.targets[3], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
+        assert!(takes(&plan.targets[1], "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c"));
         let watch = regex_automata::meta::Regex::new(&pool.watch_regexes[0]).unwrap();
         assert!(watch.is_match(
             "/api/v1/namespaces/default/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true"

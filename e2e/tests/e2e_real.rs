@@ -6,7 +6,7 @@
 //! a stand-in's rogue certificate).
 //!
 //! Real apiservers do not say who served a request: Envoy's access log (on through the runtime
-//! key `skewgate.access_log`) does, by upstream address.
+//! key `skewgate.access_log_min_status`) does, by upstream address.
 //!
 //! Not run by `cargo test` (`test = false` in Cargo.toml: CI has no such binaries); without
 //! `SKEWGATE_KUBE_APISERVER` and `SKEWGATE_ETCD` every scenario fails, never skips.

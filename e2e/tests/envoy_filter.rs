@@ -295,7 +295,7 @@ async fn module_maps_identity_and_strips_spoofed_headers() -> Result<()> {
 /// Turns Envoy's access log on for every request: it names the route each one took.
 async fn log_every_request(f: &Fixture) -> Result<()> {
     let on = reqwest::Client::new()
-        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log_min_status=0"))
         .send()
         .await?;
     if !on.status().is_success() {
@@ -919,7 +919,10 @@ async fn reads_are_retried_after_a_reset_and_writes_are_not() -> Result<()> {
     let f = Fixture::start("retries").await?;
     let path = "/apis/test.skewgate.io/v1/namespaces/ns/flaky";
     // Every attempt in the access log, should a read fail.
-    reqwest::Client::new().post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100")).send().await?;
+    reqwest::Client::new()
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log_min_status=0"))
+        .send()
+        .await?;
     for i in 0..10 {
         let (status, h, body) = f.get(&format!("{path}/x{i}")).await?;
         if status != 200 {
@@ -941,6 +944,35 @@ async fn reads_are_retried_after_a_reset_and_writes_are_not() -> Result<()> {
     }
     // Round robin over a and d: some POSTs land on d and are not repeated.
     assert!(reset > 0, "every POST was answered: a write was retried after a reset");
+    Ok(())
+}
+
+/// Envoy's access log takes its own failures always and, from the runtime key
+/// `skewgate.access_log_min_status` on, every answer with at least that status: at 400 an
+/// apiserver's 503 is logged and a 200 is not; at 0 every request is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_takes_every_answer_from_a_status_up() -> Result<()> {
+    let f = Fixture::start("access-log").await?;
+    let set = |status: u32| {
+        let url = f.envoy.admin_url(&format!("/runtime_modify?skewgate.access_log_min_status={status}"));
+        async move { anyhow::Ok(reqwest::Client::new().post(url).send().await?.error_for_status()?) }
+    };
+    let fails = "/apis/test.skewgate.io/v1/fails";
+    let logged = |path: &str| f.envoy.log().lines().filter(|l| l.contains(&format!("GET {path} "))).count();
+    assert_eq!(f.get(fails).await?.0, 503);
+    assert_eq!(f.get(PODS).await?.0, 200);
+    set(400).await?;
+    assert_eq!(f.get(fails).await?.0, 503);
+    assert_eq!(f.get(PODS).await?.0, 200);
+    set(0).await?;
+    assert_eq!(f.get(PODS).await?.0, 200);
+    // Envoy writes the line when the stream ends, after the client has its answer.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while (logged(fails), logged(PODS)) != (1, 1) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((logged(fails), logged(PODS)), (1, 1), "{}", f.envoy.log());
     Ok(())
 }
 
@@ -1249,7 +1281,7 @@ async fn explain_predicts_what_envoy_does_with_odd_paths() -> Result<()> {
     let f = Fixture::start("explain-paths").await?;
     let table = skewgate_core::table::RoutingTable::compile(table(&["c"]))?;
     let on = reqwest::Client::new()
-        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .post(f.envoy.admin_url("/runtime_modify?skewgate.access_log_min_status=0"))
         .send()
         .await?;
     assert!(on.status().is_success(), "runtime_modify: {}", on.status());

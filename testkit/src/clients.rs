@@ -164,7 +164,7 @@ pub async fn start_edge(tmp: &Path, suite: &str, name: &str, apiservers: &[(&str
 /// Every request through Envoy in its access log (off by default: a runtime key).
 pub async fn access_log_on(c: &Cluster) -> Result<()> {
     let r = reqwest::Client::new()
-        .post(c.envoy()?.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .post(c.envoy()?.admin_url("/runtime_modify?skewgate.access_log_min_status=0"))
         .send()
         .await?;
     ensure!(r.status().is_success(), "turning the access log on: {}", r.status());

@@ -122,7 +122,7 @@ async fn edge_authentication() -> Result<Row> {
     // R6 + F6: the access log (on at run time through the runtime key) shows where a request
     // went; a client's own x-skewgate-route does not buy the route without timeout.
     let set = reqwest::Client::new()
-        .post(envoy.admin_url("/runtime_modify?skewgate.access_log=100"))
+        .post(envoy.admin_url("/runtime_modify?skewgate.access_log_min_status=0"))
         .send()
         .await?;
     ensure!(set.status().is_success(), "runtime_modify: {}", set.status());
