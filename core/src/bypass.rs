@@ -5,12 +5,14 @@
 //! - a GET for a resource (or one object of it by name), without subresources (exec, log, ...),
 //!   `%`, or `w` in the query (never a watch), or a plain watch of a collection: the regexes of a
 //!   [`Target`] (RE2, for Envoy's `safe_regex` on `:path`). The pool's first target takes any
-//!   group/version except those where some resource is not every apiserver's (`decide` sends a
-//!   resource it does not know to the pool too), so its regexes stay the same whatever the table
-//!   holds. The resources of those group/versions are named one by one, in the targets of the
-//!   cluster `decide` sends each to — the pool, or a serving set's for the rerouted ones (reads
-//!   only) — cut into regexes that stay within RE2's fast matching ([`REGEX_BUDGET`]),
-//!   Kubernetes' own first;
+//!   resource of the group/versions whose resources all go to the pool (`decide` sends a
+//!   resource it does not know to the pool too): named while their names are short
+//!   ([`NAMED_GROUP_VERSIONS_BUDGET`]), else as any group/version but the others (an exception
+//!   list), so that the regexes of a large table do not grow with it. The resources of the other
+//!   group/versions are named one by one, in the targets of the cluster `decide` sends each to —
+//!   the pool, or a serving set's for the rerouted ones (reads only). Each target's regexes are
+//!   cut into slices that stay within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own
+//!   first;
 //! - from a token client (an `authorization` header, no client certificate): nothing to forward;
 //! - or from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
@@ -56,17 +58,17 @@ pub struct Target {
     /// route must not time out), slice by slice as `path_regexes`; none for a serving set.
     pub watch_regexes: Vec<String>,
     /// `:path` regexes of requests the target's routes leave to others although its regexes take
-    /// them: the group/versions whose resources are not all the pool's, and kube-apiserver's
-    /// `watch` and `proxy` verbs in the place of a resource.
+    /// them: the pool's first target's, when it takes any group/version, are those whose
+    /// resources are not all the pool's.
     pub except: Vec<String>,
 }
 
 /// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// The pool's target of any group/version first (when every apiserver serves something),
-    /// then those that name their resources (the pool's in mixed group/versions, each serving
-    /// set's), most resources first.
+    /// The pool's target of the group/versions whose resources all go to the pool first (when
+    /// every apiserver serves something), then those that name their resources (the pool's in
+    /// the other group/versions, each serving set's), most resources first.
     pub targets: Vec<Target>,
     /// Certificate clients too (the table maps certificates to `X-Remote-*`).
     pub certificates: bool,
@@ -82,7 +84,7 @@ pub struct Plan {
 pub const LISTENER_STRIPS: (&str, &str) = ("x-remote-", crate::identity::PEER_PROXIED);
 
 impl Plan {
-    /// The target of any group/version's resources but the exceptions' (always the first).
+    /// The target of the group/versions whose resources all go to the pool (always the first).
     pub fn pool(&self) -> Option<&Target> {
         self.targets.first().filter(|t| !t.rerouted)
     }
@@ -90,32 +92,51 @@ impl Plan {
 
 /// The bypass of `table`, or `None` when it has no resources.
 pub fn plan(table: &RoutingTable) -> Option<Plan> {
-    plan_within(table, REGEX_BUDGET)
+    plan_within(table, REGEX_BUDGET, NAMED_GROUP_VERSIONS_BUDGET)
 }
 
-/// [`plan`] with regexes of at most `budget` bytes of alternatives each.
-fn plan_within(table: &RoutingTable, budget: usize) -> Option<Plan> {
+/// [`plan`] with regexes of at most `budget` bytes of alternatives each, naming the uniform
+/// group/versions while their names take at most `named` bytes.
+fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan> {
     let by_target = group_versions_by_target(table);
     if by_target.is_empty() {
         return None;
     }
     // Group/versions some resource of which goes elsewhere than the pool: their pool resources
-    // are named, the rest of the pool's are any resource of any other group/version.
+    // are named. In the others, the uniform ones, the first target takes any resource: `decide`
+    // sends one it does not know to the pool too.
     let mixed: BTreeSet<&(String, String)> =
         by_target.iter().filter(|((rerouted, _), _)| *rerouted).flat_map(|(_, gvs)| gvs.keys()).collect();
-    let mut except: Vec<String> = mixed.iter().map(|(g, v)| group_version_prefix(g, v)).collect();
-    except.push(SPECIAL_VERB.to_owned());
-    let any = any_resource();
+    let uniform = by_target.get(&(false, table.pool_cluster())).into_iter().flat_map(BTreeMap::keys);
+    let uniform: Vec<(bool, String)> = uniform
+        .filter(|gv| !mixed.contains(gv))
+        .map(|(g, v)| (!own(g), group_version_prefix(g, v)))
+        .collect();
+    let resource = format!("/(?:namespaces/{NAMESPACE}/)?{}", any_resource());
+    // While they are few, the uniform group/versions are named, in one regex: no exception list
+    // to run, which cost each request the bypass took 1,100 instructions (callgrind,
+    // BENCHMARKS.md); a group/version the table does not know goes through the filter. Past
+    // that, any group/version but the mixed ones, so that a large table's regexes, which Envoy
+    // compiles again on each new rds.json, do not grow with its uniform group/versions.
+    let (any, except) = match uniform.iter().map(|(_, gv)| gv.len() + 1).sum::<usize>() <= named {
+        true => {
+            let slices = slices(uniform.into_iter(), budget.saturating_sub(resource.len()));
+            (slices.iter().map(|gvs| format!("(?:{gvs}){resource}")).collect(), Vec::new())
+        }
+        false => {
+            const VERSION: &str = "[a-z0-9]+";
+            let prefixes = mixed.iter().map(|(g, v)| (false, group_version_prefix(g, v)));
+            let except = slices(prefixes, budget).iter().map(|s| prefix_regex(s)).collect();
+            (vec![format!("(?:/api/{VERSION}|/apis/{NAME}/{VERSION}){resource}")], except)
+        }
+    };
     let mut targets = vec![Target {
         cluster: table.pool_cluster().to_owned(),
         servers: servers(table, table.pool_cluster()),
         rerouted: false,
-        path_regexes: vec![path_regex(&any)],
-        watch_regexes: vec![watch_regex(&any)],
-        except: slices(except.into_iter().map(|e| (false, e)), budget)
-            .iter()
-            .map(|s| prefix_regex(s))
-            .collect(),
+        path_regexes: any.iter().map(|a: &String| path_regex(a)).collect(),
+        watch_regexes: any.iter().map(|a| watch_regex(a)).collect(),
+        except,
     }];
     // The named targets' regexes are disjoint, so their order decides only how many a request
     // runs before its own: the target with most resources first (a serving set of the newest
@@ -185,12 +206,15 @@ fn watch_regex(resources: &str) -> String {
 pub const REGEX_BUDGET: usize = 24 * 1024;
 
 /// `/api/v1/(namespaces/NAME/)?(pods|...)|/apis/apps/v1/...` over `gvs`, in [`slices`].
+/// A resource named as one of kube-apiserver's verbs is left to the filter: `decide` takes
+/// `/apis/g/v/watch/x` for a watch of `x`.
 fn resource_alternatives(gvs: &GroupVersions, budget: usize) -> Vec<String> {
-    let own = |group: &str| group.is_empty() || !group.contains('.') || group.ends_with(".k8s.io");
-    let alternatives = gvs.iter().map(|((group, version), resources)| {
-        let resources: Vec<String> = resources.iter().map(|r| escape(r)).collect();
+    let alternatives = gvs.iter().filter_map(|((group, version), resources)| {
+        let resources: Vec<String> =
+            resources.iter().filter(|r| !SPECIAL_VERBS.contains(&r.as_str())).map(|r| escape(r)).collect();
         let prefix = group_version_prefix(group, version);
-        (!own(group), format!("{prefix}/(?:namespaces/{NAMESPACE}/)?(?:{})", resources.join("|")))
+        let alternative = format!("{prefix}/(?:namespaces/{NAMESPACE}/)?(?:{})", resources.join("|"));
+        (!resources.is_empty()).then_some((!own(group), alternative))
     });
     slices(alternatives, budget)
 }
@@ -224,25 +248,80 @@ fn group_version_prefix(group: &str, version: &str) -> String {
     }
 }
 
-/// The resources of every group/version, as the alternatives of [`path_regex`] and
-/// [`watch_regex`]: a collection, perhaps in a namespace, of a resource named as kube-apiserver
-/// names them (a DNS label). What `decide` takes for a resource may differ (`namespaces/x/status`
-/// is `namespaces`, not `status`), but within a group/version whose resources all go to the
-/// pool, so does any resource `decide` could take it for.
-fn any_resource() -> String {
-    const VERSION: &str = "[a-z0-9]+";
-    const LABEL: &str = "[a-z0-9](?:[-a-z0-9]*[a-z0-9])?";
-    format!("(?:/api/{VERSION}|/apis/{NAME}/{VERSION})/(?:namespaces/{NAMESPACE}/)?{LABEL}")
-}
-
-/// kube-apiserver's verbs in the place of a resource (`/api/v1/watch/pods`,
-/// `/api/v1/proxy/nodes/n1`): `decide` marks them long-running, which the read route is not.
-const SPECIAL_VERB: &str = "(?:/api/[^/?]*|/apis/[^/?]*/[^/?]*)/(?:watch|proxy)";
+/// How long the names of the uniform group/versions may grow for the pool's first target to
+/// name them: the real table's take 0.7 KB, those of `make bench`'s 1,000-GVR table 3 KB and of
+/// its 10,000-GVR table 28 KB.
+pub const NAMED_GROUP_VERSIONS_BUDGET: usize = 8 * 1024;
 
 /// A `:path` regex (Envoy matches the whole value) of paths that begin with one of
 /// `prefixes`, then end or go on with `/` or `?`.
 fn prefix_regex(prefixes: &str) -> String {
     format!("^(?:{prefixes})(?s:[/?].*)?$")
+}
+
+/// Kubernetes' own group/versions: the core group, groups without a dot and `*.k8s.io`.
+fn own(group: &str) -> bool {
+    group.is_empty() || !group.contains('.') || group.ends_with(".k8s.io")
+}
+
+/// Any resource of a group/version whose resources all go to the pool: named as kube-apiserver
+/// names them (a DNS label), but for its verbs in the place of a resource (`/api/v1/watch/pods`,
+/// `/api/v1/proxy/nodes/n1`), which `decide` marks long-running and the read route is not. What
+/// `decide` takes for a resource may differ (`namespaces/x/status` is `namespaces`, not
+/// `status`), but so does any resource `decide` could take it for go to the pool. RE2 has no
+/// look-ahead: a label that is not `watch` is one that differs from it somewhere, is shorter,
+/// or goes on.
+fn any_resource() -> String {
+    let others: String = SPECIAL_VERBS.iter().filter_map(|v| v.chars().next()).collect();
+    let mut alternatives = vec![format!("{}(?:{LABEL_TAIL})?", class_without(LABEL_END, &others))];
+    for verb in SPECIAL_VERBS {
+        let mut chars = verb.chars();
+        if let Some(first) = chars.next() {
+            alternatives.push(format!("{first}{}", tail_other_than(chars.as_str())));
+        }
+    }
+    format!("(?:{})", alternatives.join("|"))
+}
+
+/// kube-apiserver's verbs in the place of a resource (lower-case letters only).
+const SPECIAL_VERBS: [&str; 2] = ["watch", "proxy"];
+/// The characters of a DNS label, and those it may end (and begin) with.
+const LABEL_MIDDLE: &str = "-abcdefghijklmnopqrstuvwxyz0123456789";
+const LABEL_END: &str = "abcdefghijklmnopqrstuvwxyz0123456789";
+/// What follows a DNS label's first character, when anything does.
+const LABEL_TAIL: &str = "[-a-z0-9]*[a-z0-9]";
+
+/// A label's tail (nothing, or [`LABEL_TAIL`]) other than `rest`.
+fn tail_other_than(rest: &str) -> String {
+    let mut chars = rest.chars();
+    let Some(c) = chars.next() else { return format!("(?:{LABEL_TAIL})") };
+    let c_str = c.to_string();
+    format!(
+        "(?:|{}|{}{LABEL_TAIL}|{c}{})",
+        class_without(LABEL_END, &c_str),
+        class_without(LABEL_MIDDLE, &c_str),
+        tail_other_than(chars.as_str())
+    )
+}
+
+/// A character class of `chars` without `without`, in ranges: `[-a-oq-vx-z0-9]`.
+fn class_without(chars: &str, without: &str) -> String {
+    let mut runs: Vec<(char, char)> = Vec::new();
+    for c in chars.chars().filter(|c| !without.contains(*c)) {
+        match runs.last_mut() {
+            Some((_, end)) if u32::from(*end) + 1 == u32::from(c) => *end = c,
+            _ => runs.push((c, c)),
+        }
+    }
+    let ranges: String = runs
+        .iter()
+        .map(|&(first, last)| match u32::from(last) - u32::from(first) {
+            0 => first.to_string(),
+            1 => format!("{first}{last}"),
+            _ => format!("{first}-{last}"),
+        })
+        .collect();
+    format!("[{ranges}]")
 }
 
 /// A Kubernetes object name (DNS subdomain), never a dot segment.
@@ -340,7 +419,7 @@ mod tests {
             }
         }
         let plan = plan(&t).unwrap();
-        // Any group/version's, then those naming their resources, most first: set-c's, the
+        // Any resource of the uniform group/versions, then the targets naming their resources, most first: set-c's, the
         // pool's of v1alpha3 (devicetaintrules: its deviceclasses are a and b's), set-a-b's.
         let clusters: Vec<(&str, bool)> =
             plan.targets.iter().map(|t| (t.cluster.as_str(), t.rerouted)).collect();
@@ -348,24 +427,32 @@ mod tests {
         let servers: Vec<String> = plan.targets.iter().map(|t| t.servers.join(",")).collect();
         assert_eq!(servers, ["a,b,c", "c", "a,b,c", "a,b"]);
         let pool = plan.pool().unwrap();
-        assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len(), pool.except.len()), (1, 1, 1));
+        assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len()), (1, 1));
         let takes = |target: &Target, path: &str| {
-            let matches = |r: &String| regex_automata::meta::Regex::new(r).unwrap().is_match(path);
-            target.path_regexes.iter().any(matches) && !target.except.iter().any(matches)
+            target.path_regexes.iter().any(|r| regex_automata::meta::Regex::new(r).unwrap().is_match(path))
         };
         assert!(takes(pool, "/api/v1/namespaces/default/pods/web-1"));
-        assert!(takes(pool, "/apis/apps/v1/namespaces/default/deployments"));
+        assert!(takes(pool, "/api/v1/configmaps?limit=5"));
         assert!(takes(pool, "/apis/resource.k8s.io/v1beta1/namespaces/default/resourceclaims?limit=5"));
+        assert!(takes(pool, "/api/v1/namespaces/default/watches/w"), "a resource like a verb is not one");
         assert!(
-            takes(pool, "/apis/not-in.the.table/v1/widgets"),
-            "decide sends what it does not know to the pool"
+            takes(pool, "/api/v1/namespaces/default/not-in-the-table"),
+            "decide sends a resource it does not know to the pool"
         );
         for path in [
+            // A group/version the table does not know goes through the filter.
+            "/apis/not-in.the.table/v1/widgets",
+            "/apis/apps/v1/namespaces/default/deployments",
+            "/api/v1/watch/namespaces/default/pods",
+            "/Api/v1/pods",
+            "/api/v1/../v1/pods",
             "/api/v1/namespaces/default/pods?watch=true",
             "/api/v1/namespaces/default/pods/web-1/log",
             "/api/v1/namespaces/default/pods/web-1?x=%41",
             "/api/v1/watch/pods",
+            "/api/v1/watch",
             "/api/v1/proxy/nodes/n1",
+            "/api/v1/namespaces/default/proxy/x",
             "/apis/apps/v1/watch/namespaces/default/deployments",
             "/apis/resource.k8s.io/v1/resourceclaims",
             "/apis/resource.k8s.io/v1alpha3/devicetaintrules",
@@ -400,32 +487,50 @@ mod tests {
         regexes.iter().any(|r| r.is_match(path))
     }
 
-    /// Whatever the table holds, the pool's first target is the same two small regexes.
+    /// Any DNS label but kube-apiserver's verbs, `watch` and `proxy`, which RE2 cannot take away
+    /// with a look-ahead.
     #[test]
-    fn the_pool_regexes_do_not_depend_on_the_table() {
-        let mut other = sample();
-        other["groupVersions"] = json!([
-            {"group": "x.io", "version": "v2", "servedBy": ["a", "b", "c"], "resources": {"widgets": ["a", "b", "c"]}}
-        ]);
-        let other = RoutingTable::from_json(other.to_string().as_bytes()).unwrap();
-        let (a, b) = (plan(&table()).unwrap(), plan(&other).unwrap());
-        let (a, b) = (a.pool().unwrap(), b.pool().unwrap());
-        assert_eq!((&a.path_regexes, &a.watch_regexes), (&b.path_regexes, &b.watch_regexes));
-        assert_eq!(b.except, [prefix_regex(SPECIAL_VERB)]);
-        assert!(a.path_regexes[0].len() < 300, "{}", a.path_regexes[0]);
+    fn any_resource_is_any_label_but_a_verb() {
+        let any = regex_automata::meta::Regex::new(&format!("^{}$", any_resource())).unwrap();
+        let label = regex_automata::meta::Regex::new("^[a-z0-9](?:[-a-z0-9]*[a-z0-9])?$").unwrap();
+        let mut words: Vec<String> = [
+            "watch", "proxy", "w", "p", "wa", "watc", "watchx", "watch-1", "proxies", "pods", "a", "0", "-a",
+            "a-", "w-", "p-1", "prox", "watches", "xwatch", "",
+        ]
+        .iter()
+        .map(|w| w.to_string())
+        .collect();
+        // Every string of up to three characters from those that matter.
+        let chars = ["", "w", "a", "p", "r", "-", "0", "x"];
+        for a in chars {
+            for b in chars {
+                for c in chars {
+                    words.push(format!("{a}{b}{c}"));
+                }
+            }
+        }
+        for w in &words {
+            let wanted = label.is_match(w) && !SPECIAL_VERBS.contains(&w.as_str());
+            assert_eq!(any.is_match(w), wanted, "{w:?}");
+        }
+        assert!(any_resource().len() < 600, "{}", any_resource());
     }
 
     /// A table of 2,000 CRD group/versions besides Kubernetes' own, each with a resource only c
-    /// serves: the named resources (the pool's and set-c's) and the exceptions are cut into
-    /// regexes that each stay within RE2's reach, Kubernetes' own in the first.
+    /// serves, and 2,000 that every apiserver serves alike: the named resources (the pool's and
+    /// set-c's) and the exceptions, or the uniform group/versions when they are named, are cut
+    /// into regexes that each stay within RE2's reach, Kubernetes' own in the first.
     #[test]
     fn large_tables_cut_their_regexes_into_slices_within_the_budget() {
         let all = ["a", "b", "c"];
         let gv = |group: &str, resource: &str| json!({"group": group, "version": "v1", "servedBy": all, "resources": {resource: all, "gadgets": ["c"]}});
+        let uniform = |group: &str| json!({"group": group, "version": "v1", "servedBy": all, "resources": {"widgets": all}});
         let mut gvs = vec![gv("", "pods"), gv("apps", "deployments")];
         // Listed first, so only the ordering puts Kubernetes' own in the first slice.
         gvs.splice(0..0, (0..2000).map(|i| gv(&format!("g{i}.example.com"), "widgets")));
+        gvs.splice(0..0, (0..2000).map(|i| uniform(&format!("u{i}.example.com"))));
         gvs.push(gv("coordination.k8s.io", "leases"));
+        gvs.push(uniform("batch"));
         let mut t = sample();
         t["groupVersions"] = json!(gvs);
         let t = RoutingTable::from_json(t.to_string().as_bytes()).unwrap();
@@ -438,9 +543,18 @@ mod tests {
         }
         assert_eq!(named.path_regexes.len(), named.watch_regexes.len());
         assert_eq!(set.watch_regexes, Vec::<String>::new(), "a set's watches go through the filter");
+        // Too many uniform group/versions to name: any but the exceptions.
+        assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len()), (1, 1));
         assert!(pool.except.len() > 1, "{}", pool.except.len());
-        for regex in
-            plan.targets.iter().flat_map(|t| t.path_regexes.iter().chain(&t.watch_regexes).chain(&t.except))
+        let with_names = plan_within(&t, REGEX_BUDGET, usize::MAX).unwrap();
+        let named_pool = &with_names.targets[0];
+        assert!(named_pool.path_regexes.len() > 1 && named_pool.except.is_empty());
+        assert_eq!(named_pool.path_regexes.len(), named_pool.watch_regexes.len());
+        for regex in plan
+            .targets
+            .iter()
+            .chain(&with_names.targets)
+            .flat_map(|t| t.path_regexes.iter().chain(&t.watch_regexes).chain(&t.except))
         {
             assert!(regex.len() < REGEX_BUDGET + 200, "{}", regex.len());
         }
@@ -452,17 +566,24 @@ mod tests {
         ] {
             assert!(read[0].is_match(path), "{path} is not in the first slice");
         }
-        let except = compiled(&pool.except);
+        let (any, except) = (compiled(&pool.path_regexes), compiled(&pool.except));
+        let takes = |path: &str| any_match(&any, path) && !any_match(&except, path);
+        let names = compiled(&named_pool.path_regexes);
+        assert!(names[0].is_match("/apis/batch/v1/namespaces/default/cronjobs/c"), "not in the first slice");
         for i in [0, 999, 1999] {
             let path = format!("/apis/g{i}.example.com/v1/namespaces/default/widgets/w");
-            assert!(any_match(&read, &path) && any_match(&except, &path), "{path}");
+            assert!(any_match(&read, &path) && !takes(&path) && !any_match(&names, &path), "{path}");
+            let path = format!("/apis/u{i}.example.com/v1/namespaces/default/anything/w");
+            assert!(takes(&path) && any_match(&names, &path) && !any_match(&read, &path), "{path}");
             let watched = format!("/apis/g{i}.example.com/v1/widgets?watch=true");
             assert!(any_match(&watch, &watched) && !any_match(&read, &watched), "{watched}");
             let gadgets = format!("/apis/g{i}.example.com/v1/gadgets");
             assert!(any_match(&compiled(&set.path_regexes), &gadgets) && !any_match(&read, &gadgets));
         }
         assert!(!any_match(&read, "/apis/g2000.example.com/v1/widgets"));
-        assert!(!any_match(&except, "/apis/g2000.example.com/v1/widgets"));
+        // What the table does not know: to the pool when it takes any group/version.
+        assert!(takes("/apis/u2000.example.com/v1/widgets"));
+        assert!(!any_match(&names, "/apis/u2000.example.com/v1/widgets"));
     }
 
     /// The headers the certificate route adds for a connection: each of the plan's headers whose
@@ -525,10 +646,12 @@ mod tests {
             credential in proptest::option::of("[0-9a-f]{64}"),
             // The sample's group/versions in one regex, or cut into slices of one or two.
             budget in prop_oneof![Just(REGEX_BUDGET), 1usize..400],
+            // The pool's first target naming the uniform group/versions, or taking any.
+            named in prop_oneof![Just(NAMED_GROUP_VERSIONS_BUDGET), Just(0)],
         ) {
             let t = table();
-            let plan = plan_within(&t, budget).unwrap();
-            let whole = plan_within(&t, usize::MAX).unwrap();
+            let plan = plan_within(&t, budget, named).unwrap();
+            let whole = plan_within(&t, usize::MAX, named).unwrap();
             let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
             // Which target's routes take it (Envoy takes the first route that matches; at most
             // one may).

@@ -466,6 +466,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
                 }
                 all.push(route(name, target, watch, certified, regex));
             }
+            // `<kind>` names the uniform group/versions' route alone, even when there is none.
+            let n = count.entry((kind, &target.cluster)).or_default();
+            *n = (*n).max(1);
         }
     }
     all
@@ -742,15 +745,11 @@ mod tests {
         json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}).to_string()
     }
 
-    /// `headers` but the `:path` regexes, then `regex` and `except` (inverted) after them.
-    fn with_paths(headers: &[String], regex: &str, except: &[String]) -> Vec<String> {
+    /// `headers` but the `:path` regex, then `regex` after them.
+    fn with_path(headers: &[String], regex: &str) -> Vec<String> {
         let mut headers: Vec<String> =
             headers.iter().filter(|h| !h.contains("safe_regex")).cloned().collect();
         headers.push(path_matcher(regex));
-        headers.extend(except.iter().map(|e| {
-            json!({"name": ":path", "string_match": {"safe_regex": {"regex": e}}, "invert_match": true})
-                .to_string()
-        }));
         headers
     }
 
@@ -785,8 +784,9 @@ mod tests {
             );
         }
         assert_eq!(routes[3]["route"], json!({"cluster_header": "x-skewgate-cluster", "timeout": "65s"}));
-        // A table whose every group/version is served by some apiservers only: the pool's routes
-        // take only group/versions the table does not know (which `decide` sends to the pool).
+        // A table whose every group/version is served by some apiservers only: no resource goes
+        // to the pool, which has no bypass routes (what the table does not know goes through
+        // the filter).
         let rerouted = routing_table(|t| {
             for gv in t["groupVersions"].as_array_mut().unwrap() {
                 gv["servedBy"] = json!(["a", "b"]);
@@ -797,16 +797,15 @@ mod tests {
         });
         let plan = bypass::plan(&rerouted).unwrap();
         assert!(plan.targets[1..].iter().all(|t| t.rerouted), "no named pool resources");
-        let except = &plan.pool().unwrap().except;
-        assert!(except[0].contains("/apis/resource\\.k8s\\.io/v1beta1"), "{except:?}");
+        assert_eq!(plan.pool().unwrap().path_regexes, Vec::<String>::new());
         let names =
             route_names(&rds(Some(&rerouted), "65s")).into_iter().map(str::to_owned).collect::<Vec<_>>();
         let (bypass, shipped) = names.split_at(names.len() - SHIPPED.len());
         assert_eq!(shipped, SHIPPED);
-        assert_eq!(without_rerouted(&bypass.iter().map(String::as_str).collect::<Vec<_>>()), KINDS);
+        assert!(!bypass.is_empty());
         assert!(
-            bypass[KINDS.len()..].iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
-            "then the serving sets' {bypass:?}"
+            bypass.iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
+            "the serving sets' {bypass:?}"
         );
         assert_ne!(rds(None, "10s")["version_info"], none["version_info"], "the version follows the content");
     }
@@ -817,15 +816,14 @@ mod tests {
         let plan = bypass::plan(&t).unwrap();
         let v = rds(Some(&t), "65s");
         let bypass = KINDS;
-        // Any group/version's, then the named resources of v1alpha3, then the sets'.
+        // Any resource of the uniform group/versions, then the named resources of v1alpha3, then
+        // the sets'.
         let named_pool = bypass.map(|kind| format!("{kind}-2"));
         let named_pool: Vec<&str> = named_pool.iter().map(String::as_str).collect();
         assert_eq!(without_rerouted(&route_names(&v)), [&bypass[..], &named_pool, &SHIPPED].concat());
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
         let pool = plan.pool().unwrap();
         let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": pool.path_regexes[0]}}});
-        let except = json!({"name": ":path", "string_match": {"safe_regex": {"regex": pool.except[0]}}, "invert_match": true});
-        assert_eq!(pool.except.len(), 1);
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
         let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
@@ -838,13 +836,12 @@ mod tests {
                 json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true}),
                 get.clone(),
                 path.clone(),
-                except.clone(),
             ]
             .map(|h| h.to_string())
         );
         assert_eq!(
             header_matches(certificate),
-            [unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true}), get, path, except]
+            [unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true}), get, path]
                 .map(|h| h.to_string())
         );
         assert_eq!(token["match"].get("filter_state"), None);
@@ -890,8 +887,8 @@ mod tests {
         for (watch, read_twin) in [(&routes[1], token), (&routes[3], certificate)] {
             let watches = json!({"name": ":path", "string_match": {"contains": "watch="}});
             let mut expected = header_matches(read_twin);
-            expected.insert(expected.len() - 2, watches.to_string());
-            assert_eq!(header_matches(watch), with_paths(&expected, &pool.watch_regexes[0], &pool.except));
+            expected.insert(expected.len() - 1, watches.to_string());
+            assert_eq!(header_matches(watch), with_path(&expected, &pool.watch_regexes[0]));
             assert_eq!(watch["match"].get("filter_state"), read_twin["match"].get("filter_state"));
             assert_eq!(watch.get("request_headers_to_add"), read_twin.get("request_headers_to_add"));
             assert_eq!(watch["route"], json!({"cluster": "pool", "timeout": "0s", "idle_timeout": "3600s"}));
@@ -909,7 +906,7 @@ mod tests {
             assert_eq!(route.get("stat_prefix"), None);
             let regexes =
                 if k % 2 == 1 { &devicetaintrules.watch_regexes } else { &devicetaintrules.path_regexes };
-            assert_eq!(header_matches(route), with_paths(&header_matches(pool_twin), &regexes[0], &[]));
+            assert_eq!(header_matches(route), with_path(&header_matches(pool_twin), &regexes[0]));
             for field in [
                 "route",
                 "filter_state",
@@ -939,10 +936,7 @@ mod tests {
             let route = &routes[*i];
             assert_eq!(route["stat_prefix"], format!("rerouted_{set}"));
             assert_eq!(route["metadata"]["filter_metadata"]["skewgate"]["servers"], claims.servers.join(","));
-            assert_eq!(
-                header_matches(route),
-                with_paths(&header_matches(pool_twin), &claims.path_regexes[0], &[])
-            );
+            assert_eq!(header_matches(route), with_path(&header_matches(pool_twin), &claims.path_regexes[0]));
             assert_eq!(route["match"].get("filter_state"), pool_twin["match"].get("filter_state"));
             let mut added = pool_twin.get("request_headers_to_add").cloned().unwrap_or(json!([]));
             added.as_array_mut().unwrap().push(peer_proxied.clone());
@@ -967,9 +961,12 @@ mod tests {
             gvs.extend((0..2000).map(|i| {
                 json!({"group": format!("g{i}.example.com"), "version": "v1", "servedBy": all, "resources": {"widgets": all, "gadgets": ["c"]}})
             }));
+            gvs.extend((0..2000).map(|i| {
+                json!({"group": format!("u{i}.example.com"), "version": "v1", "servedBy": all, "resources": {"widgets": all}})
+            }));
         });
-        let plan = bypass::plan(&t).unwrap();
-        let plan = plan.targets.iter().skip(1).find(|t| !t.rerouted).unwrap();
+        let whole = bypass::plan(&t).unwrap();
+        let plan = whole.targets.iter().skip(1).find(|t| !t.rerouted).unwrap();
         assert_eq!(plan.cluster, "pool");
         let slices = plan.path_regexes.len();
         assert!(slices > 1, "{slices}");
@@ -1003,6 +1000,22 @@ mod tests {
             })
             .collect();
         assert_eq!(taken, expected);
+        // Too many uniform group/versions to name them: the pool's first routes take any, but
+        // their exceptions (inverted, after the regex), the mixed group/versions.
+        let pool = whole.pool().unwrap();
+        assert!(pool.except.len() > 1, "{}", pool.except.len());
+        let except: Vec<String> = pool
+            .except
+            .iter()
+            .map(|e| {
+                json!({"name": ":path", "string_match": {"safe_regex": {"regex": e}}, "invert_match": true})
+                    .to_string()
+            })
+            .collect();
+        for route in &routes[..KINDS.len()] {
+            let headers = header_matches(route);
+            assert_eq!(headers[headers.len() - except.len()..], except[..], "{}", route["name"]);
+        }
         assert_eq!(without_rerouted(&route_names(&v)[..start]), KINDS);
         assert_eq!(without_rerouted(&route_names(&v)[start + expected.len()..]), SHIPPED);
     }
