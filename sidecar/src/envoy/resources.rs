@@ -1020,6 +1020,35 @@ mod tests {
         assert_eq!(without_rerouted(&route_names(&v)[start + expected.len()..]), SHIPPED);
     }
 
+    /// Without a uniform group/version the pool's first target has no route, and the pool's
+    /// named resources keep their names from `-2` on: `bypass-token` only ever names the route
+    /// of the uniform group/versions, in the access log and the docs.
+    #[test]
+    fn the_pool_named_routes_keep_their_names_without_uniform_group_versions() {
+        let t = routing_table(|t| {
+            for gv in t["groupVersions"].as_array_mut().unwrap() {
+                match (gv["group"].as_str(), gv["version"].as_str()) {
+                    (Some(""), _) => gv["resources"]["configmaps"] = json!(["a", "b"]),
+                    (Some("resource.k8s.io"), Some("v1beta1")) => {
+                        gv["resources"]["resourceclaims"] = json!(["c"])
+                    }
+                    _ => {}
+                }
+            }
+        });
+        assert_eq!(bypass::plan(&t).unwrap().pool().unwrap().path_regexes, Vec::<String>::new());
+        let names = route_names(&rds(Some(&t), "65s")).into_iter().map(str::to_owned).collect::<Vec<_>>();
+        let pool: Vec<&str> = names
+            .iter()
+            .map(String::as_str)
+            .filter(|n| n.starts_with("bypass-") && !n.contains('/'))
+            .collect();
+        assert_eq!(
+            pool,
+            KINDS.map(|kind| format!("{kind}-2")).iter().map(String::as_str).collect::<Vec<_>>()
+        );
+    }
+
     #[test]
     fn the_policy_shapes_the_bypass_routes() {
         let policy = |p: Value| routing_table(move |t| t["policy"] = p);
