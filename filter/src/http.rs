@@ -24,8 +24,6 @@ pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
 /// Selects the route: `long-running` has no timeout (watches, exec, logs).
 pub const ROUTE_HEADER: &str = "x-skewgate-route";
 pub const LONG_RUNNING: &str = "long-running";
-/// Envoy's record of the verified downstream client certificate.
-const XFCC: &str = "x-forwarded-client-cert";
 
 pub struct Http<H: Host> {
     host: H,
@@ -88,14 +86,12 @@ impl<H: Host> HttpContext for Http<H> {
         let headers = self.host.request_headers();
         let mut head = RequestHead::default();
         let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
-        let mut client_cert = false;
         for (name, value) in &headers {
             match name.as_str() {
                 ":method" => method = Some(String::from_utf8_lossy(value)),
                 ":path" => target = Some(String::from_utf8_lossy(value)),
                 "accept" => accept = Some(String::from_utf8_lossy(value)),
                 "if-none-match" => if_none_match = Some(String::from_utf8_lossy(value)),
-                XFCC => client_cert = true,
                 other => head.token |= identity::carries_token(other, value),
             }
         }
@@ -103,23 +99,11 @@ impl<H: Host> HttpContext for Http<H> {
         head.target = target.as_deref().unwrap_or("");
         head.accept = accept.as_deref();
         head.if_none_match = if_none_match.as_deref();
-        // Envoy sets x-forwarded-client-cert on mTLS connections and removes a client's own
-        // (SANITIZE_SET in the shipped bootstrap), so its absence saves a host call on every
-        // request of a token client. Its content is never trusted: the subject comes from the
-        // verified connection; a forged header only costs that call. A subject that cannot be
-        // read is passed on empty: the decision refuses it rather than treating the client as
-        // one without a certificate.
-        let subject = match table.policy().client_cert_identity && client_cert {
-            true => Some(self.host.property(&["connection", "subject_peer_certificate"]).unwrap_or_default()),
-            false => None,
-        };
+        // From the verified connection, never from a header: a client's own
+        // x-forwarded-client-cert is dropped by Envoy and read by nobody.
+        let subject = self.host.property(&["connection", "subject_peer_certificate"]);
         let subject = subject.as_deref().map(String::from_utf8_lossy);
-        head.client_subject = match (client_cert, subject.as_deref()) {
-            (true, Some(s)) => Some(s),
-            // Mapping is off: the certificate still counts as a credential.
-            (true, None) => Some(""),
-            (false, _) => None,
-        };
+        head.client_subject = identity::client_subject(subject.as_deref());
 
         let decision = decision::decide(table, &head);
         for (name, _) in &headers {

@@ -22,7 +22,6 @@ pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
 pub const ROUTE_HEADER: &str = "x-skewgate-route";
 pub const NATIVE: &str = "native";
 pub const NATIVE_LONG_RUNNING: &str = "native-long-running";
-const XFCC: &str = "x-forwarded-client-cert";
 
 /// One filter configuration: a compiled routing table. A new table is a new configuration
 /// (ECDS); streams keep the one they started with.
@@ -84,7 +83,6 @@ impl Filter {
         // what it read. Everything else is looked at in place.
         let mut head = RequestHead::default();
         let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
-        let mut client_cert = false;
         let mut candidates: Vec<String> = Vec::new();
         for (name, value) in stream.request_headers() {
             let owned = || Some(String::from_utf8_lossy(value).into_owned());
@@ -93,7 +91,6 @@ impl Filter {
                 b":path" => target = owned(),
                 b"accept" => accept = owned(),
                 b"if-none-match" => if_none_match = owned(),
-                n if n == XFCC.as_bytes() => client_cert = true,
                 n if n.starts_with(b"x-") => candidates.extend(std::str::from_utf8(n).ok().map(String::from)),
                 n => head.token |= std::str::from_utf8(n).is_ok_and(|n| identity::carries_token(n, value)),
             }
@@ -102,20 +99,11 @@ impl Filter {
         head.target = target.as_deref().unwrap_or("");
         head.accept = accept.as_deref();
         head.if_none_match = if_none_match.as_deref();
-        // As in the proxy-wasm filter: Envoy's own x-forwarded-client-cert (SANITIZE_SET) says a
-        // verified certificate is there; the subject is read from the connection, never from the
-        // header. Unreadable: passed on empty, and the decision refuses it.
-        let subject = (table.policy().client_cert_identity && client_cert).then(|| {
-            String::from_utf8_lossy(
-                stream.attribute(Attribute::ConnectionSubjectPeerCertificate).unwrap_or_default(),
-            )
-            .into_owned()
-        });
-        head.client_subject = match (client_cert, subject.as_deref()) {
-            (true, Some(s)) => Some(s),
-            (true, None) => Some(""),
-            (false, _) => None,
-        };
+        // As in the proxy-wasm filter: from the verified connection, never from a header.
+        let subject = stream
+            .attribute(Attribute::ConnectionSubjectPeerCertificate)
+            .map(|s| String::from_utf8_lossy(s).into_owned());
+        head.client_subject = identity::client_subject(subject.as_deref());
 
         let decision = decision::decide(&table, &head);
         let strip: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();

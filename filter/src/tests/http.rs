@@ -23,8 +23,8 @@ fn served_by_every_apiserver_goes_to_the_pool_unmarked() {
     assert!(fake.header("x-skewgate-route").is_empty());
     assert_eq!(fake.header("authorization"), ["Bearer t"]);
     assert!(fake.reply().is_none());
-    // A token client without a certificate costs no attribute look-up.
-    assert!(fake.state().property_reads.is_empty());
+    // A token client without a certificate costs one look-up: whether the connection has one.
+    assert_eq!(fake.state().property_reads, [["connection", "subject_peer_certificate"]]);
 }
 
 #[test]
@@ -110,7 +110,6 @@ fn a_verified_certificate_becomes_the_forwarded_identity() {
     let headers = [
         (":method", "GET"),
         (":path", SUBSET),
-        ("x-forwarded-client-cert", "By=spiffe://x;Hash=forged"),
         ("x-remote-user", "admin"),
         ("x-remote-group", "system:masters"),
     ];
@@ -127,30 +126,33 @@ fn a_verified_certificate_becomes_the_forwarded_identity() {
 }
 
 #[test]
-fn without_a_certificate_the_forged_client_cert_header_is_not_read() {
-    let (fake, root) = configured(&sample());
-    fake.set_property(&["connection", "subject_peer_certificate"], "CN=bob");
-    let mut http = stream(&fake, &root, &get(SUBSET));
-    http.on_http_request_headers(0, true);
+fn a_client_cert_header_is_no_certificate() {
+    let mut table = sample();
+    table["anonymousClusterPrefix"] = json!("anon-");
+    let (fake, root) = configured(&table);
+    let headers =
+        [(":method", "GET"), (":path", SUBSET), ("x-forwarded-client-cert", "Hash=x;Subject=\"CN=bob\"")];
+    let mut http = stream(&fake, &root, &headers);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
     assert!(fake.header("x-remote-user").is_empty());
-    assert!(fake.state().property_reads.is_empty());
+    // No certificate and no token: anonymous.
+    assert_eq!(fake.header("x-skewgate-cluster"), ["anon-set-c"]);
+    assert!(fake.state().connection.is_empty());
 }
 
 #[test]
-fn an_unforwardable_certificate_is_refused_with_401() {
+fn a_certificate_without_a_subject_leaves_the_request_to_its_token() {
+    // Envoy renders an empty subject as no property at all; kube-apiserver's x509
+    // authenticator takes no user from it either.
     let (fake, root) = configured(&sample());
-    // Verified (Envoy set the header) but the subject cannot be read.
-    let headers = [(":method", "GET"), (":path", SUBSET), ("x-forwarded-client-cert", "Hash=x")];
-    let mut http = stream(&fake, &root, &headers);
-    assert_eq!(http.on_http_request_headers(0, true), Action::Pause);
-    let (status, body) = reply_json(&fake);
-    assert_eq!((status, body["reason"].as_str()), (401, Some("Unauthorized")));
-    assert!(body["message"].as_str().unwrap_or("").contains("could not be read"), "{body}");
-    assert!(fake.header("x-skewgate-cluster").is_empty());
-    assert_eq!(fake.counter("skewgate.refused_certificates_total"), 1);
-    // The refusal is ours: the response callback leaves it alone.
-    fake.respond(&[(":status", "401")]);
-    assert_eq!(http.on_http_response_headers(0, true), Action::Continue);
+    fake.set_property(&["connection", "subject_peer_certificate"], "");
+    let mut http = stream(&fake, &root, &get(SUBSET));
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    assert!(fake.header("x-remote-user").is_empty());
+    assert_eq!(fake.header("authorization"), ["Bearer t"]);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-c"]);
+    assert_eq!(fake.counter("skewgate.refused_certificates_total"), 0);
+    assert!(fake.state().connection.is_empty());
 }
 
 #[test]
@@ -460,7 +462,7 @@ fn openapi_composer_unreachable_is_a_503_never_one_apiservers_document() {
 fn certificate_request(fake: &Fake, root: &Root<Fake>, subject: &str, path: &str) {
     fake.set_property(&["connection", "subject_peer_certificate"], subject);
     fake.set_property(&["connection", "sha256_peer_certificate_digest"], DIGEST);
-    let headers = [(":method", "GET"), (":path", path), ("x-forwarded-client-cert", "Hash=x")];
+    let headers = [(":method", "GET"), (":path", path)];
     let mut http = stream(fake, root, &headers);
     assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
 }
@@ -504,15 +506,14 @@ fn only_mapped_certificates_that_fit_the_routes_are_left_on_the_connection() {
     for subject in [many.as_str(), "O=ops", ""] {
         let (fake, root) = configured(&sample());
         fake.set_property(&["connection", "subject_peer_certificate"], subject);
-        let headers = [(":method", "GET"), (":path", SUBSET), ("x-forwarded-client-cert", "Hash=x")];
+        let headers = [(":method", "GET"), (":path", SUBSET)];
         stream(&fake, &root, &headers).on_http_request_headers(0, true);
         assert_eq!(fake.state().connection_sets, 0, "{subject:?}");
     }
-    // A token client makes no property call at all.
+    // Nor does a token client's.
     let (fake, root) = configured(&sample());
     stream(&fake, &root, &get(SUBSET)).on_http_request_headers(0, true);
     assert_eq!(fake.state().connection_sets, 0);
-    assert!(fake.state().property_reads.is_empty());
 }
 
 #[test]

@@ -42,7 +42,7 @@ fn stream(fake: &Fake, root: &Root<Fake>, headers: &[(&str, &str)]) -> Box<dyn H
     root.create_http_context(1).expect("an HTTP context")
 }
 
-/// A GET with a token (so no certificate look-up and no anonymous twin).
+/// A GET with a token (so no anonymous twin).
 fn get(path: &str) -> Vec<(&str, &str)> {
     vec![(":method", "GET"), (":path", path), ("authorization", "Bearer t")]
 }

@@ -306,7 +306,7 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
             "name": ROUTE_CONFIG_NAME,
             "domains": ["*"],
             // The filter's routing headers are for Envoy only.
-            "request_headers_to_remove": [CLUSTER_HEADER, ROUTE_HEADER, "x-forwarded-client-cert"],
+            "request_headers_to_remove": [CLUSTER_HEADER, ROUTE_HEADER],
             // Only failures where the apiserver never saw the request: retrying after it did
             // could repeat a create or a delete.
             "retry_policy": retry_policy("connect-failure,refused-stream,reset-before-request"),
@@ -362,14 +362,17 @@ fn present(header: &str, present: bool) -> Value {
 /// `x-skewgate-*` goes with the virtual host.
 fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     let Some(plan) = bypass::plan(table) else { return Vec::new() };
-    // A token client: nothing to forward but what it sent. One with a certificate (Envoy sets
-    // x-forwarded-client-cert for a verified one) is the certificate route's or the filter's.
-    let token = [present("authorization", true), present("x-forwarded-client-cert", false)];
+    // A token client: nothing to forward but what it sent, on a connection without a
+    // certificate (`tls_context`, checked after the headers): kube-apiserver would take the
+    // user from a certificate before any token.
+    let token = [present("authorization", true)];
     let mut kinds = vec![(BYPASS_TOKEN_ROUTE, false, false), (BYPASS_TOKEN_WATCH_ROUTE, true, false)];
     // A certificate client whose connection the filter has mapped already (its first request
     // went through the filter, which left the identity as filter state, the marker last): the
-    // route adds the filter's X-Remote-* from there. An absent group adds no header.
-    let certificate = [present("x-forwarded-client-cert", true)];
+    // route adds the filter's X-Remote-* from there. An absent group adds no header. The marker
+    // says the connection has a certificate; no `Authorization` is the check that fails a
+    // token client's request before the regex does (one with both goes through the filter).
+    let certificate = [present("authorization", false)];
     if plan.certificates {
         kinds.extend([(BYPASS_CERTIFICATE_ROUTE, false, true), (BYPASS_CERTIFICATE_WATCH_ROUTE, true, true)]);
     }
@@ -422,8 +425,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             // For the bootstrap's Status 503 when none of them answers.
             "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
         });
-        if certified {
-            route["match"]["filter_state"] = marker.clone();
+        match certified {
+            true => route["match"]["filter_state"] = marker.clone(),
+            false => route["match"]["tls_context"] = json!({"presented": false}),
         }
         // A serving set's routes are counted, under the set's name whichever kind took the
         // request (vhost.apiservers.route.rerouted_<set>), and stamp what the filter stamps on
@@ -766,10 +770,7 @@ mod tests {
         assert_eq!(config["@type"], ROUTE_CONFIG_TYPE);
         assert_eq!(config["name"], ROUTE_CONFIG_NAME);
         let host = &config["virtual_hosts"][0];
-        assert_eq!(
-            host["request_headers_to_remove"],
-            json!(["x-skewgate-cluster", "x-skewgate-route", "x-forwarded-client-cert"])
-        );
+        assert_eq!(host["request_headers_to_remove"], json!(["x-skewgate-cluster", "x-skewgate-route"]));
         assert_eq!(host["retry_policy"]["retry_on"], "connect-failure,refused-stream,reset-before-request");
         let routes = host["routes"].as_array().unwrap();
         assert_eq!(
@@ -833,7 +834,6 @@ mod tests {
             [
                 unrouted.clone(),
                 json!({"name": "authorization", "present_match": true}),
-                json!({"name": "x-forwarded-client-cert", "present_match": true, "invert_match": true}),
                 get.clone(),
                 path.clone(),
             ]
@@ -841,9 +841,19 @@ mod tests {
         );
         assert_eq!(
             header_matches(certificate),
-            [unrouted, json!({"name": "x-forwarded-client-cert", "present_match": true}), get, path]
-                .map(|h| h.to_string())
+            [
+                unrouted,
+                json!({"name": "authorization", "present_match": true, "invert_match": true}),
+                get,
+                path
+            ]
+            .map(|h| h.to_string())
         );
+        // Neither takes a request the other would: a certificate on the connection keeps a
+        // token client's requests off the token route (kube-apiserver would read the
+        // certificate first), and the certificate route needs the filter's marker.
+        assert_eq!(token["match"]["tls_context"], json!({"presented": false}));
+        assert_eq!(certificate["match"].get("tls_context"), None);
         assert_eq!(token["match"].get("filter_state"), None);
         assert_eq!(
             certificate["match"]["filter_state"],
