@@ -870,7 +870,8 @@ async fn failures_become_503(native: bool) -> Result<()> {
         // either one.
         ("refuses", "[e]", "remote_connection_failure|no_healthy_upstream"),
         ("unready", "[f]", "no_healthy_upstream"),
-        ("hangs", "[c]", "response_timeout"),
+        // Nothing for the route's idle timeout (2 s here): Envoy's 504 before an answer.
+        ("hangs", "[c]", "stream_idle_timeout"),
         ("orphans", "[a,c]", "cluster_not_found"),
         // Not in the table: the pool, and the GVR named from the path.
         ("vanishes", "[a,b,c,d,e,f]", "connection_termination|remote_connection_failure|no_healthy_upstream"),
@@ -903,6 +904,18 @@ async fn failures_become_503(native: bool) -> Result<()> {
         wait_routes_logged(&f, "native-read", 7).await?;
         return Ok(());
     }
+    // The same hang on a bypass route (a token's GET of a rerouted GVR): the bootstrap's Status.
+    let hang = "/apis/test.skewgate.io/v1/namespaces/ns/hangs/y";
+    let req = f.anonymous.get(format!("{}{hang}", f.base)).header("Authorization", "Bearer token-1");
+    let (code, _, body) = f.send(&f.anonymous, req).await?;
+    let s: Value = serde_json::from_str(&body).with_context(|| body.clone())?;
+    assert_eq!((code, s["kind"].as_str(), s["code"].as_u64()), (503, Some("Status"), Some(503)), "{body}");
+    let message = s["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("no apiserver of [c] answered") && message.contains("stream_idle_timeout"),
+        "{body}"
+    );
+    assert_eq!(route_taken(&f, hang).await?, format!("{}/set-c", resources::BYPASS_TOKEN_ROUTE));
     let prom = f.envoy.prometheus().await?;
     for cluster in ["set-d", "set-e", "set-f", "set-c", "set-a-c"] {
         let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} 1");

@@ -44,9 +44,10 @@ groups = ["system:authenticated"]
 [envoy]
 dir = "envoy"                          # writes envoy/cds/{cds,rds}.json and envoy/ecds/ecds.json
 wasm = "skewgate_filter.wasm"          # the filter ecds.json names
-routeTimeout = "65s"                   # requests that are not long-running: a little longer than
-                                       # kube-apiserver's --request-timeout (60s), so that the
-                                       # apiserver's answer wins when it has one
+routeTimeout = "65s"                   # requests that are not long-running are given up on when
+                                       # no byte moves either way for this long: a little longer
+                                       # than kube-apiserver's --request-timeout (60s), so that
+                                       # the apiserver's answer wins when it has one
 adminUrl = "http://127.0.0.1:9901"     # optional: confirm each step of a table change
 confirmTimeout = "10s"
 settleDelay = "2s"                     # the wait per step without adminUrl
@@ -139,7 +140,7 @@ pub struct EnvoyOutput {
     pub dir: PathBuf,
     /// The filter that `ecds.json` names.
     pub wasm: PathBuf,
-    /// Every route's timeout but the long-running one's (`rds.json`).
+    /// Every route's idle timeout but the long-running one's (`rds.json`).
     pub route_timeout: Duration,
     /// Envoy's admin API, to confirm each step of a table change; without it the sidecar waits
     /// `settle_delay` instead.

@@ -127,13 +127,13 @@ pub fn with_module(bootstrap: &str, ecds_dir: &Path, wasm: bool) -> Result<Strin
     Ok(format!("{}{lines}{}", &with_filter[..at], &with_filter[at..]))
 }
 
-/// The shipped routes' timeout, read back from the rendered `default` route.
+/// The shipped routes' idle timeout, read back from the rendered `default` route.
 fn route_timeout(bootstrap: &str) -> Result<String> {
     let default = bootstrap.rfind("- name: default").context("bootstrap.yaml has no default route")?;
     let line = bootstrap[default..]
         .lines()
-        .find_map(|l| l.trim().strip_prefix("timeout: "))
-        .context("default route without a timeout")?;
+        .find_map(|l| l.trim().strip_prefix("idle_timeout: "))
+        .context("default route without an idle timeout")?;
     Ok(line.trim().to_string())
 }
 
@@ -148,7 +148,8 @@ fn native_routes(timeout: &str) -> Vec<Value> {
     }]);
     let read = json!({
         "cluster_header": "x-skewgate-cluster",
-        "timeout": timeout,
+        "timeout": "0s",
+        "idle_timeout": timeout,
         "retry_policy": {
             "retry_on": "connect-failure,refused-stream,reset-before-request,reset",
             "num_retries": 2,
@@ -164,6 +165,6 @@ fn native_routes(timeout: &str) -> Vec<Value> {
         json!({"name": "native-read-head", "match": {"prefix": "/", "headers": [class("native"), method("HEAD")]},
                "route": read}),
         json!({"name": "native", "match": {"prefix": "/", "headers": [class("native")]},
-               "route": {"cluster_header": "x-skewgate-cluster", "timeout": timeout}}),
+               "route": {"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": timeout}}),
     ]
 }

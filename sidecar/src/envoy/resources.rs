@@ -289,12 +289,10 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
             "match": {"prefix": "/", "headers": [exact(":method", "HEAD")]},
             "route": read_route(json!({"cluster_header": CLUSTER_HEADER}), timeout)
         }),
-        // Everything else: a little longer than kube-apiserver's own --request-timeout (60s),
-        // so the apiserver's answer wins when it has one (the default of `envoy.routeTimeout`).
         json!({
             "name": "default",
             "match": {"prefix": "/"},
-            "route": {"cluster_header": CLUSTER_HEADER, "timeout": timeout}
+            "route": request_timeout(json!({"cluster_header": CLUSTER_HEADER}), timeout)
         }),
     ]);
     json!({
@@ -316,13 +314,28 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
 }
 
 /// `route` (where to) with the read routes' timeout and retries.
-fn read_route(mut route: Value, timeout: &str) -> Value {
+fn read_route(route: Value, timeout: &str) -> Value {
+    let mut route = request_timeout(route, timeout);
     if let Some(fields) = route.as_object_mut() {
-        fields.insert("timeout".into(), json!(timeout));
         fields.insert(
             "retry_policy".into(),
             retry_policy("connect-failure,refused-stream,reset-before-request,reset"),
         );
+    }
+    route
+}
+
+/// `route` (where to) for a request that is not long-running: given up on once `timeout` (the
+/// `envoy.routeTimeout`, a little longer than kube-apiserver's own --request-timeout of 60s, so
+/// that the apiserver's answer wins when it has one) passes without a byte either way, Envoy's
+/// 504 `stream_idle_timeout` before an answer (a 503 `Status` on every route). An idle timeout,
+/// not a total one: the stream's idle timer is armed anyway, a total one arms a second timer on
+/// every request (1.9k instructions, 1 % of Envoy's own; callgrind, BENCHMARKS.md), and a slow
+/// client still reading a large answer the apiserver has finished is not cut off.
+fn request_timeout(mut route: Value, timeout: &str) -> Value {
+    if let Some(fields) = route.as_object_mut() {
+        fields.insert("timeout".into(), json!("0s"));
+        fields.insert("idle_timeout".into(), json!(timeout));
     }
     route
 }
@@ -778,13 +791,19 @@ mod tests {
             json!({"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": "3600s"})
         );
         for read in &routes[1..3] {
-            assert_eq!(read["route"]["timeout"], "65s");
+            assert_eq!(
+                (&read["route"]["timeout"], &read["route"]["idle_timeout"]),
+                (&json!("0s"), &json!("65s"))
+            );
             assert_eq!(
                 read["route"]["retry_policy"]["retry_on"],
                 "connect-failure,refused-stream,reset-before-request,reset"
             );
         }
-        assert_eq!(routes[3]["route"], json!({"cluster_header": "x-skewgate-cluster", "timeout": "65s"}));
+        assert_eq!(
+            routes[3]["route"],
+            json!({"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": "65s"})
+        );
         // A table whose every group/version is served by some apiservers only: no resource goes
         // to the pool, which has no bypass routes (what the table does not know goes through
         // the filter).
@@ -882,7 +901,10 @@ mod tests {
             assert_eq!(route.get("request_headers_to_remove"), None);
             assert_eq!(route["metadata"], json!({"filter_metadata": {"skewgate": {"servers": "a,b,c"}}}));
             assert_eq!(route["route"]["cluster"], "pool");
-            assert_eq!(route["route"]["timeout"], "65s");
+            assert_eq!(
+                (&route["route"]["timeout"], &route["route"]["idle_timeout"]),
+                (&json!("0s"), &json!("65s"))
+            );
             assert_eq!(
                 route["route"]["retry_policy"], read["route"]["retry_policy"],
                 "the read route's retries"
