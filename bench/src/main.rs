@@ -15,15 +15,14 @@
 //! Writes bench/results/latest.json, bench/results/cpu-per-request.svg and the results section
 //! of BENCHMARKS.md.
 //!
-//! Usage: bench [--seconds N] [--rounds N] [--sizes real,1000,10000] [--concurrency 1,2]
-//!   [--mixes mix,uniform,rerouted,discovery,realistic] [--configs skewgate,filter-only,...]
-//!   [--no-write] [--quick]
+//! Usage: `bench --help`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
+use clap::Parser;
 use serde::Serialize;
 use serde_json::{Value, json};
 use skewgate::envoy::{self as resources, Endpoint, Health};
@@ -88,66 +87,70 @@ struct Args {
     instructions: bool,
 }
 
+/// What cost skewgate adds per request, against plain Envoy (`make bench`; BENCHMARKS.md).
+#[derive(Debug, Parser)]
+#[command(name = "bench")]
+struct Cli {
+    /// Seconds per run. Short runs, many rounds: the machine's speed drifts over minutes (plain
+    /// Envoy's CPU per request moved 25 % between rounds of one run), and a ratio is only as good
+    /// as the runs it compares were close in time.
+    #[arg(long, default_value_t = 2)]
+    seconds: u64,
+    /// Rounds; each starts one configuration later.
+    #[arg(long, default_value_t = 7)]
+    rounds: usize,
+    /// Table sizes: real (the real 1.33 + 1.36 discovery), 1000, 10000.
+    #[arg(long, value_delimiter = ',', default_value = "real,1000,10000", value_parser = ["real", "1000", "10000"])]
+    sizes: Vec<String>,
+    /// Envoy worker counts.
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    concurrency: Vec<u32>,
+    /// Request mixes: mix and the classes uniform, uniform-cert, rerouted, discovery, realistic
+    /// (all when not given).
+    #[arg(long, value_delimiter = ',')]
+    mixes: Vec<String>,
+    /// Configurations besides plain, which always runs first (the others' ratios are to it).
+    #[arg(long, value_delimiter = ',', value_parser = CONFIGS[1..].to_vec())]
+    configs: Vec<String>,
+    /// Leave bench/results and BENCHMARKS.md alone (experiments).
+    #[arg(long)]
+    no_write: bool,
+    /// Skip the instruction counts under callgrind.
+    #[arg(long)]
+    no_instructions: bool,
+    /// A 1-minute smoke run: one round of 2 s at --concurrency 1, no instruction counts.
+    #[arg(long)]
+    quick: bool,
+}
+
 fn args() -> Result<Args> {
-    let mut a = Args {
-        // Short runs, many rounds: the machine's speed drifts over minutes (plain Envoy's CPU per
-        // request moved 25 % between rounds of one run), and a ratio is only as good as the
-        // runs it compares were close in time.
-        seconds: 2,
-        rounds: 7,
-        sizes: vec![("real".into(), None), ("1000".into(), Some(1_000)), ("10000".into(), Some(10_000))],
-        concurrencies: vec![1, 2],
-        write: true,
-        mixes: Vec::new(),
-        configs: CONFIGS.to_vec(),
-        instructions: true,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        match arg.as_str() {
-            "--seconds" => a.seconds = it.next().context("--seconds N")?.parse()?,
-            "--rounds" => a.rounds = it.next().context("--rounds N")?.parse()?,
-            "--sizes" => {
-                let wanted: Vec<String> =
-                    it.next().context("--sizes real,1000,10000")?.split(',').map(String::from).collect();
-                a.sizes.retain(|(name, _)| wanted.contains(name));
-            }
-            "--concurrency" => {
-                a.concurrencies = it
-                    .next()
-                    .context("--concurrency 1,2")?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()?;
-            }
-            "--no-write" => a.write = false,
-            "--no-instructions" => a.instructions = false,
-            "--mixes" => {
-                a.mixes = it
-                    .next()
-                    .context("--mixes mix,uniform,rerouted,discovery,realistic")?
-                    .split(',')
-                    .map(String::from)
-                    .collect();
-            }
-            "--configs" => {
-                let wanted = it.next().context("--configs skewgate,filter-only,...")?;
-                let wanted: Vec<&str> = wanted.split(',').collect();
-                if let Some(unknown) = wanted.iter().find(|w| !CONFIGS.contains(w)) {
-                    bail!("unknown configuration {unknown:?} (one of {})", CONFIGS.join(", "));
-                }
-                a.configs = CONFIGS.iter().copied().filter(|c| *c == "plain" || wanted.contains(c)).collect();
-            }
-            "--quick" => {
-                a.seconds = 2;
-                a.rounds = 1;
-                a.concurrencies = vec![1];
-                a.instructions = false;
-            }
-            other => bail!(
-                "unknown argument {other:?} (use --seconds N, --rounds N, --sizes real,1000,10000, --concurrency 1,2, --mixes mix,uniform,..., --configs skewgate,..., --no-write, --no-instructions, --quick)"
-            ),
+    let cli = Cli::parse();
+    let sizes = [("real", None), ("1000", Some(1_000)), ("10000", Some(10_000))]
+        .into_iter()
+        .filter(|(name, _)| cli.sizes.iter().any(|s| s == name))
+        .map(|(name, n)| (name.to_owned(), n))
+        .collect();
+    let configs: Vec<&'static str> = match cli.configs.is_empty() {
+        true => CONFIGS.to_vec(),
+        false => {
+            CONFIGS.iter().copied().filter(|c| *c == "plain" || cli.configs.iter().any(|w| w == c)).collect()
         }
+    };
+    let mut a = Args {
+        seconds: cli.seconds,
+        rounds: cli.rounds,
+        sizes,
+        concurrencies: cli.concurrency,
+        write: !cli.no_write,
+        mixes: cli.mixes,
+        configs,
+        instructions: !cli.no_instructions,
+    };
+    if cli.quick {
+        a.seconds = 2;
+        a.rounds = 1;
+        a.concurrencies = vec![1];
+        a.instructions = false;
     }
     if a.write && a.configs.len() != CONFIGS.len() {
         bail!("--configs runs a part of the benchmark: add --no-write");
@@ -269,6 +272,12 @@ async fn main() -> Result<()> {
                     bench::write_wrk_requests(&path, &requests)?;
                     scripts.push((class.to_string(), path));
                 }
+            }
+            // Every class exists at --concurrency 1: a misspelt one would run nothing.
+            let unknown = args.mixes.iter().find(|m| !scripts.iter().any(|(mix, _)| mix == *m));
+            if let (1, Some(unknown)) = (concurrency, unknown) {
+                let known: Vec<&str> = scripts.iter().map(|(mix, _)| mix.as_str()).collect();
+                bail!("unknown mix {unknown:?} (one of {})", known.join(", "));
             }
             scripts.retain(|(mix, _)| args.mixes.is_empty() || args.mixes.contains(mix));
             let (threads, connections) = if concurrency == 1 { (1, 16) } else { (2, 32) };
