@@ -13,7 +13,7 @@ use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::table::TableConfig;
 use skewgate_pki::Pki;
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, connect_tls, free_port, upstream_tls};
 use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
 use skewgate_testkit::scenario::listing;
 use skewgate_testkit::{native, paths};
@@ -39,7 +39,7 @@ fn table(claims_by: &[&str]) -> TableConfig {
             {"group": "resource.k8s.io", "version": "v1", "servedBy": claims_by, "resources": {"resourceclaims": claims_by}},
             {"group": "resource.k8s.io", "version": "v1alpha3", "servedBy": ["a", "b"], "resources": {"deviceclasses": ["a", "b"]}},
             {"group": "test.skewgate.io", "version": "v1", "servedBy": ["a", "c", "d", "e", "f"], "resources": {
-                "resets": ["d"], "flaky": ["a", "d"], "refuses": ["e"], "unready": ["f"], "hangs": ["c"], "fails": ["c"], "orphans": ["a", "c"]
+                "resets": ["d"], "flaky": ["a", "d"], "refuses": ["e"], "unready": ["f"], "hangs": ["c"], "slow": ["c"], "fails": ["c"], "orphans": ["a", "c"]
             }}
         ],
         "discovery": {"etag": "0123ABCD", "document": MERGED_DOC}
@@ -72,6 +72,11 @@ impl Fixture {
     /// With `native`, the dynamic module (crate `skewgate-module`) runs ahead of the filter and
     /// routes every request that needs no composed answer itself.
     async fn start_with(name: &str, native: bool) -> Result<Self> {
+        Self::start_timed(name, native, "2s").await
+    }
+
+    /// With `route_timeout`, the routes' idle timeout (`envoy.routeTimeout`).
+    async fn start_timed(name: &str, native: bool, route_timeout: &str) -> Result<Self> {
         let wasm = paths::filter_wasm()?;
         paths::envoy_binary()?;
         let dir = std::env::temp_dir().join(format!("skewgate-it-{name}-{}", std::process::id()));
@@ -96,8 +101,10 @@ impl Fixture {
             }
             false => Config::Skewgate,
         };
-        let settings =
-            Settings { route_timeout: "2s".into(), ..Settings::new(config, dir.join("envoy"), &pki)? };
+        let settings = Settings {
+            route_timeout: route_timeout.into(),
+            ..Settings::new(config, dir.join("envoy"), &pki)?
+        };
         let cds = test_cds(&t, &endpoints, &tls)?;
         let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
@@ -478,10 +485,10 @@ async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
     }
     let set = "set-c";
     // Counted under the set, which Envoy's Prometheus output gives as the route's tag.
-    let stat = "vhost.apiservers.route.rerouted_set-c.upstream_rq_completed";
+    let stat = "vhost.apiservers.route.rerouted_set-c.upstream_rq_total";
     f.envoy.wait_stat(stat, 10, Duration::from_secs(5)).await?;
     let prom = f.envoy.prometheus().await?;
-    let counted = "envoy_vhost_route_upstream_rq_completed{envoy_virtual_host=\"apiservers\",envoy_route=\"rerouted_set-c\"} 10";
+    let counted = "envoy_vhost_route_upstream_rq_total{envoy_virtual_host=\"apiservers\",envoy_route=\"rerouted_set-c\"} 10";
     assert!(prom.lines().any(|l| l == counted), "{}", grep(&prom, "rerouted_"));
 
     // A watch spelled the way only Go reads it, a %2F in a name, a subresource, a watch of a
@@ -922,6 +929,74 @@ async fn failures_become_503(native: bool) -> Result<()> {
         assert!(prom.lines().any(|l| l == want), "{want} missing:\n{}", grep(&prom, "unavailable"));
     }
     assert_eq!(f.envoy.stat("wasm.skewgate.vm_reload_success").await?, 0);
+    Ok(())
+}
+
+/// The listener's request-header timeout (its `stream_idle_timeout`, 10 s, which nothing resets
+/// before the headers are in) cuts off a client that keeps trickling headers, and nothing else:
+/// each route's own idle timeout replaces it, so an answer that takes 12 s arrives, on a bypass
+/// route and through the filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_unfinished_headers_meet_the_header_timeout() -> Result<()> {
+    let f = Fixture::start_timed("header-timeout", false, "30s").await?;
+    log_every_request(&f).await?;
+    let slowloris = async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let tls = connect_tls(&f.pki.cluster_ca.cert_path, None, f.envoy.settings.listen_port).await?;
+        let (mut read, mut write) = tokio::io::split(tls);
+        let started = Instant::now();
+        let drip = async move {
+            write.write_all(b"GET /api/v1/namespaces/default/pods HTTP/1.1\r\nHost: x\r\n").await?;
+            for i in 0..15 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                write.write_all(format!("X-Drip-{i}: 1\r\n").as_bytes()).await?;
+            }
+            anyhow::Ok(())
+        };
+        let mut response = Vec::new();
+        let (_, answer) = tokio::join!(
+            drip,
+            tokio::time::timeout(Duration::from_secs(20), read.read_to_end(&mut response))
+        );
+        let elapsed = started.elapsed();
+        let text = String::from_utf8_lossy(&response).into_owned();
+        ensure!(answer.is_ok(), "no answer in 20 s: {text}");
+        ensure!(text.starts_with("HTTP/1.1 408 "), "{text}");
+        ensure!(elapsed >= Duration::from_secs(9) && elapsed < Duration::from_secs(15), "{elapsed:?}");
+        anyhow::Ok(())
+    };
+    let patient = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let bypassed = "/apis/test.skewgate.io/v1/namespaces/ns/slow/x";
+    let filtered = "/apis/test.skewgate.io/v1/namespaces/ns/slow/y";
+    let (a, b, c) = tokio::join!(
+        slowloris,
+        slow_answer(&f, &patient, bypassed, true),
+        slow_answer(&f, &patient, filtered, false)
+    );
+    a.context("slowloris")?;
+    b?;
+    c?;
+    assert_eq!(route_taken(&f, bypassed).await?, format!("{}/set-c", resources::BYPASS_TOKEN_ROUTE));
+    assert_eq!(route_taken(&f, filtered).await?, "read");
+    assert_eq!(f.envoy.stat("http.apiserver.downstream_rq_idle_timeout").await?, 1);
+    Ok(())
+}
+
+/// GET `path` (with a token when `token`): c's answer, which takes it 12 s.
+async fn slow_answer(f: &Fixture, client: &reqwest::Client, path: &str, token: bool) -> Result<()> {
+    let mut req = client.get(format!("{}{path}", f.base));
+    if token {
+        req = req.header("Authorization", "Bearer token-1");
+    }
+    let started = Instant::now();
+    let (status, h, body) = f.send(client, req).await?;
+    ensure!(status == 200 && h.get(SERVED_BY).is_some_and(|v| v == "c"), "{path}: {status} {body}");
+    ensure!(started.elapsed() >= Duration::from_secs(12), "{path}: {:?}", started.elapsed());
     Ok(())
 }
 

@@ -141,6 +141,10 @@ impl State {
         if is_test(&path, "hangs") {
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
+        // Longer than Envoy's request-header timeout (10 s), shorter than a route's idle timeout.
+        if is_test(&path, "slow") {
+            tokio::time::sleep(Duration::from_secs(12)).await;
+        }
         let mut headers = Map::new();
         for (name, value) in req.headers() {
             let entry = headers.entry(name.as_str()).or_insert_with(|| Value::Array(Vec::new()));

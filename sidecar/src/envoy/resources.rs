@@ -1104,6 +1104,23 @@ mod tests {
         assert!(with_it["request_headers_to_add"].to_string().contains("credential"));
     }
 
+    /// The listener's `stream_idle_timeout` (10 s) is its request-header timeout: a route without
+    /// an `idle_timeout` of its own would cut off an answer that takes longer, or a quiet watch.
+    #[test]
+    fn every_route_replaces_the_listeners_header_timeout() {
+        let t = routing_table(|_| {});
+        for v in [rds(None, "65s"), rds(Some(&t), "65s")] {
+            let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+            for route in routes {
+                let (timeout, idle) = (&route["route"]["timeout"], &route["route"]["idle_timeout"]);
+                let long =
+                    route["name"] == "long-running" || route["name"].as_str().unwrap().contains("watch");
+                let want = if long { "3600s" } else { "65s" };
+                assert_eq!((timeout, idle), (&json!("0s"), &json!(want)), "{}", route["name"]);
+            }
+        }
+    }
+
     #[test]
     fn module_ecds_carries_the_same_table() {
         let v = module_ecds("{\"schema\":1}");
