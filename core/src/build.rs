@@ -339,8 +339,6 @@ pub(crate) fn hex_prefix(digest: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use std::collections::BTreeSet;
 

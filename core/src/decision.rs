@@ -440,8 +440,6 @@ fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t>
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
     use crate::testing::sample;

@@ -107,8 +107,6 @@ fn items(list: &Value) -> impl Iterator<Item = &Value> {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use serde_json::json;
 

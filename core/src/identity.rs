@@ -219,8 +219,6 @@ fn unescape(value: &str) -> Result<Cow<'_, str>, Unforwardable> {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
 

@@ -28,8 +28,6 @@ pub const PASSED_HEADERS: [&str; 7] =
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
 

@@ -101,8 +101,6 @@ fn content_hash(table: &TableConfig) -> String {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
     use crate::table::RoutingTable;

@@ -136,8 +136,6 @@ pub fn unauthorized(why: &str) -> Status {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
 

@@ -685,8 +685,6 @@ fn check_etag(etag: &str) -> Result<(), TableError> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
     use crate::testing::sample;

@@ -75,8 +75,6 @@ fn go_html_escape(character: char) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
     use crate::discovery::fixtures::{self, V1_33, V1_36};

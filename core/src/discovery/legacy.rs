@@ -348,8 +348,6 @@ fn decode_error(error: &serde_json::Error) -> DiscoveryError {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
 

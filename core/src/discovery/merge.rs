@@ -180,8 +180,6 @@ fn merge_by_name<T: Clone>(
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
     use crate::discovery::fixtures::{self, V1_30, V1_33, V1_36};

@@ -49,8 +49,6 @@ pub const ACCEPT_NOPEER: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
 

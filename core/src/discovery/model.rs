@@ -363,8 +363,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
     use crate::discovery::fixtures::{self, LEGACY_API_GROUP, V1_30, V1_33, V1_36};

@@ -121,8 +121,6 @@ impl<'a> PrecedenceGraph<'a> {
 
 #[cfg(test)]
 mod tests {
-    #[cfg(target_arch = "wasm32")]
-    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     use super::*;
 

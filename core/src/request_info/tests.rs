@@ -1,8 +1,5 @@
 //! Unit tests of the four grammars, mostly tables of upstream behaviour.
 
-#[cfg(target_arch = "wasm32")]
-use wasm_bindgen_test::wasm_bindgen_test as test;
-
 use super::field_selector::{field_selector_exact_name, unescape_field_value};
 use super::label_selector::is_valid_label_selector;
 use super::path::{Segments, is_valid_path_segment_name};

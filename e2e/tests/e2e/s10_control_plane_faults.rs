@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use skewgate_testkit::load::Target;
 use skewgate_testkit::scenario::{Row, listing, scenario, successes_after, until};
 
-use crate::support::{ERAS, SUITE, finish, latest_report, start};
+use crate::support::{ERAS, SUITE, finish, latest_report, prometheus_value, start};
 
 fn stamp(path: &Path) -> Result<(u64, i64, i64)> {
     let m = std::fs::metadata(path)?;
@@ -93,16 +93,24 @@ async fn control_plane_faults() -> Result<Row> {
     assert_eq!(live_generation.as_deref(), Some(generation.as_str()), "Envoy dropped its table");
     assert_eq!(envoy.stat(accepted).await?, accepted_before);
 
-    // The sidecar repairs the file on its first sync.
+    // The restarted sidecar puts the file back: its first sync, or its guard (which knows what
+    // was last written) if that comes first. The file itself is watched: the report of a
+    // repairing sync is replaced by the next (unchanged) one a poll period later.
     let repair = Instant::now();
     c.start_sidecar().await?;
-    let fixed = until("the sidecar rewrites ecds.json", Duration::from_secs(15), || {
-        Ok(latest_report(&c).filter(|r| r.changed))
+    until("the sidecar rewrites ecds.json as it was", Duration::from_secs(15), || {
+        Ok((std::fs::read(&ecds)? == good).then_some(()))
     })
     .await?;
     let repaired_in = repair.elapsed();
-    assert_eq!(fixed.generation, generation);
-    assert_eq!(std::fs::read(&ecds)?, good, "the repaired ecds.json differs from the original");
+    let report =
+        until("the restarted sidecar's first sync", Duration::from_secs(10), || Ok(latest_report(&c)))
+            .await?;
+    assert_eq!(report.generation, generation);
+    let metrics = c.sidecar_metrics().await?;
+    let pushes = prometheus_value(&metrics, "skewgate_table_pushes_total").unwrap_or(0.0);
+    let restores = prometheus_value(&metrics, "skewgate_envoy_restores_total{kind=\"file\"}").unwrap_or(0.0);
+    ensure!(pushes + restores >= 1.0, "ecds.json was put back, but not by the restarted sidecar:\n{metrics}");
     c.envoy()?.wait_stat(accepted, accepted_before + 1, Duration::from_secs(10)).await?;
     successes_after(&load, &names, load.now(), 5, Duration::from_secs(20)).await?;
     let report = load.finish().await;
