@@ -945,6 +945,20 @@ pub struct Running {
 }
 
 impl Running {
+    /// Why the loop ended, once it has ended on its own (it runs until stopped otherwise): a
+    /// sidecar that cannot start (say, its OpenAPI socket's path is too long) says so here
+    /// rather than leaving its caller waiting for `/readyz`.
+    pub async fn exit_error(&mut self) -> Option<anyhow::Error> {
+        if !self.task.as_ref().is_some_and(tokio::task::JoinHandle::is_finished) {
+            return None;
+        }
+        match self.task.take()?.await {
+            Ok(Ok(())) => Some(anyhow::anyhow!("the sidecar stopped")),
+            Ok(Err(error)) => Some(error),
+            Err(error) => Some(anyhow::Error::new(error).context("sidecar task")),
+        }
+    }
+
     /// Stops the loop and waits for it.
     pub async fn stop(mut self) -> anyhow::Result<()> {
         if let Some(stop) = self.stop.take() {

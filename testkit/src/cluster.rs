@@ -534,10 +534,13 @@ impl Cluster {
 
 /// Until the sidecar's `/readyz` passes: a table in Envoy and the first OpenAPI round done, so
 /// that a client's first `kubectl explain` does not meet a 503.
-async fn wait_sidecar_ready(running: &sync::Running, timeout: Duration) -> Result<()> {
+async fn wait_sidecar_ready(running: &mut sync::Running, timeout: Duration) -> Result<()> {
     let url = format!("http://{}/readyz", running.listen);
     let deadline = Instant::now() + timeout;
     loop {
+        if let Some(error) = running.exit_error().await {
+            return Err(error.context("the sidecar exited before it was ready"));
+        }
         let answer = reqwest::get(&url).await;
         if answer.as_ref().is_ok_and(|r| r.status().is_success()) {
             return Ok(());
@@ -755,8 +758,8 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     };
     let (sidecar, sidecar_config) = match sidecar_config.filter(|_| o.sidecar) {
         Some(mut config) => {
-            let running = sync::spawn(config.clone()).await?;
-            wait_sidecar_ready(&running, Duration::from_secs(30)).await?;
+            let mut running = sync::spawn(config.clone()).await?;
+            wait_sidecar_ready(&mut running, Duration::from_secs(30)).await?;
             // A restarted sidecar answers where this one did.
             config.listen = running.listen;
             (Some(running), Some(config))
