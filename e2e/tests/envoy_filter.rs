@@ -987,6 +987,65 @@ async fn only_unfinished_headers_meet_the_header_timeout() -> Result<()> {
     Ok(())
 }
 
+/// Connections that send nothing are closed: one that never starts its TLS handshake after the
+/// listener's 10 s handshake bound, one that completed it (or its HTTP/2 preface and SETTINGS)
+/// and opens no stream after the 90 s idle timeout, as kube-apiserver closes its own. A watch or
+/// exec is a stream: the 90 s watch of the end-to-end scenarios stays open past both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed() -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let f = Fixture::start("silent").await?;
+    let port = f.envoy.settings.listen_port;
+    let ca = f.pki.cluster_ca.cert_path.clone();
+    /// Reads until Envoy closes the connection (or resets it): how long that took.
+    async fn closed_after(mut read: impl tokio::io::AsyncRead + Unpin, started: Instant) -> Result<Duration> {
+        let mut sink = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(150), read.read_to_end(&mut sink)).await;
+        ensure!(read.is_ok(), "still open after 150 s");
+        Ok(started.elapsed())
+    }
+    let tcp_only = async {
+        let started = Instant::now();
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+        closed_after(tcp, started).await
+    };
+    let tls_only = async {
+        let started = Instant::now();
+        let tls = connect_tls(&ca, None, port).await?;
+        closed_after(tls, started).await
+    };
+    let h2_settings_only = async {
+        let started = Instant::now();
+        let mut tls = connect_tls(&ca, None, port).await?;
+        // The client preface, then an empty SETTINGS frame: an HTTP/2 connection with no stream.
+        tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").await?;
+        closed_after(tls, started).await
+    };
+    let (tcp, tls, h2) = tokio::join!(tcp_only, tls_only, h2_settings_only);
+    let (tcp, tls, h2) =
+        (tcp.context("TCP only")?, tls.context("TLS only")?, h2.context("HTTP/2 SETTINGS only")?);
+    println!(
+        "silent connections closed after: TCP only {tcp:.1?}, TLS only {tls:.1?}, HTTP/2 SETTINGS only {h2:.1?}"
+    );
+    ensure!(tcp >= Duration::from_secs(9) && tcp < Duration::from_secs(20), "TCP only: {tcp:?}");
+    for (what, after) in [("TLS only", tls), ("HTTP/2 SETTINGS only", h2)] {
+        ensure!(after >= Duration::from_secs(88) && after < Duration::from_secs(110), "{what}: {after:?}");
+    }
+    let stats = f.envoy.stats().await?;
+    let handshake_timeouts: u64 = stats
+        .iter()
+        .filter(|(k, _)| {
+            k.starts_with("listener.") && k.ends_with(".downstream_cx_transport_socket_connect_timeout")
+        })
+        .map(|(_, v)| *v)
+        .sum();
+    assert_eq!(handshake_timeouts, 1, "handshake timeouts counted");
+    // The fixture's own idle client connections may meet the idle timeout too.
+    let idle_timeouts = f.envoy.stat("http.apiserver.downstream_cx_idle_timeout").await?;
+    ensure!(idle_timeouts >= 2, "idle timeouts counted: {idle_timeouts}");
+    Ok(())
+}
+
 /// GET `path` (with a token when `token`): c's answer, which takes it 12 s.
 async fn slow_answer(f: &Fixture, client: &reqwest::Client, path: &str, token: bool) -> Result<()> {
     let mut req = client.get(format!("{}{path}", f.base));
