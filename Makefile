@@ -68,7 +68,7 @@ test-wasm:
 	  cargo test -p skewgate-core --target wasm32-wasip1 --lib -- --nocapture
 
 ## The host's clippy runs inside test-host's build (LINTED); the filter target's beside the release
-## filter and module builds, whose LTO steps leave a core idle.
+## filter and module builds (different target folders, so neither waits for the other's lock).
 test: setup fmt-check
 	$(MAKE) --no-print-directory -j2 --output-sync=target lint-wasm artifacts
 	$(MAKE) --no-print-directory test-host test-wasm
@@ -88,11 +88,11 @@ e2e: wasm
 	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/e2e-summary.XXXXXX); started=$$(date +%s); status=0; \
 	  if [ -n "$(KUBE_APISERVER)$(ETCD)" ]; then \
 	    $(REAL_ENV) SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
-	      $(LINTED) cargo test -p skewgate-e2e --test e2e_real -- --nocapture --test-threads=1 || status=$$?; \
+	      cargo test -p skewgate-e2e --test e2e_real -- --nocapture --test-threads=1 || status=$$?; \
 	  else \
 	    SKEWGATE_E2E_SUMMARY=$$PWD/$$summary \
-	      $(LINTED) cargo test -p skewgate-e2e --test e2e --test e2e_peers -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
-	    SKEWGATE_CLIENT_RUNS=full $(LINTED) cargo test -p skewgate-e2e --test clients -- --nocapture --test-threads=1 || status=$$?; \
+	      cargo test -p skewgate-e2e --test e2e --test e2e_peers -- --nocapture --test-threads=$(E2E_THREADS) || status=$$?; \
+	    SKEWGATE_CLIENT_RUNS=full cargo test -p skewgate-e2e --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
 	  rm -rf "$$summary"; exit $$status
@@ -107,7 +107,7 @@ CLIENT_RUNS ?=
 clients: setup wasm
 	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/clients-summary.XXXXXX); status=0; \
 	  SKEWGATE_CLIENT_RUNS="$(CLIENT_RUNS)" SKEWGATE_CLIENTS_SUMMARY=$$PWD/$$summary RUST_LIB_BACKTRACE=0 \
-	    $(LINTED) cargo test -p skewgate-e2e --test clients -- --nocapture --test-threads=1 || status=$$?; \
+	    cargo test -p skewgate-e2e --test clients -- --nocapture --test-threads=1 || status=$$?; \
 	  echo; echo "skewgate client loops (operation, result, runs, failures, wall)"; \
 	  cat "$$summary"/*.tsv 2>/dev/null | awk -F'\t' '{printf "%-44s %-5s %5s  %-20s %8s\n", $$1, $$2, $$3, $$4, $$5}'; \
 	  rm -rf "$$summary"; exit $$status

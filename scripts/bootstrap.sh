@@ -93,7 +93,4 @@ if [ -z "$node_major" ] || [ "$node_major" -lt 20 ]; then
   log "Node.js 20 or later is needed for core's wasm tests (found: ${node_major:-none}); install it (e.g. apt-get install nodejs on Debian 13)"
   exit 1
 fi
-# The suites run side by side under cargo-nextest when it is installed (`make test-host`).
-command -v cargo-nextest >/dev/null ||
-  log "cargo-nextest not found: the test suites will run one after another (cargo install cargo-nextest --locked runs them side by side)"
 log "ok"

@@ -103,10 +103,10 @@ async fn control_plane_faults() -> Result<Row> {
     })
     .await?;
     let repaired_in = repair.elapsed();
-    let report =
+    let first_sync =
         until("the restarted sidecar's first sync", Duration::from_secs(10), || Ok(latest_report(&c)))
             .await?;
-    assert_eq!(report.generation, generation);
+    assert_eq!(first_sync.generation, generation);
     let metrics = c.sidecar_metrics().await?;
     let pushes = prometheus_value(&metrics, "skewgate_table_pushes_total").unwrap_or(0.0);
     let restores = prometheus_value(&metrics, "skewgate_envoy_restores_total{kind=\"file\"}").unwrap_or(0.0);
