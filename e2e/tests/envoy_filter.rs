@@ -13,7 +13,9 @@ use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::table::TableConfig;
 use skewgate_pki::Pki;
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, connect_tls, free_port, upstream_tls};
+use skewgate_testkit::envoy::{
+    Config, Envoy, Settings, connect_tls, connection_limit, free_port, upstream_tls,
+};
 use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
 use skewgate_testkit::scenario::listing;
 use skewgate_testkit::{native, paths};
@@ -77,6 +79,11 @@ impl Fixture {
 
     /// With `route_timeout`, the routes' idle timeout (`envoy.routeTimeout`).
     async fn start_timed(name: &str, native: bool, route_timeout: &str) -> Result<Self> {
+        Self::start_custom(name, native, |s| Settings { route_timeout: route_timeout.into(), ..s }).await
+    }
+
+    /// With Envoy's settings as `edit` makes them.
+    async fn start_custom(name: &str, native: bool, edit: impl FnOnce(Settings) -> Settings) -> Result<Self> {
         let wasm = paths::filter_wasm()?;
         paths::envoy_binary()?;
         let dir = std::env::temp_dir().join(format!("skewgate-it-{name}-{}", std::process::id()));
@@ -101,10 +108,7 @@ impl Fixture {
             }
             false => Config::Skewgate,
         };
-        let settings = Settings {
-            route_timeout: route_timeout.into(),
-            ..Settings::new(config, dir.join("envoy"), &pki)?
-        };
+        let settings = edit(Settings::new(config, dir.join("envoy"), &pki)?);
         let cds = test_cds(&t, &endpoints, &tls)?;
         let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
@@ -1037,6 +1041,74 @@ async fn silent_connections_are_closed() -> Result<()> {
     // The fixture's own idle client connections may meet the idle timeout too.
     let idle_timeouts = f.envoy.stat("http.apiserver.downstream_cx_idle_timeout").await?;
     ensure!(idle_timeouts >= 2, "idle timeouts counted: {idle_timeouts}");
+    Ok(())
+}
+
+/// Envoy's connection limit sits below its file limit: past the limit it closes each new
+/// connection as it accepts it and keeps serving the ones it holds, answers that need upstream
+/// connections it had not opened yet included. Here Envoy has a hard limit of 3,000 descriptors
+/// and someone opens 3,200 connections that send nothing; at the shipped 50,000 Envoy would run
+/// out of descriptors and answer its connected clients 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_limit_are_refused_and_the_held_ones_served() -> Result<()> {
+    const NOFILE: u64 = 3000;
+    const FLOOD: u64 = NOFILE + 200;
+    let limit = connection_limit(NOFILE);
+    let wrapper = vec!["prlimit".into(), format!("--nofile={NOFILE}:{NOFILE}"), "--".into()];
+    let f = Fixture::start_custom("conn-limit", false, |s| Settings { wrapper, max_connections: limit, ..s })
+        .await?;
+    let listener = format!("listener.127.0.0.1_{}", f.envoy.settings.listen_port);
+    // Connected before the flood (the anonymous client too): HTTP/2 keeps the one connection.
+    let held = f.alice.clone();
+    f.echo(&held, PODS, &[]).await.context("before the flood")?;
+    let started = Instant::now();
+    let mut flood = Vec::new();
+    for _ in 0..FLOOD {
+        flood.push(tokio::net::TcpStream::connect(("127.0.0.1", f.envoy.settings.listen_port)).await?);
+    }
+    f.envoy
+        .wait_stat(
+            &format!("{listener}.downstream_global_cx_overflow"),
+            FLOOD - limit,
+            Duration::from_secs(5),
+        )
+        .await?;
+    let active = f.envoy.stat(&format!("{listener}.downstream_cx_active")).await?;
+    let refused = f.envoy.stat(&format!("{listener}.downstream_global_cx_overflow")).await?;
+    // Every group/version, each behind its own clusters: new upstream connections, within the
+    // 10 s after which the flood's connections meet the handshake timeout.
+    // The anonymous client's requests go to the clusters' anonymous twins.
+    for round in 0..5 {
+        for (client, path) in
+            [&held, &f.anonymous].into_iter().flat_map(|c| [PODS, CLAIMS_V1, DEVICECLASSES].map(|p| (c, p)))
+        {
+            let (status, _, body) = f.send(client, client.get(format!("{}{path}", f.base))).await?;
+            ensure!(status == 200, "held connection, round {round}, {path}: {status} {body}");
+        }
+    }
+    let answered_within = started.elapsed();
+    let newcomer = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?)
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let refused_newcomer = newcomer.get(format!("{}{PODS}", f.base)).send().await;
+    ensure!(refused_newcomer.is_err(), "a new connection past the limit was served: {refused_newcomer:?}");
+    println!(
+        "limit {limit} (hard nofile {NOFILE}): {active} connections held, {refused} refused of a flood of {FLOOD}; \
+         30 answers on held connections within {answered_within:.1?}"
+    );
+    ensure!(active <= limit, "{active} connections active, over the limit of {limit}");
+    drop(flood);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match newcomer.get(format!("{}{PODS}", f.base)).send().await {
+            Ok(r) if r.status() == 200 => break,
+            other if Instant::now() > deadline => bail!("after the flood: {other:?}"),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
     Ok(())
 }
 

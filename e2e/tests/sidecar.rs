@@ -23,7 +23,7 @@ use skewgate_core::table::RoutingTable;
 use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
 use skewgate_testkit::echo;
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port};
+use skewgate_testkit::envoy::{Config, Envoy, Settings};
 use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups};
 use skewgate_testkit::load::{Load, Record, Settings as LoadSettings, Target};
 use skewgate_testkit::paths;
@@ -123,16 +123,8 @@ impl Cluster {
     /// A skewgate Envoy in front of this cluster, its files under `dir/envoy`.
     fn envoy_settings(&self) -> Result<Settings> {
         Ok(Settings {
-            config: Config::Skewgate,
-            dir: self.dir.join("envoy"),
-            listen_port: free_port()?,
-            admin_port: free_port()?,
-            serving_cert: self.pki.envoy_listener.cert.clone(),
-            serving_key: self.pki.envoy_listener.key.clone(),
-            client_ca: self.pki.cluster_ca.cert_path.clone(),
             route_timeout: "10s".into(),
-            concurrency: 2,
-            wrapper: Vec::new(),
+            ..Settings::new(Config::Skewgate, self.dir.join("envoy"), &self.pki)?
         })
     }
 

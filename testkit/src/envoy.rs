@@ -48,6 +48,32 @@ pub struct Settings {
     /// A command Envoy runs under, its arguments before Envoy's (valgrind's, for the
     /// benchmarks' instruction counts); empty: Envoy itself.
     pub wrapper: Vec<String>,
+    /// The overload manager's `max_active_downstream_connections`: [`connection_limit`] of
+    /// the file limit Envoy inherits.
+    pub max_connections: u64,
+}
+
+/// The most downstream connections an Envoy whose hard `RLIMIT_NOFILE` is `nofile` can take
+/// and still serve them (bootstrap.yaml, `overload_manager`): Envoy raises its soft limit to
+/// the hard one, keeps [`FD_RESERVE`] for listeners, files and its own, and a client connection
+/// may take one upstream connection of its own (an upgraded exec or WebSocket). Never above the
+/// shipped 50,000.
+pub fn connection_limit(nofile: u64) -> u64 {
+    (nofile.saturating_sub(FD_RESERVE) / 2).clamp(1, SHIPPED_MAX_CONNECTIONS)
+}
+
+/// Descriptors Envoy keeps apart from client connections and their upstream twins.
+pub const FD_RESERVE: u64 = 1024;
+/// `max_active_downstream_connections` in the shipped renderings (compose, kubeadm).
+pub const SHIPPED_MAX_CONNECTIONS: u64 = 50_000;
+
+/// This process's hard `RLIMIT_NOFILE`, which an Envoy it starts inherits.
+pub fn hard_nofile() -> Result<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").context("reading /proc/self/limits")?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).context("no open files limit")?;
+    let hard = line.split_whitespace().nth(4).context("open files limit: no hard value")?;
+    // "unlimited" cannot be set for RLIMIT_NOFILE; fs.nr_open caps it anyway.
+    Ok(hard.parse().unwrap_or(u64::MAX))
 }
 
 impl Settings {
@@ -65,6 +91,7 @@ impl Settings {
             route_timeout: skewgate::envoy::envoy_duration(skewgate::config::DEFAULT_ROUTE_TIMEOUT),
             concurrency: 2,
             wrapper: Vec::new(),
+            max_connections: connection_limit(hard_nofile()?),
         })
     }
 
@@ -203,6 +230,7 @@ pub fn render_bootstrap(s: &Settings) -> Result<String> {
         ("SERVING_KEY", p(&s.serving_key)),
         ("CLIENT_CA", p(&s.client_ca)),
         ("ROUTE_TIMEOUT", s.route_timeout.clone()),
+        ("MAX_CONNECTIONS", s.max_connections.to_string()),
     ]);
     render(&template, &values)
 }

@@ -45,6 +45,7 @@ fn compose_envoy_values() -> BTreeMap<&'static str, String> {
         ("SERVING_KEY", "/out/pki/envoy-listener.key".into()),
         ("CLIENT_CA", "/out/pki/cluster-ca.crt".into()),
         ("ROUTE_TIMEOUT", "65s".into()),
+        ("MAX_CONNECTIONS", "50000".into()),
     ])
 }
 
@@ -785,6 +786,7 @@ fn kubeadm_envoy_values() -> BTreeMap<&'static str, String> {
         ("SERVING_KEY", "/etc/kubernetes/pki/apiserver.key".into()),
         ("CLIENT_CA", "/etc/kubernetes/pki/ca.crt".into()),
         ("ROUTE_TIMEOUT", "65s".into()),
+        ("MAX_CONNECTIONS", "50000".into()),
     ])
 }
 
