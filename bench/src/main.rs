@@ -29,7 +29,7 @@ use skewgate::envoy::{self as resources, Endpoint, Health};
 use skewgate_bench::{self as bench, WrkRun};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
 use skewgate_pki::Pki;
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, sealed_ecds, sealed_json, upstream_tls};
 use skewgate_testkit::paths;
 
 /// plain (first: the others' ratios are to it), skewgate as shipped (the filter behind its bypass
@@ -198,14 +198,14 @@ async fn main() -> Result<()> {
                 .collect();
             let (upstream, endpoints) = start_upstream(&case.join("upstream"), &pki, &answers).await?;
             let cds = resources::cds(&table, &endpoints, &tls, Health::default())?;
-            let ecds = resources::ecds(&serde_json::to_string(&table)?, &wasm);
+            let ecds = sealed_ecds(&table, &wasm)?;
             let mut envoys = Vec::new();
             for &config in &args.configs {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
                     "skewgate" | "filter-only" | "shipped" => Config::Skewgate,
                     "module" | "module-only" => Config::Native {
-                        module_ecds: skewgate_testkit::native::module_ecds(&serde_json::to_string(&table)?),
+                        module_ecds: skewgate_testkit::native::module_ecds(&sealed_json(&table)?),
                         wasm: config == "module",
                     },
                     _ => Config::NativeRoutes {
@@ -553,10 +553,7 @@ async fn reload(
     script: &Path,
 ) -> Result<Reload> {
     let tables = [with_probes(table, false), with_probes(table, true)];
-    let ecds: Vec<Value> = tables
-        .iter()
-        .map(|t| Ok(resources::ecds(&serde_json::to_string(t)?, wasm)))
-        .collect::<Result<_>>()?;
+    let ecds: Vec<Value> = tables.iter().map(|t| sealed_ecds(t, wasm)).collect::<Result<_>>()?;
     let client = client()?;
     let url = format!("https://127.0.0.1:{}/apis/{PROBE_GROUP}/v1/probes", envoy.settings.listen_port);
     let mut latencies = Vec::new();

@@ -1,13 +1,16 @@
-//! The tie between a routing table and the `cds.json` written with it (issue 14 F3).
+//! The tie between a routing table and the `cds.json` written with it.
 //!
 //! Envoy applies any `ecds.json` that parses; a table naming a cluster Envoy does not have
 //! answers 503 for everything routed there. The sidecar seals every table it writes: `clusters`
 //! lists the clusters of the `cds.json` it writes with it, and `generation` becomes the content
 //! hash of the table (without the generation itself). The filter compiles a sealed table only if
 //! both still hold, so a table edited after it was sealed, or naming a cluster outside the ones
-//! it came with, is refused and the last good table keeps serving. An unsealed table (no
-//! `clusters`: hand-written, or from an older sidecar) is not checked here; the sidecar's guard
-//! puts back any file it did not write.
+//! it came with, is refused and the last good table keeps serving. The filter and the native
+//! module take no unsealed table ([`require`]): without the requirement, removing `clusters`
+//! would remove the check. The seal is a content hash, not a signature: it stops tables that
+//! were edited, hand-written or written for other clusters, not a writer who seals a table as
+//! the sidecar does (the files' permissions and the sidecar's guard are what keep that writer
+//! out; docs/deploy.md).
 
 use crate::table::{TableConfig, TableError};
 
@@ -19,6 +22,29 @@ pub fn seal(table: &mut TableConfig, clusters: impl IntoIterator<Item = String>)
     table.clusters = clusters;
     table.generation = String::new();
     table.generation = content_hash(table);
+}
+
+/// Seals `table` with exactly the clusters it names: for a table written without a `cds.json`
+/// of the sidecar's (tests, the benchmarks' tables).
+pub fn seal_as_named(table: &mut TableConfig) {
+    let named: Vec<String> = named_clusters(table).into_iter().map(|(_, name)| name).collect();
+    seal(table, named);
+}
+
+/// Refuses a table without a seal: what Envoy hands the filter must be a table the sidecar
+/// wrote.
+pub fn require(table: &TableConfig) -> Result<(), TableError> {
+    if table.clusters.is_empty() {
+        return Err(TableError {
+            field: "clusters".into(),
+            reason:
+                "missing: the table is not sealed, and Envoy takes only sealed tables (the sidecar seals \
+                     every table it writes with the clusters of its cds.json)"
+                    .into(),
+            over_limit: false,
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a sealed table that names a cluster outside its `clusters` or whose generation is not
@@ -131,11 +157,29 @@ mod tests {
         let mut t = table();
         seal(&mut t, written());
         let json = serde_json::to_string(&t).unwrap();
-        let compiled = RoutingTable::from_json(json.as_bytes()).unwrap();
+        let compiled = RoutingTable::from_sealed_json(json.as_bytes()).unwrap();
         assert_eq!(compiled.generation(), t.generation);
         assert_eq!(t.generation.len(), 16);
-        // Unsealed tables are not checked.
+        // Tools read unsealed tables; Envoy's filter does not take them.
         RoutingTable::compile(table()).unwrap();
+        let unsealed = serde_json::to_string(&table()).unwrap();
+        let e = RoutingTable::from_sealed_json(unsealed.as_bytes()).expect_err("an unsealed table taken");
+        assert_eq!(e.field, "clusters");
+        assert!(e.reason.contains("not sealed"), "{e}");
+        // Removing the seal's clusters from a sealed table leaves an unsealed one.
+        let mut stripped = t.clone();
+        stripped.clusters.clear();
+        let stripped = serde_json::to_string(&stripped).unwrap();
+        assert_eq!(RoutingTable::from_sealed_json(stripped.as_bytes()).unwrap_err().field, "clusters");
+    }
+
+    #[test]
+    fn a_table_sealed_as_named_names_only_its_clusters() {
+        let mut t = table();
+        seal_as_named(&mut t);
+        assert_eq!(t.clusters, ["anon-pool", "anon-set-c", "ap-a", "ap-c", "pool", "set-c"]);
+        let json = serde_json::to_string(&t).unwrap();
+        RoutingTable::from_sealed_json(json.as_bytes()).unwrap();
     }
 
     /// The F3 faults a table can carry: each refused, naming why.

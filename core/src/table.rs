@@ -299,14 +299,26 @@ pub struct MergedDiscovery {
     pub document: String,
 }
 
+fn parse(bytes: &[u8]) -> Result<TableConfig, TableError> {
+    check_table_bytes(bytes.len())?;
+    serde_json::from_slice(bytes).map_err(|e| {
+        let field = if e.is_syntax() || e.is_eof() { "(document)" } else { "(schema)" };
+        err(field, e.to_string())
+    })
+}
+
 impl RoutingTable {
-    /// Parses and validates a table; the error names the field and the reason.
+    /// Parses and validates a table; the error names the field and the reason. A sealed table's
+    /// seal is checked; an unsealed one is taken (tools, tests).
     pub fn from_json(bytes: &[u8]) -> Result<Self, TableError> {
-        check_table_bytes(bytes.len())?;
-        let config: TableConfig = serde_json::from_slice(bytes).map_err(|e| {
-            let field = if e.is_syntax() || e.is_eof() { "(document)" } else { "(schema)" };
-            err(field, e.to_string())
-        })?;
+        Self::compile(parse(bytes)?)
+    }
+
+    /// As [`RoutingTable::from_json`], and the table must be sealed ([`crate::seal::require`]):
+    /// what the filter and the native module take from Envoy.
+    pub fn from_sealed_json(bytes: &[u8]) -> Result<Self, TableError> {
+        let config = parse(bytes)?;
+        crate::seal::require(&config)?;
         Self::compile(config)
     }
 

@@ -36,3 +36,14 @@ pub fn sample() -> Value {
         "discovery": {"etag": "ABC123", "document": "{\"kind\":\"APIGroupDiscoveryList\"}"}
     })
 }
+
+/// `table` sealed with the clusters it names ([`crate::seal::seal_as_named`]): the filter and
+/// the native module take only sealed tables. A value that is no table comes back unchanged,
+/// for the filter to refuse.
+pub fn sealed(table: &Value) -> Value {
+    let Ok(mut config) = serde_json::from_value::<crate::table::TableConfig>(table.clone()) else {
+        return table.clone();
+    };
+    crate::seal::seal_as_named(&mut config);
+    serde_json::to_value(config).unwrap_or_else(|_| table.clone())
+}

@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
 use skewgate_pki::Pki;
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
 use skewgate_testkit::envoy::{
-    Config, Envoy, Settings, connect_tls, connection_limit, free_port, upstream_tls,
+    Config, Envoy, Settings, connect_tls, connection_limit, free_port, sealed_ecds, upstream_tls,
 };
 use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
 use skewgate_testkit::scenario::listing;
@@ -48,6 +49,7 @@ fn table(claims_by: &[&str]) -> TableConfig {
     }))
     .unwrap();
     t.assign_sets(|members| format!("set-{}", members.join("-")));
+    seal_as_named(&mut t);
     t
 }
 
@@ -110,7 +112,7 @@ impl Fixture {
         };
         let settings = edit(Settings::new(config, dir.join("envoy"), &pki)?);
         let cds = test_cds(&t, &endpoints, &tls)?;
-        let ecds = resources::ecds(&serde_json::to_string(&t)?, &wasm);
+        let ecds = sealed_ecds(&t, &wasm)?;
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
         let envoy = Envoy::start(settings, &cds, &ecds).await?;
         let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.cluster_ca.cert_path)?)?;
@@ -370,8 +372,9 @@ async fn identity(native: bool) -> Result<()> {
 async fn push_table(
     f: &Fixture,
     pusher: &skewgate::envoy::Pusher<skewgate::envoy::HttpAdmin>,
-    next: TableConfig,
+    mut next: TableConfig,
 ) -> Result<(skewgate::envoy::Resources, Vec<skewgate::envoy::Step>)> {
+    seal_as_named(&mut next);
     let ecds = resources::ecds(&serde_json::to_string(&next)?, &f.wasm);
     let cds = test_cds(&next, &f.endpoints, &f.tls)?;
     let rds = f.envoy.settings.rds_for(&ecds);
@@ -1262,10 +1265,15 @@ async fn reloads(native: bool) -> Result<()> {
     f.envoy.wait_stat(rejected, 1, Duration::from_secs(5)).await?;
     f.envoy.write_ecds(&resources::ecds("{not json", &f.wasm))?;
     f.envoy.wait_stat(rejected, 2, Duration::from_secs(5)).await?;
+    // A table without its seal (its `clusters` removed), sending resourceclaims to a and b.
+    let mut unsealed = serde_json::to_value(table(&["a", "b"]))?;
+    unsealed.as_object_mut().context("a table")?.remove("clusters");
+    f.envoy.write_ecds(&resources::ecds(&unsealed.to_string(), &f.wasm))?;
+    f.envoy.wait_stat(rejected, 3, Duration::from_secs(5)).await?;
     let module_stat =
         |s: &str| format!("extension_config_discovery.http_filter.{}.{s}", native::MODULE_FILTER_NAME);
     if native {
-        f.envoy.wait_stat(&module_stat("update_rejected"), 2, Duration::from_secs(5)).await?;
+        f.envoy.wait_stat(&module_stat("update_rejected"), 3, Duration::from_secs(5)).await?;
     }
     for _ in 0..10 {
         assert_eq!(f.echo(&f.anonymous, CLAIMS_V1, &[]).await?.0, "c");
@@ -1302,7 +1310,7 @@ async fn reloads(native: bool) -> Result<()> {
     let successes = f.envoy.stat("extension_config_discovery.http_filter.skewgate.update_success").await?;
     let module_successes = if native { f.envoy.stat(&module_stat("update_success")).await? } else { 0 };
     let swapped = Instant::now();
-    f.envoy.write_ecds(&resources::ecds(&serde_json::to_string(&next)?, &f.wasm))?;
+    f.envoy.write_ecds(&sealed_ecds(&next, &f.wasm)?)?;
     f.envoy
         .wait_stat(
             "extension_config_discovery.http_filter.skewgate.update_success",

@@ -62,7 +62,7 @@ impl<H: Host> RootContext for Root<H> {
             metrics::count_config(&self.host, false);
             return false;
         };
-        match RoutingTable::from_json(&bytes) {
+        match RoutingTable::from_sealed_json(&bytes) {
             Ok(table) => {
                 log::info!(
                     "skewgate: routing table {:?} accepted: {} apiservers, {} sets, {} GVRs",

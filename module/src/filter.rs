@@ -31,7 +31,7 @@ pub struct Config {
 
 impl Config {
     pub fn new(_name: &[u8], config: &[u8]) -> Option<Config> {
-        RoutingTable::from_json(config).ok().map(|table| Config { table: Arc::new(table) })
+        RoutingTable::from_sealed_json(config).ok().map(|table| Config { table: Arc::new(table) })
     }
 }
 

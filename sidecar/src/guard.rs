@@ -1,14 +1,17 @@
-//! Issue 14 F3: Envoy must not act for long on files this sidecar did not write. Envoy applies
+//! Envoy must not act for long on files this sidecar did not write. Envoy applies
 //! any `cds.json`/`ecds.json` (or the native module's `module/ecds.json`) that parses the moment
 //! it lands in its watched directory, so a file naming wrong clusters (or with wrong endpoints)
 //! would be served until the next push.
 //!
 //! Two checks, both against what this sidecar last wrote ([`Pusher::restore_replaced_files`]):
-//! - every [`FILE_CHECK`], each file's inode, length and mtime: one that moved is read, and put
-//!   back at once if its bytes differ; every [`READ_ALL_EVERY`] checks every file is read. The
-//!   window a replaced file is live is then at most `FILE_CHECK` (`READ_ALL_EVERY` times that for
-//!   an edit that keeps inode, length and mtime) plus the time Envoy takes to load the file put
-//!   back (and, for clusters it had lost, their first health check);
+//! - the files' inode, length and mtime, on every change inotify reports in their directories
+//!   (the rename or write that Envoy itself reacts to) and every [`FILE_CHECK`] besides: a file
+//!   that moved is read, and put back at once if its bytes differ; every [`READ_ALL_EVERY`]
+//!   checks every file is read. Envoy cannot be told to refuse a route or cluster file, so the
+//!   window such a file is live is what bounds its harm: about the time Envoy takes to load it
+//!   and then the file put back (and, for clusters it had lost, their first health check);
+//!   without inotify (a directory that cannot be watched), `FILE_CHECK` more, and for an edit
+//!   that keeps inode, length and mtime, `READ_ALL_EVERY` times that;
 //! - every [`LIVE_CHECK`], Envoy's admin API: the filter's table generation and the clusters
 //!   Envoy has. A difference seen at two checks in a row with no write in between (a push under
 //!   way is expected to differ for a moment) makes the files behind it be written again (clusters,
@@ -68,15 +71,24 @@ pub async fn run<A: EnvoyAdmin + Clone + 'static>(pusher: Pusher<A>, shared: Arc
 }
 
 async fn check_files<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
+    let (changed_tx, mut changed) = tokio::sync::mpsc::channel(1);
+    // Dropped with this task, which stops the watch.
+    let _watch = watch(&pusher.paths(), changed_tx);
     let mut files = tokio::time::interval(FILE_CHECK);
     files.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut checks: u32 = 0;
     loop {
-        files.tick().await;
-        checks += 1;
-        // A stat of each file (two, three with the native module): cheap enough for the runtime's own threads; their bytes are read
-        // once per `READ_ALL_EVERY` checks.
-        match pusher.restore_replaced_files(checks % READ_ALL_EVERY == 0) {
+        let read_all = tokio::select! {
+            _ = files.tick() => {
+                checks += 1;
+                checks % READ_ALL_EVERY == 0
+            }
+            Some(()) = changed.recv() => false,
+        };
+        // A stat of each file (three, four with the native module): cheap enough for the
+        // runtime's own threads; their bytes are read only when the stat moved, and once per
+        // `READ_ALL_EVERY` ticks.
+        match pusher.restore_replaced_files(read_all) {
             Ok(restored) => {
                 for path in restored {
                     tracing::warn!(file = %path.display(), "Envoy's file was changed by someone else; put back");
@@ -86,6 +98,35 @@ async fn check_files<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
             Err(error) => tracing::warn!(%error, "cannot check Envoy's files"),
         }
     }
+}
+
+/// Watches the directories of `paths` (not recursively: Envoy watches these directories alone)
+/// and sends on `changed` when something in them is created, written, renamed or removed.
+/// Events that come while one waits are one check. Where inotify cannot watch (logged), the
+/// periodic check bounds the window alone.
+fn watch(paths: &[&Path], changed: tokio::sync::mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+    use notify::{EventKind, RecursiveMode, Watcher};
+    let handler = move |event: notify::Result<notify::Event>| {
+        // Access events (Envoy and this sidecar reading the files) change nothing.
+        if event.is_ok_and(|e| !matches!(e.kind, EventKind::Access(_))) {
+            // Full: a check is already due and will see this change too.
+            let _ = changed.try_send(());
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(watcher) => watcher,
+        Err(error) => {
+            tracing::warn!(%error, "cannot watch Envoy's directories; checking its files every {FILE_CHECK:?}");
+            return None;
+        }
+    };
+    let dirs: BTreeSet<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
+    for dir in dirs {
+        if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(%error, dir = %dir.display(), "cannot watch a directory of Envoy's; checking its files every {FILE_CHECK:?}");
+        }
+    }
+    Some(watcher)
 }
 
 async fn check_live<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {

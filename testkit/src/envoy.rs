@@ -67,6 +67,20 @@ pub const FD_RESERVE: u64 = 1024;
 /// `max_active_downstream_connections` in the shipped renderings (compose, kubeadm).
 pub const SHIPPED_MAX_CONNECTIONS: u64 = 50_000;
 
+/// `table` as JSON, sealed with the clusters it names ([`skewgate_core::seal::seal_as_named`]):
+/// the filter and the native module take only sealed tables, and tests and benchmarks write
+/// theirs without the sidecar.
+pub fn sealed_json(table: &skewgate_core::table::TableConfig) -> Result<String> {
+    let mut table = table.clone();
+    skewgate_core::seal::seal_as_named(&mut table);
+    Ok(serde_json::to_string(&table)?)
+}
+
+/// The filter's `ecds.json` for `table`, sealed with the clusters it names.
+pub fn sealed_ecds(table: &skewgate_core::table::TableConfig, wasm: &Path) -> Result<Value> {
+    Ok(skewgate::envoy::ecds(&sealed_json(table)?, wasm))
+}
+
 /// This process's hard `RLIMIT_NOFILE`, which an Envoy it starts inherits.
 pub fn hard_nofile() -> Result<u64> {
     let limits = std::fs::read_to_string("/proc/self/limits").context("reading /proc/self/limits")?;
@@ -467,7 +481,8 @@ impl Envoy {
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
         let table = skewgate::envoy::table_from_ecds(ecds);
         if self.settings.config == Config::Skewgate
-            && table.is_some_and(|t| skewgate_core::table::RoutingTable::from_json(t.as_bytes()).is_ok())
+            && table
+                .is_some_and(|t| skewgate_core::table::RoutingTable::from_sealed_json(t.as_bytes()).is_ok())
         {
             // Only routes that changed, as the sidecar's push: Envoy compiles every route's regex
             // again on each rds.json it reads (≈ 100 ms at 10,000 GVRs).

@@ -31,7 +31,7 @@ use skewgate_core::table::{GroupVersionConfig, MAX_GROUP_VERSIONS, MAX_GVRS, MAX
 use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_standin::Profile;
 use skewgate_testkit::echo::{self, SERVED_BY};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
+use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, sealed_json, upstream_tls};
 use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups, filler_group_versions};
 use skewgate_testkit::paths;
 
@@ -309,7 +309,7 @@ fn biggest_table() -> Result<(usize, TableConfig)> {
     let mut groups = ((MAX_TABLE_BYTES - base) / per_group).min(MAX_GVRS / 5).min(MAX_GROUP_VERSIONS - 100);
     loop {
         let table = table_from(&crd_documents(groups)?)?;
-        if serde_json::to_string(&table)?.len() <= MAX_TABLE_BYTES {
+        if sealed_json(&table)?.len() <= MAX_TABLE_BYTES {
             return Ok((groups, table));
         }
         groups = groups * 98 / 100;
@@ -321,7 +321,7 @@ type Scenario = (&'static str, fn() -> Result<(String, String)>);
 
 fn at_the_limits() -> Result<(String, String)> {
     let (groups, table) = biggest_table()?;
-    let json = serde_json::to_string(&table)?;
+    let json = sealed_json(&table)?;
     let gvrs: usize = table.group_versions.iter().map(|gv| gv.resources.len()).sum();
     let gvs = table.group_versions.len();
     Ok((
@@ -333,12 +333,12 @@ fn at_the_limits() -> Result<(String, String)> {
 fn too_many_gvrs() -> Result<(String, String)> {
     let mut table = wide_table(0)?;
     table.group_versions.extend(filler_group_versions(6_000, "many.limits.skewgate.io", &["a", "b", "c"]));
-    let json = serde_json::to_string(&table)?;
+    let json = sealed_json(&table)?;
     Ok((json.clone(), format!("table {}, 60,000 GVRs; ", size(json.len()))))
 }
 
 fn too_many_bytes() -> Result<(String, String)> {
-    let json = serde_json::to_string(&wide_table(200_000)?)?;
+    let json = sealed_json(&wide_table(200_000)?)?;
     Ok((json.clone(), format!("table {}, 200,000 group/versions; ", size(json.len()))))
 }
 
@@ -366,7 +366,7 @@ async fn envoy_steps(dir: &Path, pki: &Pki) -> Result<Vec<Row>> {
     let real = real_table()?;
     // The scenarios' set clusters are the real table's: one CDS for all.
     let cds = resources::cds(&real, &endpoints, &upstream_tls(pki), Health::default())?;
-    let real_json = serde_json::to_string(&real)?;
+    let real_json = sealed_json(&real)?;
     let real_ecds = resources::ecds(&real_json, &wasm);
     let client = client(pki)?;
     let scenarios: [Scenario; 4] = [

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use skewgate_core::bypass;
 
-use super::{configure, configured, get, reply_json, sample, stream};
+use super::{configure, configured, get, reply_json, sample, sealed, stream};
 use crate::host::fake::Fake;
 use crate::http::Http;
 use crate::root::Root;
@@ -541,7 +541,7 @@ fn refused_declarations_leave_nothing_on_connections() {
     let fake = Fake::default();
     fake.state().refuse_declarations = true;
     let mut root = Root::new(fake.clone());
-    assert!(configure(&fake, &mut root, sample().to_string().into_bytes()));
+    assert!(configure(&fake, &mut root, sealed(&sample())));
     certificate_request(&fake, &root, "CN=bob", SUBSET);
     assert_eq!(fake.state().connection_sets, 0);
     assert_eq!(fake.header("x-remote-user"), ["bob"]);

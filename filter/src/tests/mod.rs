@@ -22,12 +22,17 @@ fn sample() -> Value {
     table
 }
 
-/// A root context that has taken `table` (asserted), and the fake it talks to.
+/// A root context that has taken `table`, sealed (asserted), and the fake it talks to.
 fn configured(table: &Value) -> (Fake, Root<Fake>) {
     let fake = Fake::default();
     let mut root = Root::new(fake.clone());
-    assert!(configure(&fake, &mut root, table.to_string().into_bytes()), "sample table refused");
+    assert!(configure(&fake, &mut root, sealed(table)), "sample table refused");
     (fake, root)
+}
+
+/// `table` as Envoy hands it to the filter: sealed with the clusters it names.
+fn sealed(table: &Value) -> Vec<u8> {
+    skewgate_core::testing::sealed(table).to_string().into_bytes()
 }
 
 fn configure(fake: &Fake, root: &mut Root<Fake>, bytes: Vec<u8>) -> bool {

@@ -5,7 +5,7 @@ use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::{Action, ContextType};
 use serde_json::json;
 
-use super::{configure, configured, get, reply_json, sample, stream};
+use super::{configure, configured, get, reply_json, sample, sealed, stream};
 use crate::host::fake::Fake;
 use crate::root::Root;
 
@@ -39,17 +39,23 @@ fn refused_configurations_keep_the_last_good_table() {
     newer_schema["schema"] = json!(2);
     let mut unknown_member = sample();
     unknown_member["sets"][0]["members"] = json!(["z"]);
+    let mut seal_removed = skewgate_core::testing::sealed(&sample());
+    seal_removed.as_object_mut().expect("a table").remove("clusters");
+    let seal_removed = seal_removed.to_string().into_bytes();
     let refused: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"\x00\xffnot json".to_vec()),
         ("truncated", sample().to_string().as_bytes()[..40].to_vec()),
         ("empty", Vec::new()),
         // Nested past serde_json's recursion limit: refused, not a stack overflow.
         ("deep", [vec![b'['; 100_000], vec![b']'; 100_000]].concat()),
-        ("65 apiservers", too_many.to_string().into_bytes()),
+        ("65 apiservers", sealed(&too_many)),
         // 8 MiB of a string nobody asked for.
         ("oversized", format!("{{\"schema\":1,\"generation\":\"{}\"}}", "x".repeat(8 << 20)).into_bytes()),
-        ("schema 2", newer_schema.to_string().into_bytes()),
-        ("unknown member", unknown_member.to_string().into_bytes()),
+        ("schema 2", sealed(&newer_schema)),
+        ("unknown member", sealed(&unknown_member)),
+        // Envoy takes only tables the sidecar sealed: none, or one whose seal was removed.
+        ("unsealed", sample().to_string().into_bytes()),
+        ("seal removed", seal_removed),
     ];
     for (i, (what, bytes)) in refused.into_iter().enumerate() {
         assert!(!configure(&fake, &mut root, bytes), "{what} taken");
@@ -68,12 +74,13 @@ fn an_announced_size_over_the_limit_is_refused_before_the_bytes_are_read() {
     let (fake, mut root) = configured(&sample());
     let mut other = sample();
     other["sets"][0]["cluster"] = json!("set-other");
-    fake.state().plugin_configuration = Some(other.to_string().into_bytes());
+    let other = sealed(&other);
+    fake.state().plugin_configuration = Some(other.clone());
     // Envoy announces the size first; past the limit the (here valid) bytes are never taken.
     assert!(!root.on_configure(skewgate_core::table::MAX_TABLE_BYTES + 1));
     assert_eq!(fake.counter(REJECTED), 1);
     assert_eq!(routes(&fake, &root, SUBSET), ["set-c"]);
-    assert!(root.on_configure(other.to_string().len()));
+    assert!(root.on_configure(other.len()));
     assert_eq!(routes(&fake, &root, SUBSET), ["set-other"]);
 }
 
@@ -101,7 +108,7 @@ fn a_new_table_applies_to_new_streams_and_old_streams_keep_theirs() {
     let mut next = sample();
     next["groupVersions"][1]["servedBy"] = json!(["a", "b", "c"]);
     next["groupVersions"][1]["resources"]["resourceclaims"] = json!(["a", "b", "c"]);
-    assert!(configure(&fake, &mut root, next.to_string().into_bytes()));
+    assert!(configure(&fake, &mut root, sealed(&next)));
     // The retired table's counts are handed over with the swap, not lost with it.
     assert_eq!(fake.counter(name), 1);
     assert_eq!(routes(&fake, &root, SUBSET), ["pool"]);
@@ -122,7 +129,7 @@ fn connection_properties_are_declared_once_per_root_context() {
     let declared = fake.state().declared.clone();
     assert_eq!(declared.len(), 3 + skewgate_core::bypass::MAX_GROUPS, "{declared:?}");
     let mut next = sample();
-    next["generation"] = json!("next");
-    assert!(configure(&fake, &mut root, next.to_string().into_bytes()));
+    next["apiservers"][0]["cluster"] = json!("apiserver-next");
+    assert!(configure(&fake, &mut root, sealed(&next)));
     assert_eq!(fake.state().declared, declared);
 }

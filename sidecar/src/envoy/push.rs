@@ -463,6 +463,15 @@ impl<A: EnvoyAdmin> Pusher<A> {
         &self.cds_path
     }
 
+    /// Every file this sidecar writes for Envoy.
+    pub fn paths(&self) -> Vec<&Path> {
+        [Some(&self.cds_path), self.rds_path.as_ref(), Some(&self.ecds_path), self.module_path.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
+            .collect()
+    }
+
     /// The files that carry the table, in the order a push writes them: the native module's (if
     /// any), then the filter's.
     pub fn table_paths(&self) -> Vec<&Path> {

@@ -49,7 +49,7 @@ pub fn render(
     more(&mut cds);
     skewgate_core::seal::seal(table, super::push::cluster_names(Some(&cds)));
     let json = serde_json::to_string(table).map_err(|e| RenderError::Serialize(e.to_string()))?;
-    let compiled = RoutingTable::from_json(json.as_bytes()).map_err(RenderError::Invalid)?;
+    let compiled = RoutingTable::from_sealed_json(json.as_bytes()).map_err(RenderError::Invalid)?;
     let rds = resources::rds(Some(&compiled), &resources::envoy_duration(route_timeout));
     let ecds = resources::ecds(&json, wasm);
     Ok(Resources { table: table.clone(), generation: table.generation.clone(), cds, rds, ecds })
