@@ -168,6 +168,8 @@ pub fn discovery_answers(table: &skewgate_core::table::RoutingTable, requests: &
                 accept: Some(&accept),
                 if_none_match: None,
                 client_subject: None,
+                client_certificate: None,
+                certificate_checked: false,
                 token: true,
             };
             let composed = match decide(table, &head).action {
@@ -593,6 +595,8 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
             accept,
             if_none_match: None,
             client_subject: None,
+            client_certificate: None,
+            certificate_checked: false,
             token: true,
         };
         by_module += usize::from(skewgate_core::native::module_handles(&decide(table, &head)));

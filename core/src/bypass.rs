@@ -692,6 +692,8 @@ mod tests {
                 accept: None,
                 if_none_match: None,
                 client_subject: subject.as_deref(),
+                client_certificate: None,
+                certificate_checked: true,
                 token: conn.is_none(),
             };
             let d = decide(&t, &h);

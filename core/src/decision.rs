@@ -2,6 +2,7 @@
 //! table to what Envoy must do. The filter and `skewgate explain` both call [`decide`].
 
 use crate::accept::{DiscoveryAccept, negotiate_discovery, negotiate_legacy};
+use crate::certificate;
 use crate::discovery::MEDIA_TYPE_V2_JSON;
 use crate::identity::{self, CertIdentity, Identity, Unforwardable};
 use crate::request_info::{RequestInfo, decode_path, split_target};
@@ -18,6 +19,13 @@ pub struct RequestHead<'r> {
     /// Subject of the verified downstream client certificate (Envoy's RFC 2253 rendering):
     /// [`crate::identity::client_subject`].
     pub client_subject: Option<&'r str>,
+    /// The certificate itself as Envoy renders it (`%DOWNSTREAM_PEER_CERT%`, URL-encoded PEM),
+    /// when the filter has it: an identity is taken from the subject only if kube-apiserver
+    /// would read the certificate ([`crate::certificate`]).
+    pub client_certificate: Option<&'r [u8]>,
+    /// The connection's certificate was checked and mapped on an earlier request (the filter
+    /// left its identity on the connection): not checked again.
+    pub certificate_checked: bool,
     /// The request carries a token (`Authorization`, or the WebSocket bearer subprotocol).
     pub token: bool,
 }
@@ -261,7 +269,7 @@ fn finish<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>, o: Outcome<'t
     // kube-apiserver authenticates a verified certificate before any token; a certificate it
     // would not take a user from leaves the decision to the token, or to anonymous access.
     let (identity, cert_decides) = match (&action, head.client_subject, policy.client_cert_identity) {
-        (Action::Route(_), Some(subject), true) => match identity::from_subject(subject) {
+        (Action::Route(_), Some(subject), true) => match certificate_identity(head, subject) {
             CertIdentity::User(identity) => (Some(identity), true),
             CertIdentity::NoUser => (None, false),
             CertIdentity::Refused(why) => {
@@ -290,6 +298,19 @@ fn finish<'t, 'r>(table: &'t RoutingTable, head: &RequestHead<'r>, o: Outcome<'t
         anonymous,
         strip_peer_proxied: policy.strip_downstream_peer_proxied,
     }
+}
+
+/// The identity of a verified certificate, if kube-apiserver would read the certificate at all:
+/// Go's parser refuses a certificate Envoy's takes, and the apiserver would then take no user
+/// and no token from its connection.
+fn certificate_identity<'r>(head: &RequestHead<'r>, subject: &'r str) -> CertIdentity<'r> {
+    if !head.certificate_checked {
+        let names = head.client_certificate.map_or(Err(certificate::Refusal::Unseen), certificate::check_pem);
+        if let Err(why) = names {
+            return CertIdentity::Refused(Unforwardable::Certificate(why));
+        }
+    }
+    identity::from_subject(subject)
 }
 
 fn pool(table: &RoutingTable, reason: Reason) -> Outcome<'_> {
@@ -452,8 +473,9 @@ mod tests {
         RoutingTable::from_json(sample().to_string().as_bytes()).unwrap()
     }
 
+    /// A request whose certificate, if it gets a subject, was checked already.
     fn head<'a>(method: &'a str, target: &'a str) -> RequestHead<'a> {
-        RequestHead { method, target, ..Default::default() }
+        RequestHead { method, target, certificate_checked: true, ..Default::default() }
     }
 
     /// (method, target, cluster or "respond:<status>", rerouted, long-running, reason)
@@ -877,6 +899,43 @@ mod tests {
         assert_eq!(d.route().map(|r| r.cluster), Some("pool"));
     }
 
+    /// A certificate kube-apiserver would not read gives no identity, nor leaves the request to
+    /// a token or to anonymous access: the apiserver would not have let the connection in.
+    #[test]
+    fn only_a_certificate_the_apiserver_reads_gives_an_identity() {
+        use crate::testing::{CN, certificate_der, peer_certificate, url_encoded_pem};
+        let t = table_with_twins();
+        let universal = url_encoded_pem(&certificate_der(&[(CN, 12, b"ca")], &[(CN, 28, b"\0\0\0a")]));
+        let good = peer_certificate();
+        let cases: [(Option<&str>, &str); 3] = [
+            (Some(&good), ""),
+            (Some(&universal), "its subject's CN is a UniversalString (ASN.1 tag 28)"),
+            (None, "Envoy did not hand skewgate the certificate"),
+        ];
+        for (certificate, refused) in cases {
+            for token in [false, true] {
+                let mut h = head("GET", "/apis/resource.k8s.io/v1/resourceclaims");
+                h.certificate_checked = false;
+                h.client_certificate = certificate.map(str::as_bytes);
+                (h.client_subject, h.token) = (Some("CN=admin,O=system:masters"), token);
+                let d = decide(&t, &h);
+                match d.action {
+                    Action::Refuse(why) => {
+                        assert!(why.reason().contains(refused) && !refused.is_empty(), "{}", why.reason());
+                        assert!(d.identity.is_none() && !d.anonymous);
+                    }
+                    Action::Route(_) => {
+                        assert!(refused.is_empty(), "taken: {refused}");
+                        assert_eq!(d.identity.map(|i| i.user), Some("admin".into()));
+                    }
+                }
+                // Checked on the connection's first request: not again.
+                h.certificate_checked = true;
+                assert!(decide(&t, &h).identity.is_some());
+            }
+        }
+    }
+
     #[test]
     fn an_identity_a_header_would_change_is_refused_not_forwarded() {
         let t = table_with_twins();
@@ -918,7 +977,7 @@ mod prop {
             let (path, known) = path;
             let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
             let target = format!("{path}?{query}");
-            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref(), token: false };
+            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token: false };
             let d = decide(&t, &h);
             if let (Action::Route(r), Some((group, version, resource))) = (&d.action, &known) {
                 let expected = expected_cluster(&sample(), group, version, resource);
@@ -970,7 +1029,7 @@ mod prop {
             let expected = expected_cluster(&config, group, version, resource);
 
             let t = RoutingTable::from_json(config.to_string().as_bytes()).unwrap();
-            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: None, token: true };
+            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: None, client_certificate: None, certificate_checked: true, token: true };
             let d = decide(&t, &h);
             let route = d.route().unwrap();
             prop_assert_eq!(route.cluster, expected.as_str(), "{} {}", method, target);
@@ -980,7 +1039,7 @@ mod prop {
         #[test]
         fn arbitrary_input_never_panics(method in ".{0,10}", target in ".{0,200}", accept in proptest::option::of(".{0,80}"), subject in proptest::option::of(".{0,60}")) {
             let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
-            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), token: false };
+            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token: false };
             let _ = decide(&t, &h);
         }
     }

@@ -81,11 +81,14 @@ pub enum Unforwardable {
     /// A user UID attribute (OID 1.3.6.1.4.1.57683.2), which kube-apiserver reads where the
     /// `AllowParsingUserUIDFromCertAuth` gate is on and skewgate does not forward.
     UidAttribute,
+    /// kube-apiserver would not read the certificate at all (or skewgate was not shown it).
+    Certificate(crate::certificate::Refusal),
 }
 
 impl Unforwardable {
-    pub fn as_str(self) -> &'static str {
-        match self {
+    /// Why, for the 401 `Status` ([`crate::status::unauthorized`]).
+    pub fn reason(self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Unforwardable::SurroundingWhitespace => {
                 "its CN or an O begins or ends with whitespace, which HTTP headers cannot carry"
             }
@@ -94,7 +97,8 @@ impl Unforwardable {
             Unforwardable::NotUtf8 => "its CN or an O is not valid UTF-8",
             Unforwardable::EncodedValue => "its CN or an O is not a string attribute",
             Unforwardable::UidAttribute => "it carries a user UID attribute (OID 1.3.6.1.4.1.57683.2)",
-        }
+            Unforwardable::Certificate(why) => return Cow::Owned(why.to_string()),
+        })
     }
 }
 
@@ -279,7 +283,7 @@ mod tests {
         ];
         for (subject, why) in cases {
             assert_eq!(from_subject(subject), CertIdentity::Refused(why), "{subject:?}");
-            assert!(!why.as_str().is_empty());
+            assert!(!why.reason().is_empty());
         }
         assert_eq!(id("CN=trailing\\"), Some(("trailing".into(), vec![])));
     }

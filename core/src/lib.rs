@@ -6,6 +6,7 @@
 pub mod accept;
 pub mod build;
 pub mod bypass;
+pub mod certificate;
 pub mod decision;
 pub mod discovery;
 pub mod extensions;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
+use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
 use skewgate_pki::Pki;
@@ -346,6 +347,10 @@ async fn identity(native: bool) -> Result<()> {
     ];
     for path in [PODS, CLAIMS_V1] {
         let (_, echo) = f.echo(&f.alice, path, &spoof).await?;
+        assert!(
+            header_values(&echo, PEER_CERTIFICATE_HEADER).is_empty(),
+            "{path}: the certificate went upstream"
+        );
         assert_eq!(header_values(&echo, "x-remote-user"), ["alice"], "{path}");
         assert_eq!(header_values(&echo, "x-remote-group"), ["devs"], "{path}");
         assert!(header_values(&echo, "x-remote-uid").is_empty(), "{path}");
@@ -359,6 +364,29 @@ async fn identity(native: bool) -> Result<()> {
             assert!(header_values(&echo, h).is_empty(), "{path}: {h} reached upstream without a certificate");
         }
         assert_eq!(header_values(&echo, "authorization"), ["Bearer token-1"], "{path}");
+    }
+    // CN `admin` as a UniversalString, from the cluster CA: Envoy verifies it and renders the
+    // subject `CN=admin,O=system:masters` as for any string type; Go's x509 parser, so
+    // kube-apiserver, refuses the certificate. So does skewgate, with or without a token.
+    let universal =
+        f.pki.cluster_ca.client_universal_cn(&f.dir, "universal", "admin", &["system:masters"])?;
+    let pem = [std::fs::read(&universal.cert)?, std::fs::read(&universal.key)?].concat();
+    let client = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?)
+        .identity(reqwest::Identity::from_pem(&pem)?)
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    for (path, token) in [(PODS, false), (CLAIMS_V1, false), (PODS, true)] {
+        let mut req = client.get(format!("{}{path}", f.base));
+        if token {
+            req = req.bearer_auth("token-1");
+        }
+        let (status, h, body) = f.send(&client, req).await?;
+        assert_eq!(status, 401, "{path} token={token}: {body}");
+        assert!(h.get(SERVED_BY).is_none(), "{path}: reached an apiserver");
+        assert!(body.contains("its subject's CN is a UniversalString (ASN.1 tag 28)"), "{path}: {body}");
     }
     if native {
         // The module routed all four (the proxy-wasm filter's routes are named read, ...).

@@ -7,6 +7,7 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use skewgate_core::bypass::{self, ConnectionIdentity};
+use skewgate_core::certificate;
 use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::identity::{
     self, CREDENTIAL_ID_HEADER, Identity, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER,
@@ -86,12 +87,16 @@ impl<H: Host> HttpContext for Http<H> {
         let headers = self.host.request_headers();
         let mut head = RequestHead::default();
         let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
+        let mut certificate = None;
         for (name, value) in &headers {
             match name.as_str() {
                 ":method" => method = Some(String::from_utf8_lossy(value)),
                 ":path" => target = Some(String::from_utf8_lossy(value)),
                 "accept" => accept = Some(String::from_utf8_lossy(value)),
                 "if-none-match" => if_none_match = Some(String::from_utf8_lossy(value)),
+                // Set by the bootstrap's header mutation ahead of this filter, over anything a
+                // client sent, whenever the connection has a certificate; read only then.
+                certificate::PEER_CERTIFICATE_HEADER => certificate = Some(value),
                 other => head.token |= identity::carries_token(other, value),
             }
         }
@@ -104,6 +109,15 @@ impl<H: Host> HttpContext for Http<H> {
         let subject = self.host.property(&["connection", "subject_peer_certificate"]);
         let subject = subject.as_deref().map(String::from_utf8_lossy);
         head.client_subject = identity::client_subject(subject.as_deref());
+        // A connection that carries a mapped identity had its certificate checked on its
+        // first request; the others' is checked on each (a refused one is never mapped).
+        let mapped = head.client_subject.is_some()
+            && active.connection_identity
+            && self.host.property(&[bypass::MARKER]).is_some();
+        if head.client_subject.is_some() {
+            head.certificate_checked = mapped;
+            head.client_certificate = certificate.map(|c| &c[..]);
+        }
 
         let decision = decision::decide(table, &head);
         for (name, _) in &headers {
@@ -119,7 +133,7 @@ impl<H: Host> HttpContext for Http<H> {
         match decision.action {
             decision::Action::Refuse(why) => {
                 active.metrics.refused();
-                let body = status::unauthorized(why.as_str()).to_json();
+                let body = status::unauthorized(&why.reason()).to_json();
                 self.reply(401, vec![("content-type", "application/json")], Some(body.as_bytes()))
             }
             decision::Action::Route(route) => {
@@ -169,7 +183,9 @@ impl<H: Host> HttpContext for Http<H> {
                     if let Some(id) = &credential_id {
                         self.host.set_request_header(CREDENTIAL_ID_HEADER, Some(id));
                     }
-                    self.leave_on_connection(&active, identity, credential_id.as_deref());
+                    if !mapped {
+                        self.leave_on_connection(&active, identity, credential_id.as_deref());
+                    }
                 }
                 Action::Continue
             }
@@ -266,9 +282,9 @@ impl<H: Host> HttpContext for Http<H> {
 impl<H: Host> Http<H> {
     /// Leaves a mapped certificate identity on the connection, for the bypass routes to forward
     /// on its later requests ([`skewgate_core::bypass`]). Read-only there, and a second set would
-    /// trap the VM: a connection that has the marker already costs one read.
+    /// trap the VM: only for a connection without the marker.
     fn leave_on_connection(&self, active: &Active<H>, identity: &Identity<'_>, credential_id: Option<&str>) {
-        if !active.connection_identity || self.host.property(&[bypass::MARKER]).is_some() {
+        if !active.connection_identity {
             return;
         }
         let Some(state) = ConnectionIdentity::new(identity, credential_id) else { return };

@@ -7,6 +7,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::native::module_handles;
@@ -84,6 +85,7 @@ impl Filter {
         let mut head = RequestHead::default();
         let (mut method, mut target, mut accept, mut if_none_match) = (None, None, None, None);
         let mut candidates: Vec<String> = Vec::new();
+        let mut certificate = None;
         for (name, value) in stream.request_headers() {
             let owned = || Some(String::from_utf8_lossy(value).into_owned());
             match name {
@@ -91,6 +93,12 @@ impl Filter {
                 b":path" => target = owned(),
                 b"accept" => accept = owned(),
                 b"if-none-match" => if_none_match = owned(),
+                // Set by the bootstrap's header mutation ahead of this module whenever the
+                // connection has a certificate; stripped with the other x-skewgate-* headers.
+                n if n == PEER_CERTIFICATE_HEADER.as_bytes() => {
+                    certificate = Some(value.to_vec());
+                    candidates.push(PEER_CERTIFICATE_HEADER.to_owned());
+                }
                 n if n.starts_with(b"x-") => candidates.extend(std::str::from_utf8(n).ok().map(String::from)),
                 n => head.token |= std::str::from_utf8(n).is_ok_and(|n| identity::carries_token(n, value)),
             }
@@ -104,6 +112,10 @@ impl Filter {
             .attribute(Attribute::ConnectionSubjectPeerCertificate)
             .map(|s| String::from_utf8_lossy(s).into_owned());
         head.client_subject = identity::client_subject(subject.as_deref());
+        // Checked on every request: the module keeps nothing on the connection.
+        if head.client_subject.is_some() {
+            head.client_certificate = certificate.as_deref();
+        }
 
         let decision = decision::decide(&table, &head);
         let strip: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
@@ -135,7 +147,7 @@ impl Filter {
         self.unlisted_target = unlisted;
         match decision.action {
             decision::Action::Refuse(why) => {
-                let body = status::unauthorized(why.as_str()).to_json();
+                let body = status::unauthorized(&why.reason()).to_json();
                 self.replied = true;
                 stream.send_response(
                     401,

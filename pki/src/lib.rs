@@ -71,7 +71,7 @@ impl Ca {
 
     /// A serving certificate for `names` (DNS names or IP addresses).
     pub fn server(&self, dir: &Path, file: &str, cn: &str, names: &[&str]) -> Result<Pair> {
-        self.leaf(dir, file, cn, &[], names, ExtendedKeyUsagePurpose::ServerAuth)
+        self.leaf(dir, file, cn.into(), &[], names, ExtendedKeyUsagePurpose::ServerAuth)
     }
 
     /// A client certificate: CN is the user, each O (at most two) a group (kube-apiserver's x509
@@ -82,14 +82,28 @@ impl Ca {
         if orgs.len() > 2 {
             anyhow::bail!("{file}: rcgen writes at most two O per subject, not {orgs:?}");
         }
-        self.leaf(dir, file, cn, orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
+        self.leaf(dir, file, cn.into(), orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A client certificate whose CN is a UniversalString: Envoy renders it as any other string,
+    /// Go's x509 parser (kube-apiserver's) refuses the certificate.
+    pub fn client_universal_cn(&self, dir: &Path, file: &str, cn: &str, orgs: &[&str]) -> Result<Pair> {
+        let cn = rcgen::UniversalString::try_from(cn.to_owned())?;
+        self.leaf(
+            dir,
+            file,
+            rcgen::DnValue::UniversalString(cn),
+            orgs,
+            &[],
+            ExtendedKeyUsagePurpose::ClientAuth,
+        )
     }
 
     fn leaf(
         &self,
         dir: &Path,
         file: &str,
-        cn: &str,
+        cn: rcgen::DnValue,
         orgs: &[&str],
         names: &[&str],
         usage: ExtendedKeyUsagePurpose,

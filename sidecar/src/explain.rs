@@ -22,6 +22,9 @@ pub struct Request {
     /// Downstream headers, names as given.
     pub headers: Vec<(String, String)>,
     pub client_cert_subject: Option<String>,
+    /// That certificate's PEM, whose names are then checked as kube-apiserver reads them;
+    /// without it they are taken as checked.
+    pub client_cert: Option<String>,
     /// The OpenAPI composer's summary (`openapi.json` in Envoy's directory), if given.
     pub openapi_summary: Option<Value>,
 }
@@ -74,6 +77,8 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
         accept: req.header("accept"),
         if_none_match: req.header("if-none-match"),
         client_subject: req.client_cert_subject.as_deref(),
+        client_certificate: req.client_cert.as_deref().map(str::as_bytes),
+        certificate_checked: req.client_cert.is_none(),
         token: req
             .headers
             .iter()
@@ -136,7 +141,7 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
         Action::Refuse(why) => {
             out.insert("action".into(), json!("respond"));
             out.insert("status".into(), json!(401));
-            out.insert("body".into(), json!(status::unauthorized(why.as_str()).message));
+            out.insert("body".into(), json!(status::unauthorized(&why.reason()).message));
         }
     }
     out.insert("reason".into(), json!(decision.reason.as_str()));

@@ -41,6 +41,10 @@ enum Command {
         /// Subject of a verified client certificate, as Envoy renders it (e.g. "CN=alice,O=devs").
         #[arg(long)]
         client_cert_subject: Option<String>,
+        /// That certificate (PEM): its names are checked as kube-apiserver reads them, as the
+        /// filter does on a connection's first request. Without it they are taken as checked.
+        #[arg(long, value_name = "FILE", requires = "client_cert_subject")]
+        client_cert: Option<PathBuf>,
         /// The OpenAPI composer's summary (`openapi.json` in Envoy's directory): shows which
         /// apiservers' documents an OpenAPI path is composed from.
         #[arg(long, value_name = "FILE")]
@@ -113,8 +117,28 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::Explain { table, accept, headers, client_cert_subject, openapi, method, path } => {
-            explain_command(table, accept, headers, client_cert_subject, openapi, method, path)
+        Command::Explain {
+            table,
+            accept,
+            headers,
+            client_cert_subject,
+            client_cert,
+            openapi,
+            method,
+            path,
+        } => {
+            let client_cert = match client_cert
+                .map(|p| std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display())))
+            {
+                None => None,
+                Some(Ok(pem)) => Some(pem),
+                Some(Err(e)) => {
+                    eprintln!("skewgate explain: --client-cert {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let client = ClientCert { subject: client_cert_subject, pem: client_cert };
+            explain_command(table, accept, headers, client, openapi, method, path)
         }
         Command::Sync {
             config,
@@ -310,11 +334,17 @@ async fn table_command(
     ExitCode::SUCCESS
 }
 
+/// The verified client certificate of an explained request.
+struct ClientCert {
+    subject: Option<String>,
+    pem: Option<String>,
+}
+
 fn explain_command(
     table: PathBuf,
     accept: Option<String>,
     headers: Vec<String>,
-    client_cert_subject: Option<String>,
+    client: ClientCert,
     openapi: Option<PathBuf>,
     method: String,
     path: String,
@@ -356,7 +386,14 @@ fn explain_command(
         parsed.retain(|(n, _)| !n.eq_ignore_ascii_case("accept"));
         parsed.push(("accept".into(), accept));
     }
-    let req = Request { method, target: path, headers: parsed, client_cert_subject, openapi_summary };
+    let req = Request {
+        method,
+        target: path,
+        headers: parsed,
+        client_cert_subject: client.subject,
+        client_cert: client.pem,
+        openapi_summary,
+    };
     println!("{}", explain::explain(&table, &req));
     ExitCode::SUCCESS
 }

@@ -4,6 +4,8 @@ use proxy_wasm::types::{Action, Status};
 use serde_json::json;
 
 use skewgate_core::bypass;
+use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
+use skewgate_core::testing::peer_certificate;
 
 use super::{configure, configured, get, reply_json, sample, sealed, stream};
 use crate::host::fake::Fake;
@@ -107,14 +109,17 @@ fn a_verified_certificate_becomes_the_forwarded_identity() {
     let (fake, root) = configured(&sample());
     fake.set_property(&["connection", "subject_peer_certificate"], "CN=bob,O=ops,O=devs");
     fake.set_property(&["connection", "sha256_peer_certificate_digest"], DIGEST);
+    let certificate = peer_certificate();
     let headers = [
         (":method", "GET"),
         (":path", SUBSET),
         ("x-remote-user", "admin"),
         ("x-remote-group", "system:masters"),
+        (PEER_CERTIFICATE_HEADER, &certificate),
     ];
     let mut http = stream(&fake, &root, &headers);
     assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    assert!(fake.header(PEER_CERTIFICATE_HEADER).is_empty(), "the certificate went on upstream");
     assert_eq!(fake.header("x-remote-user"), ["bob"]);
     // DER order, which RFC 2253 lists backwards.
     assert_eq!(fake.header("x-remote-group"), ["devs", "ops"]);
@@ -462,7 +467,8 @@ fn openapi_composer_unreachable_is_a_503_never_one_apiservers_document() {
 fn certificate_request(fake: &Fake, root: &Root<Fake>, subject: &str, path: &str) {
     fake.set_property(&["connection", "subject_peer_certificate"], subject);
     fake.set_property(&["connection", "sha256_peer_certificate_digest"], DIGEST);
-    let headers = [(":method", "GET"), (":path", path)];
+    let certificate = peer_certificate();
+    let headers = [(":method", "GET"), (":path", path), (PEER_CERTIFICATE_HEADER, &certificate)];
     let mut http = stream(fake, root, &headers);
     assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
 }
@@ -506,7 +512,8 @@ fn only_mapped_certificates_that_fit_the_routes_are_left_on_the_connection() {
     for subject in [many.as_str(), "O=ops", ""] {
         let (fake, root) = configured(&sample());
         fake.set_property(&["connection", "subject_peer_certificate"], subject);
-        let headers = [(":method", "GET"), (":path", SUBSET)];
+        let certificate = peer_certificate();
+        let headers = [(":method", "GET"), (":path", SUBSET), (PEER_CERTIFICATE_HEADER, &certificate)];
         stream(&fake, &root, &headers).on_http_request_headers(0, true);
         assert_eq!(fake.state().connection_sets, 0, "{subject:?}");
     }
@@ -545,4 +552,28 @@ fn refused_declarations_leave_nothing_on_connections() {
     certificate_request(&fake, &root, "CN=bob", SUBSET);
     assert_eq!(fake.state().connection_sets, 0);
     assert_eq!(fake.header("x-remote-user"), ["bob"]);
+}
+
+/// A certificate whose names kube-apiserver's x509 parser would refuse gives no identity: 401
+/// naming why, nothing left on the connection. So does a certificate the filter was not shown.
+#[test]
+fn a_certificate_the_apiserver_would_refuse_gets_401() {
+    use skewgate_core::testing::{CN, certificate_der, url_encoded_pem};
+    let universal = url_encoded_pem(&certificate_der(&[(CN, 12, b"ca")], &[(CN, 28, b"\0\0\0a")]));
+    let cases = [
+        (Some(universal.as_str()), "its subject's CN is a UniversalString (ASN.1 tag 28)"),
+        (None, "Envoy did not hand skewgate the certificate"),
+    ];
+    for (certificate, why) in cases {
+        let (fake, root) = configured(&sample());
+        fake.set_property(&["connection", "subject_peer_certificate"], "CN=admin,O=system:masters");
+        let mut headers = vec![(":method", "GET"), (":path", SUBSET), ("authorization", "Bearer t")];
+        headers.extend(certificate.map(|c| (PEER_CERTIFICATE_HEADER, c)));
+        let mut http = stream(&fake, &root, &headers);
+        assert_eq!(http.on_http_request_headers(0, true), Action::Pause);
+        let (status, body) = reply_json(&fake);
+        assert_eq!(status, 401);
+        assert!(body["message"].as_str().unwrap_or("").contains(why), "{body}");
+        assert!(fake.state().connection.is_empty());
+    }
 }

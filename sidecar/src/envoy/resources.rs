@@ -9,11 +9,15 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 use skewgate_core::bypass;
+use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::identity::PEER_PROXIED;
 use skewgate_core::table::{RoutingTable, TableConfig};
 
 /// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
 pub const FILTER_NAME: &str = "skewgate";
+/// The bootstrap's header mutation ahead of the filter that hands it the client certificate
+/// ([`PEER_CERTIFICATE_HEADER`]): the routes that skip the filter skip it too.
+pub const CERTIFICATE_FILTER_NAME: &str = "skewgate-certificate";
 /// Name of the native module's HTTP filter in the bootstrap; its ECDS resource carries it too.
 pub const MODULE_FILTER_NAME: &str = "skewgate-module";
 /// The module's shared object without `lib` and `.so`, as Envoy looks it up in
@@ -304,7 +308,7 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
             "name": ROUTE_CONFIG_NAME,
             "domains": ["*"],
             // The filter's routing headers are for Envoy only.
-            "request_headers_to_remove": [CLUSTER_HEADER, ROUTE_HEADER],
+            "request_headers_to_remove": [CLUSTER_HEADER, ROUTE_HEADER, PEER_CERTIFICATE_HEADER],
             // Only failures where the apiserver never saw the request: retrying after it did
             // could repeat a create or a delete.
             "retry_policy": retry_policy("connect-failure,refused-stream,reset-before-request"),
@@ -431,10 +435,10 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             "name": name,
             "match": {"prefix": "/", "headers": headers},
             "route": action,
-            "typed_per_filter_config": {FILTER_NAME: {
-                "@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig",
-                "disabled": true
-            }},
+            "typed_per_filter_config": {
+                FILTER_NAME: {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true},
+                CERTIFICATE_FILTER_NAME: {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true}
+            },
             // For the bootstrap's Status 503 when none of them answers.
             "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
         });
@@ -783,7 +787,10 @@ mod tests {
         assert_eq!(config["@type"], ROUTE_CONFIG_TYPE);
         assert_eq!(config["name"], ROUTE_CONFIG_NAME);
         let host = &config["virtual_hosts"][0];
-        assert_eq!(host["request_headers_to_remove"], json!(["x-skewgate-cluster", "x-skewgate-route"]));
+        assert_eq!(
+            host["request_headers_to_remove"],
+            json!(["x-skewgate-cluster", "x-skewgate-route", "x-skewgate-peer-certificate"])
+        );
         assert_eq!(host["retry_policy"]["retry_on"], "connect-failure,refused-stream,reset-before-request");
         let routes = host["routes"].as_array().unwrap();
         assert_eq!(
@@ -909,10 +916,13 @@ mod tests {
                 route["route"]["retry_policy"], read["route"]["retry_policy"],
                 "the read route's retries"
             );
-            assert_eq!(
-                route["typed_per_filter_config"][FILTER_NAME],
-                json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true})
-            );
+            // Neither the filter nor the header mutation that hands it the certificate.
+            for filter in [FILTER_NAME, CERTIFICATE_FILTER_NAME] {
+                assert_eq!(
+                    route["typed_per_filter_config"][filter],
+                    json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "disabled": true})
+                );
+            }
         }
         // The watch routes: the same clients and additions, the watch regex after a cheap check,
         // no timeout.
