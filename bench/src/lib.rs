@@ -573,7 +573,7 @@ pub fn write_wrk_requests(path: &Path, requests: &[Request]) -> Result<()> {
     Ok(())
 }
 
-/// How many of `requests` each idea of issue 17 takes off the proxy-wasm filter: the bypass routes
+/// How many of `requests` each way around the proxy-wasm filter takes off it: the bypass routes
 /// (reads and watches, the pool's and the serving sets'; a certificate client's after the first
 /// request of its connection) and the dynamic module.
 pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]) -> (usize, usize) {

@@ -4,7 +4,7 @@
 //!   (b) skewgate: the filter with the routing table (envoy-config/bootstrap.yaml), and the routes
 //!       the sidecar writes with it, whose bypass routes take requests that need no decision;
 //!   (c) native: one Envoy route per GVR generated from the same table, no filter;
-//!   and for issue 17: module (the dynamic module ahead of the filter), filter-only (skewgate
+//!   and the ways around the proxy-wasm filter: module (the dynamic module ahead of the filter), filter-only (skewgate
 //!   without bypass routes: every request meets the filter), module-only (the module, no filter),
 //!   and shipped (bootstrap.yaml's listener and routes, no filter: what the shipped settings cost).
 //! The upstream answers discovery requests with documents of the size skewgate composes (an
@@ -33,8 +33,8 @@ use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, sealed_ecds, s
 use skewgate_testkit::paths;
 
 /// plain (first: the others' ratios are to it), skewgate as shipped (the filter behind its bypass
-/// routes), generated routes (one per GVR, no filter), the native module ahead of the filter
-/// (issue 17 (b)), filter-only (the shipped routes without bypass: every request meets the
+/// routes), generated routes (one per GVR, no filter), the native module ahead of the filter,
+/// filter-only (the shipped routes without bypass: every request meets the
 /// filter), the module alone (no filter behind it: no discovery composition; what the chain
 /// costs), and `shipped`: bootstrap.yaml's listener and routes with no filter, every route to the
 /// pool — what the shipped Envoy settings cost before any skewgate code runs.
@@ -215,7 +215,7 @@ async fn main() -> Result<()> {
                 };
                 let mut s = Settings { concurrency, ..Settings::new(c, case.join(config), &pki)? };
                 // The shipped bootstrap with the routes of a table without bypass (every request
-                // meets the filter, as before issue 17), and with no filter at all.
+                // meets the filter, as before the bypass routes), and with no filter at all.
                 if config == "filter-only" || config == "shipped" {
                     let rendered = skewgate_testkit::envoy::render_bootstrap(&s)?;
                     let routed = skewgate_testkit::envoy::with_static_routes(&rendered, &s.route_timeout)?;

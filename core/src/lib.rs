@@ -1,4 +1,8 @@
-//! skewgate's routing logic, shared by the proxy-wasm filter, `skewgate explain` and the sidecar.
+//! skewgate's routing logic. Its users: the proxy-wasm filter (`filter/`) and the native
+//! dynamic module (`module/`) decide every request with it; the `skewgate` binary builds and
+//! seals tables, renders Envoy's files and explains decisions with it; the stand-in apiservers
+//! (`standin/`) parse requests and serve discovery with its grammar and documents; the test kit,
+//! the benchmarks and the end-to-end suites build their tables and check answers with it.
 //!
 //! Nothing here does I/O or knows about proxy-wasm: the data flows request → parse
 //! ([`request_info`]) → decide ([`decision`], against a [`table`]) and the caller acts.

@@ -1,4 +1,4 @@
-//! OpenAPI documents composed at the edge (issue 12): what the filter sends to the apiserver
+//! OpenAPI documents composed at the edge: what the filter sends to the apiserver
 //! that authorizes the request, and which of the composer's answer it passes on.
 
 /// Media types an apiserver answers OpenAPI in; the authorizing request asks for JSON, which

@@ -1,4 +1,4 @@
-//! OpenAPI composed at the edge (issue 12), through a real Envoy with the filter and the
+//! OpenAPI composed at the edge, through a real Envoy with the filter and the
 //! sidecar, on a 1.33-real/1.33-real/1.36-real stand-in cluster: the index lists every
 //! group/version any apiserver serves, each document answers with kube-openapi's caching, v2
 //! has every kind, and nobody gets a document an apiserver would have refused them.

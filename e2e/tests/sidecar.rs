@@ -317,7 +317,8 @@ fn draining(envoy_dir: &Path) -> Result<BTreeSet<String>> {
     Ok(skewgate::envoy::draining_in(&cds))
 }
 
-/// No timer turns "served, unavailable" into "not served" (issue 11 R4): the only apiserver of
+/// No timer turns "served, unavailable" into "not served" (a wrong 404 for a GVR its only apiserver
+/// still serves once it is back): the only apiserver of
 /// some GVRs stops, and long past what used to be the grace period (still in the file, now
 /// ignored) its GVRs are in the table, routed to its set cluster, where it is DRAINING.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,7 +17,7 @@ pub struct Metrics<H: Host> {
     /// per rerouted request cost more than the rest of the counting.
     rerouted: Vec<(Option<u32>, Cell<u64>)>,
     /// Every request the filter saw, counted as `rerouted`: Envoy's `downstream_rq_total` less
-    /// this is what the bypass routes took (issue 17), which Envoy does not count for the pool.
+    /// this is what the bypass routes took, which Envoy does not count for the pool.
     seen: (Option<u32>, Cell<u64>),
     /// Indexed like `RoutingTable::sets`, pool last.
     unavailable: Vec<Option<u32>>,

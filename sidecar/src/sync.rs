@@ -1038,7 +1038,7 @@ async fn run_with(
         poll_period,
         std::future::pending(),
     )));
-    // Puts back Envoy's files when someone else changes them (issue 14 F3).
+    // Puts back Envoy's files when someone else changes them: Envoy acts on any that parses.
     let _guard = AbortOnDrop(tokio::spawn(crate::guard::run(sidecar.pusher.clone(), sidecar.shared())));
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(poll_period);

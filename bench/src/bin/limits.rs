@@ -1,5 +1,5 @@
 //! `make limits`: Envoy's and the sidecar's resident memory at skewgate's size limits and beyond
-//! them (issue 14 F4). Prints one table; nothing is asserted (the limits' behaviour is tested in
+//! them. Prints one table; nothing is asserted (the limits' behaviour is tested in
 //! core, sidecar and harness tests), the figures are for people.
 //!
 //! Envoy (`--concurrency 2`, the shipped bootstrap, the filter) in front of three echo

@@ -62,7 +62,7 @@ async fn control_plane_faults() -> Result<Row> {
     envoy.wait_stat(unparsable, unparsable_before + 1, Duration::from_secs(10)).await?;
     // Valid JSON, but tables the filter's validation refuses (on_configure → false), one fault
     // each: a schema this build does not read, and a pool cluster that is not one of the
-    // clusters the table was sealed with (issue 14 F3), each refused for its own reason.
+    // clusters the table was sealed with, each refused for its own reason.
     let table_path = "/resources/0/typed_config/config/configuration/value";
     let faults: [(&str, Value, &str); 2] = [
         ("schema", json!(99), "unsupported schema 99"),

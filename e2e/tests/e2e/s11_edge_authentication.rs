@@ -43,7 +43,7 @@ async fn edge_authentication() -> Result<Row> {
         ensure!(header(r.headers(), SERVED_BY).is_some(), "{path}: not answered by an apiserver");
     }
 
-    // F2 (issue 12): the merged /apis only after an apiserver authorized the request; its own
+    // The merged /apis only after an apiserver authorized the request; its own
     // 403 (anonymous) or 401 (a token nobody issued) otherwise.
     let stranger = {
         let mut headers = reqwest::header::HeaderMap::new();

@@ -31,7 +31,7 @@ impl Files {
         self.cds_dir().join("cds.json")
     }
 
-    /// The routes: which requests skip the filter depends on the table (issue 17).
+    /// The routes: which requests skip the filter depends on the table.
     pub fn rds_path(&self) -> PathBuf {
         self.cds_dir().join("rds.json")
     }

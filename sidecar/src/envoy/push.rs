@@ -399,7 +399,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
         }
     }
 
-    /// F3 (issue 14): puts back at once each of Envoy's files that someone else replaced or
+    /// Puts back at once each of Envoy's files that someone else replaced or
     /// edited since this sidecar wrote it (Envoy acts on any file that parses). Unless `read_all`,
     /// a file is only read when its inode, length or mtime moved: inodes are reused and mtimes
     /// are coarse (a few ms), so a caller reads everything now and then too. Returns the files

@@ -34,7 +34,7 @@ const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 const ROUTE_CONFIG_TYPE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 /// The route configuration the bootstrap's `rds` asks for.
 pub const ROUTE_CONFIG_NAME: &str = "apiservers";
-/// The routes that send requests to the pool without the filter (issue 17).
+/// The routes that send requests to the pool without the filter.
 pub const BYPASS_TOKEN_ROUTE: &str = "bypass-token";
 pub const BYPASS_CERTIFICATE_ROUTE: &str = "bypass-certificate";
 pub const BYPASS_TOKEN_WATCH_ROUTE: &str = "bypass-token-watch";
@@ -372,7 +372,7 @@ fn present(header: &str, present: bool) -> Value {
 
 /// The routes that take, for `table`, requests that need no decision straight to the cluster the
 /// filter would pick (the pool, or the serving set of a rerouted GVR) with the skewgate filter
-/// disabled (issue 17; what they may take is [`bypass::plan`]'s, proven there). Envoy picks a
+/// disabled (what they may take is [`bypass::plan`]'s, proven there). Envoy picks a
 /// route before any filter runs, so a request these do not match meets the filter and the
 /// routes after them as before. Every `x-remote-*` and `x-kubernetes-peer-proxied` a client sent
 /// is already gone (the listener's early header mutation, before routing: `bypass::LISTENER_STRIPS`),
