@@ -13,6 +13,7 @@ pub mod bypass;
 pub mod certificate;
 pub mod decision;
 pub mod discovery;
+pub mod edits;
 pub mod extensions;
 pub mod identity;
 pub mod legacy_build;

@@ -9,9 +9,8 @@ use proxy_wasm::types::Action;
 use skewgate_core::bypass::{self, ConnectionIdentity};
 use skewgate_core::certificate;
 use skewgate_core::decision::{self, RequestHead};
-use skewgate_core::identity::{
-    self, CREDENTIAL_ID_HEADER, Identity, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER,
-};
+use skewgate_core::edits::{self, Carrier, Edit};
+use skewgate_core::identity::{self, Identity};
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
@@ -19,12 +18,6 @@ use skewgate_core::table::Serving;
 use crate::active::Active;
 use crate::host::Host;
 use crate::openapi::Pending;
-
-/// Read by the route's `cluster_header`.
-pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
-/// Selects the route: `long-running` has no timeout (watches, exec, logs).
-pub const ROUTE_HEADER: &str = "x-skewgate-route";
-pub const LONG_RUNNING: &str = "long-running";
 
 pub struct Http<H: Host> {
     host: H,
@@ -120,76 +113,49 @@ impl<H: Host> HttpContext for Http<H> {
         }
 
         let decision = decision::decide(table, &head);
-        for (name, _) in &headers {
-            if decision.strips(name) {
-                self.host.set_request_header(name, None);
-            }
-        }
         self.serving = decision.serving;
         self.gvr_id = decision.gvr.map(|g| g.id);
         if decision.reason == decision::Reason::ServedByNone {
             self.unlisted_target = Some(head.target.to_owned());
         }
-        match decision.action {
-            decision::Action::Refuse(why) => {
-                active.metrics.refused();
-                let body = status::unauthorized(&why.reason()).to_json();
-                self.reply(401, vec![("content-type", "application/json")], Some(body.as_bytes()))
-            }
-            decision::Action::Route(route) => {
-                self.host.set_request_header(CLUSTER_HEADER, Some(route.cluster));
-                if let Some(reply) = route.compose {
-                    // The apiserver must answer 200 (authorized) or 401/403, not 304 for an
-                    // ETag of its own document.
-                    self.host.set_request_header("if-none-match", None);
-                    self.compose = Some((reply.status, reply.source));
-                }
-                // Every host call costs a few µs: only long-running requests get the route header
-                // (a client's own x-skewgate-* headers were stripped above).
-                if route.long_running {
-                    self.host.set_request_header(ROUTE_HEADER, Some(LONG_RUNNING));
-                }
-                if let Some(cluster) = decision.openapi {
-                    self.openapi = Some(Pending::start(
-                        &self.host,
-                        cluster,
-                        head.target,
-                        head.accept,
-                        head.if_none_match,
-                    ));
-                }
-                if route.rerouted {
-                    self.host.set_request_header(PEER_PROXIED, Some("true"));
-                    if let Some(id) = self.gvr_id {
-                        active.metrics.rerouted(id);
-                    }
-                }
-                if let Some(identity) = &decision.identity {
-                    self.host.set_request_header(REMOTE_USER, Some(&identity.user));
-                    for group in &identity.groups {
-                        self.host.add_request_header(REMOTE_GROUP, group);
-                    }
-                    // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER, which
-                    // is what kube-apiserver's x509 authenticator records.
-                    let credential_id = match table.policy().x509_credential_id {
-                        true => self
-                            .host
-                            .property(&["connection", "sha256_peer_certificate_digest"])
-                            .as_deref()
-                            .and_then(|d| std::str::from_utf8(d).ok())
-                            .and_then(identity::x509_credential_id),
-                        false => None,
-                    };
-                    if let Some(id) = &credential_id {
-                        self.host.set_request_header(CREDENTIAL_ID_HEADER, Some(id));
-                    }
-                    if !mapped {
-                        self.leave_on_connection(&active, identity, credential_id.as_deref());
-                    }
-                }
-                Action::Continue
+        // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER, which is what
+        // kube-apiserver's x509 authenticator records.
+        let credential_id = match (&decision.identity, table.policy().x509_credential_id) {
+            (Some(_), true) => self
+                .host
+                .property(&["connection", "sha256_peer_certificate_digest"])
+                .as_deref()
+                .and_then(|d| std::str::from_utf8(d).ok())
+                .and_then(identity::x509_credential_id),
+            _ => None,
+        };
+        let names = headers.iter().map(|(name, _)| name.as_str());
+        for edit in edits::request_edits(&decision, names, Carrier::Filter, credential_id.as_deref()) {
+            match edit {
+                Edit::Remove(name) => self.host.set_request_header(name, None),
+                Edit::Set(name, value) => self.host.set_request_header(name, Some(&value)),
+                Edit::Add(name, value) => self.host.add_request_header(name, &value),
             }
         }
+        if let Some((status, body)) = edits::refusal(&decision) {
+            active.metrics.refused();
+            return self.reply(status, vec![("content-type", "application/json")], Some(body.as_bytes()));
+        }
+        let Some(route) = decision.route() else { return Action::Continue };
+        if let Some(reply) = route.compose {
+            self.compose = Some((reply.status, reply.source));
+        }
+        if let Some(cluster) = decision.openapi {
+            self.openapi =
+                Some(Pending::start(&self.host, cluster, head.target, head.accept, head.if_none_match));
+        }
+        if let (true, Some(id)) = (route.rerouted, self.gvr_id) {
+            active.metrics.rerouted(id);
+        }
+        if let (Some(identity), false) = (&decision.identity, mapped) {
+            self.leave_on_connection(&active, identity, credential_id.as_deref());
+        }
+        Action::Continue
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {

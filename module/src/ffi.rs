@@ -1,7 +1,7 @@
 //! The Envoy 1.40 dynamic-module ABI, as far as skewgate uses it: the HTTP filter event hooks
 //! Envoy calls, and the callbacks the filter calls back. Written by hand from Envoy's
 //! `source/extensions/dynamic_modules/abi.h` (there is no SDK crate on the registry); the only
-//! unsafe code of the crate is here, behind [`Stream`], which the safe filter logic uses.
+//! unsafe code of the crate is here, behind [`EnvoyStream`], the filter logic's [`Stream`].
 //!
 //! Envoy's C types, in Rust: `envoy_dynamic_module_type_{envoy,module}_buffer` is a pointer and
 //! a length ([`Buffer`]); a header is two of them ([`Header`]); C enums are `u32`; every
@@ -12,6 +12,7 @@ use std::ffi::{c_char, c_void};
 use std::ptr;
 
 use crate::filter::{BodyNext, Config, Filter, Next};
+use crate::stream::{Attribute, Body, Stream};
 
 /// What Envoy logs on load ("Dynamic module ABI version ... matched"); a mismatch only warns.
 static ABI_VERSION: &[u8] = b"v0.2.0\0";
@@ -50,25 +51,6 @@ struct Header {
 // envoy_dynamic_module_type_http_header_type
 const REQUEST_HEADER: u32 = 0;
 const RESPONSE_HEADER: u32 = 2;
-
-/// `envoy_dynamic_module_type_http_body_type` values for the response.
-#[derive(Clone, Copy)]
-#[repr(u32)]
-pub enum Body {
-    /// The chunk of the current body hook.
-    Received = 2,
-    /// What Envoy buffered (also where data added from the trailers hook goes).
-    Buffered = 3,
-}
-
-/// `envoy_dynamic_module_type_attribute_id` values the filter reads.
-#[derive(Clone, Copy)]
-#[repr(u32)]
-pub enum Attribute {
-    ResponseCodeDetails = 16,
-    ConnectionSubjectPeerCertificate = 33,
-    ConnectionSha256PeerCertificateDigest = 38,
-}
 
 unsafe extern "C" {
     fn envoy_dynamic_module_callback_http_get_header(
@@ -127,19 +109,11 @@ unsafe extern "C" {
 /// One HTTP stream's handle into Envoy, valid for the duration of one event hook. Envoy's
 /// buffers handed out by the getters stay valid until the hook returns or a setter runs: they
 /// borrow `&self`, and every setter takes `&mut self`.
-pub struct Stream {
+pub struct EnvoyStream {
     envoy: *mut c_void,
 }
 
-impl Stream {
-    pub fn request_headers(&self) -> Vec<(&[u8], &[u8])> {
-        self.headers(REQUEST_HEADER)
-    }
-
-    pub fn response_headers(&self) -> Vec<(&[u8], &[u8])> {
-        self.headers(RESPONSE_HEADER)
-    }
-
+impl EnvoyStream {
     fn headers(&self, kind: u32) -> Vec<(&[u8], &[u8])> {
         // SAFETY: `envoy` is the live filter Envoy passed to the current hook; the array has the
         // size Envoy reported, and Envoy fills every entry with buffers into its header map,
@@ -155,8 +129,18 @@ impl Stream {
             headers.iter().map(|h| (h.key.bytes(), h.value.bytes())).collect()
         }
     }
+}
 
-    pub fn response_header(&self, name: &str) -> Option<&[u8]> {
+impl Stream for EnvoyStream {
+    fn request_headers(&self) -> Vec<(&[u8], &[u8])> {
+        self.headers(REQUEST_HEADER)
+    }
+
+    fn response_headers(&self) -> Vec<(&[u8], &[u8])> {
+        self.headers(RESPONSE_HEADER)
+    }
+
+    fn response_header(&self, name: &str) -> Option<&[u8]> {
         let mut out = Buffer::NULL;
         // SAFETY: live filter; `name` outlives the call; Envoy writes one buffer into `out`
         // pointing into its header map (see `request_headers` for its lifetime).
@@ -173,7 +157,7 @@ impl Stream {
         }
     }
 
-    pub fn attribute(&self, id: Attribute) -> Option<&[u8]> {
+    fn attribute(&self, id: Attribute) -> Option<&[u8]> {
         let mut out = Buffer::NULL;
         // SAFETY: live filter; Envoy writes a buffer owned by the stream or connection, valid
         // for the rest of the hook.
@@ -185,8 +169,7 @@ impl Stream {
         }
     }
 
-    /// Sets a request header, or removes it with `None`.
-    pub fn set_request_header(&mut self, name: &[u8], value: Option<&[u8]>) {
+    fn set_request_header(&mut self, name: &[u8], value: Option<&[u8]>) {
         let value = value.map_or(Buffer::NULL, Buffer::of);
         // SAFETY: live filter; Envoy copies key and value before returning.
         unsafe {
@@ -199,7 +182,7 @@ impl Stream {
         }
     }
 
-    pub fn add_request_header(&mut self, name: &[u8], value: &[u8]) {
+    fn add_request_header(&mut self, name: &[u8], value: &[u8]) {
         // SAFETY: as `set_request_header`.
         unsafe {
             envoy_dynamic_module_callback_http_add_header(
@@ -211,8 +194,7 @@ impl Stream {
         }
     }
 
-    /// Sets a response header, or removes it with `None`.
-    pub fn set_response_header(&mut self, name: &[u8], value: Option<&[u8]>) {
+    fn set_response_header(&mut self, name: &[u8], value: Option<&[u8]>) {
         let value = value.map_or(Buffer::NULL, Buffer::of);
         // SAFETY: live filter, during a response hook; Envoy copies key and value.
         unsafe {
@@ -225,8 +207,7 @@ impl Stream {
         }
     }
 
-    /// Drops all of that response body buffer.
-    pub fn drain_response_body(&mut self, body: Body) {
+    fn drain_response_body(&mut self, body: Body) {
         // SAFETY: live filter, during a response hook; a missing buffer is reported, not used.
         unsafe {
             let size = envoy_dynamic_module_callback_http_get_body_size(self.envoy, body as u32);
@@ -236,20 +217,19 @@ impl Stream {
         }
     }
 
-    pub fn append_response_body(&mut self, body: Body, data: &[u8]) {
+    fn append_response_body(&mut self, body: Body, data: &[u8]) {
         // SAFETY: live filter, during a response hook; Envoy copies `data` before returning.
         unsafe {
             envoy_dynamic_module_callback_http_append_body(self.envoy, body as u32, Buffer::of(data));
         }
     }
 
-    /// Envoy picks the route again: the cluster header is what the route reads.
-    pub fn clear_route_cache(&mut self) {
+    fn clear_route_cache(&mut self) {
         // SAFETY: live filter, during request headers.
         unsafe { envoy_dynamic_module_callback_http_clear_route_cache(self.envoy) }
     }
 
-    pub fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8], details: &str) {
+    fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8], details: &str) {
         let headers: Vec<Header> = headers
             .iter()
             .map(|(k, v)| Header { key: Buffer::of(k.as_bytes()), value: Buffer::of(v.as_bytes()) })
@@ -359,11 +339,11 @@ extern "C" fn envoy_dynamic_module_on_http_filter_new(
 unsafe fn on_stream<R>(
     envoy: *mut c_void,
     module: *const c_void,
-    hook: impl FnOnce(&mut Filter, &mut Stream) -> R,
+    hook: impl FnOnce(&mut Filter, &mut EnvoyStream) -> R,
 ) -> R {
     // SAFETY: see above; Envoy never calls two hooks of one stream at once.
     let filter = unsafe { &mut *module.cast_mut().cast::<Filter>() };
-    hook(filter, &mut Stream { envoy })
+    hook(filter, &mut EnvoyStream { envoy })
 }
 
 #[unsafe(no_mangle)]

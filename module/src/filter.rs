@@ -9,20 +9,14 @@ use std::sync::Arc;
 
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::decision::{self, RequestHead};
-use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::edits::{self, Carrier, Edit};
+use skewgate_core::identity;
 use skewgate_core::native::module_handles;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::{RoutingTable, Serving};
 
-use crate::ffi::{Attribute, Body, Stream};
-
-/// Read by the route's `cluster_header` (the proxy-wasm filter's too).
-pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
-/// Selects the route; the `native*` classes skip the proxy-wasm filter.
-pub const ROUTE_HEADER: &str = "x-skewgate-route";
-pub const NATIVE: &str = "native";
-pub const NATIVE_LONG_RUNNING: &str = "native-long-running";
+use crate::stream::{Attribute, Body, Stream};
 
 /// One filter configuration: a compiled routing table. A new table is a new configuration
 /// (ECDS); streams keep the one they started with.
@@ -77,7 +71,7 @@ impl Filter {
         }
     }
 
-    pub fn on_request_headers(&mut self, stream: &mut Stream) -> Next {
+    pub fn on_request_headers(&mut self, stream: &mut impl Stream) -> Next {
         let table = self.table.clone();
         // Owned copies of what the decision reads and of the names it may strip (all `x-...`):
         // Envoy's header buffers may move once a header is set, and the decision borrows from
@@ -138,57 +132,39 @@ impl Filter {
                 .and_then(identity::x509_credential_id),
             _ => None,
         };
-        let unlisted = (decision.reason == decision::Reason::ServedByNone).then(|| head.target.to_owned());
-        for name in &strip {
-            stream.set_request_header(name.as_bytes(), None);
-        }
         self.serving = decision.serving;
         self.gvr_id = decision.gvr.map(|g| g.id);
-        self.unlisted_target = unlisted;
-        match decision.action {
-            decision::Action::Refuse(why) => {
-                let body = status::unauthorized(&why.reason()).to_json();
-                self.replied = true;
-                stream.send_response(
-                    401,
-                    &[("content-type", "application/json")],
-                    body.as_bytes(),
-                    "skewgate_refused",
-                );
-                Next::Stop
-            }
-            decision::Action::Route(route) => {
-                self.routed = true;
-                stream.set_request_header(CLUSTER_HEADER.as_bytes(), Some(route.cluster.as_bytes()));
-                if let Some(reply) = route.compose {
-                    // As in the filter: the apiserver must answer 200 (authorized) or 401/403,
-                    // not 304 for an ETag of its own document.
-                    stream.set_request_header(b"if-none-match", None);
-                    self.compose = Some((reply.status, reply.source));
-                }
-                let class = if route.long_running { NATIVE_LONG_RUNNING } else { NATIVE };
-                stream.set_request_header(ROUTE_HEADER.as_bytes(), Some(class.as_bytes()));
-                if route.rerouted {
-                    stream.set_request_header(PEER_PROXIED.as_bytes(), Some(b"true"));
-                }
-                if let Some(identity) = &decision.identity {
-                    stream.set_request_header(REMOTE_USER.as_bytes(), Some(identity.user.as_bytes()));
-                    for group in &identity.groups {
-                        stream.add_request_header(REMOTE_GROUP.as_bytes(), group.as_bytes());
-                    }
-                    if let Some(id) = &credential_id {
-                        stream.set_request_header(CREDENTIAL_ID_HEADER.as_bytes(), Some(id.as_bytes()));
-                    }
-                }
-                stream.clear_route_cache();
-                Next::Continue
+        self.unlisted_target =
+            (decision.reason == decision::Reason::ServedByNone).then(|| head.target.to_owned());
+        let names = candidates.iter().map(String::as_str);
+        for edit in edits::request_edits(&decision, names, Carrier::Module, credential_id.as_deref()) {
+            match edit {
+                Edit::Remove(name) => stream.set_request_header(name.as_bytes(), None),
+                Edit::Set(name, value) => stream.set_request_header(name.as_bytes(), Some(value.as_bytes())),
+                Edit::Add(name, value) => stream.add_request_header(name.as_bytes(), value.as_bytes()),
             }
         }
+        if let Some((status, body)) = edits::refusal(&decision) {
+            self.replied = true;
+            stream.send_response(
+                status,
+                &[("content-type", "application/json")],
+                body.as_bytes(),
+                "skewgate_refused",
+            );
+            return Next::Stop;
+        }
+        if let Some(route) = decision.route() {
+            self.routed = true;
+            self.compose = route.compose.map(|reply| (reply.status, reply.source));
+        }
+        stream.clear_route_cache();
+        Next::Continue
     }
 
     /// Envoy's own failure (no healthy upstream, connect failure, ...) for a request the module
     /// routed: the same Status document the proxy-wasm filter answers.
-    pub fn on_response_headers(&mut self, stream: &mut Stream, end_of_stream: bool) -> Next {
+    pub fn on_response_headers(&mut self, stream: &mut impl Stream, end_of_stream: bool) -> Next {
         if !self.routed || self.replied {
             return Next::Continue;
         }
@@ -249,7 +225,7 @@ impl Filter {
 impl Filter {
     /// The apiserver's body, while a composed answer replaces it: dropped, and at its end the
     /// composed answer's status, headers and body in its place.
-    pub fn on_response_body(&mut self, stream: &mut Stream, end_of_stream: bool) -> BodyNext {
+    pub fn on_response_body(&mut self, stream: &mut impl Stream, end_of_stream: bool) -> BodyNext {
         if !self.replacing {
             return BodyNext::Continue;
         }
@@ -262,14 +238,14 @@ impl Filter {
     }
 
     /// An apiserver's answer that ends with trailers (HTTP/2): the composed body goes in before them.
-    pub fn on_response_trailers(&mut self, stream: &mut Stream) -> Next {
+    pub fn on_response_trailers(&mut self, stream: &mut impl Stream) -> Next {
         if self.replacing {
             self.replace(stream, Body::Buffered);
         }
         Next::Continue
     }
 
-    fn replace(&mut self, stream: &mut Stream, body: Body) {
+    fn replace(&mut self, stream: &mut impl Stream, body: Body) {
         self.replacing = false;
         self.replied = true;
         let Some((compose, source)) = self.compose else { return };

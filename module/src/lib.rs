@@ -3,5 +3,11 @@
 //! front of the proxy-wasm filter, which stays the portable default and keeps the composed
 //! answers (discovery, OpenAPI) — see envoy-config/bootstrap-native.yaml.
 
+// Envoy's ABI: in the shared library only (a test binary has no Envoy to call back).
+#[cfg(not(test))]
 mod ffi;
 pub mod filter;
+pub mod stream;
+
+#[cfg(test)]
+mod tests;

@@ -2,11 +2,10 @@
 //! filter runs (`core::decision`), on a table file, after the path normalisation Envoy applies
 //! before the filter sees the request ([`crate::envoy_path`]).
 
-use std::borrow::Cow;
-
 use serde_json::{Map, Value, json};
 use skewgate_core::decision::{self, Action, Composed, Reason, RequestHead};
-use skewgate_core::identity::{self, CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use skewgate_core::edits::{self, Carrier, Edit};
+use skewgate_core::identity;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status;
 use skewgate_core::table::RoutingTable;
@@ -110,10 +109,16 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
             out.insert("longRunning".into(), json!(route.long_running));
             out.insert("servingSet".into(), json!(serving));
             out.insert("anonymous".into(), json!(decision.anonymous));
-            out.insert(
-                "requestHeaders".into(),
-                header_edits(req, &decision, route, table.policy().x509_credential_id),
-            );
+            let credential_id = decision.identity.is_some() && table.policy().x509_credential_id;
+            out.insert("requestHeaders".into(), header_edits(req, &decision, Carrier::Filter, credential_id));
+            // With the native module ahead of the filter (docs/native-module.md): what it does
+            // instead, for the requests it routes itself.
+            if skewgate_core::native::module_handles(&decision) {
+                out.insert(
+                    "withNativeModule".into(),
+                    json!({"requestHeaders": header_edits(req, &decision, Carrier::Module, credential_id)}),
+                );
+            }
             if let Some(composer) = decision.openapi {
                 out.insert("openapi".into(), openapi(req, target, composer));
             }
@@ -176,37 +181,23 @@ fn openapi(req: &Request, target: &str, composer: &str) -> Value {
     })
 }
 
-/// What the filter removes and sets on the way upstream.
+/// What the filter (or the native module) removes and sets on the way upstream: core's edits,
+/// as the adapters carry them out.
 fn header_edits(
     req: &Request,
     d: &decision::Decision<'_, '_>,
-    route: &decision::Route<'_>,
+    carrier: Carrier,
     credential_id: bool,
 ) -> Value {
-    let mut removed: Vec<&str> =
-        req.headers.iter().map(|(n, _)| n.as_str()).filter(|n| d.strips(n)).collect();
-    let mut set: Vec<(String, Cow<'_, str>)> =
-        vec![("x-skewgate-cluster".into(), Cow::Borrowed(route.cluster))];
-    if route.long_running {
-        set.push(("x-skewgate-route".into(), Cow::Borrowed("long-running")));
-    }
-    if route.compose.is_some() {
-        removed.push("if-none-match");
-    }
-    if route.rerouted {
-        set.push((PEER_PROXIED.into(), Cow::Borrowed("true")));
-    }
-    if let Some(identity) = &d.identity {
-        set.push((REMOTE_USER.into(), identity.user.clone()));
-        set.extend(identity.groups.iter().map(|g| (REMOTE_GROUP.to_string(), g.clone())));
-        if credential_id {
-            set.push((
-                CREDENTIAL_ID_HEADER.into(),
-                Cow::Borrowed("X509SHA256=<SHA-256 of the client certificate>"),
-            ));
+    let placeholder = credential_id.then_some("X509SHA256=<SHA-256 of the client certificate>");
+    let names = req.headers.iter().map(|(n, _)| n.as_str());
+    let (mut removed, mut set) = (Vec::new(), Vec::new());
+    for edit in edits::request_edits(d, names, carrier, placeholder) {
+        match edit {
+            Edit::Remove(name) => removed.push(json!(name)),
+            Edit::Set(name, value) | Edit::Add(name, value) => set.push(json!([name, value])),
         }
     }
-    let set: Vec<Value> = set.into_iter().map(|(k, v)| json!([k, v])).collect();
     json!({"remove": removed, "set": set})
 }
 

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
+use skewgate_core::edits::{CLUSTER_HEADER, NATIVE, NATIVE_LONG_RUNNING, ROUTE_HEADER};
 
 use crate::paths;
 
@@ -53,9 +54,9 @@ fn composite_wasm_filter(bootstrap: &str) -> Result<Value> {
                 "predicate": {"not_matcher": {"single_predicate": {
                     "input": {"name": "route-class", "typed_config": {
                         "@type": "type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput",
-                        "header_name": "x-skewgate-route"
+                        "header_name": ROUTE_HEADER
                     }},
-                    "value_match": {"prefix": "native"}
+                    "value_match": {"prefix": NATIVE}
                 }}},
                 "on_match": {"action": {"name": "skewgate", "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.composite.v3.ExecuteFilterAction",
@@ -140,14 +141,14 @@ fn route_timeout(bootstrap: &str) -> Result<String> {
 /// The shipped routes (long-running, read with retries, default), for requests the module
 /// routed: the same behaviour, and route names that show who routed a request.
 fn native_routes(timeout: &str) -> Vec<Value> {
-    let class = |c: &str| json!({"name": "x-skewgate-route", "string_match": {"exact": c}});
+    let class = |c: &str| json!({"name": ROUTE_HEADER, "string_match": {"exact": c}});
     let method = |m: &str| json!({"name": ":method", "string_match": {"exact": m}});
     let host_predicate = json!([{
         "name": "envoy.retry_host_predicates.previous_hosts",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}
     }]);
     let read = json!({
-        "cluster_header": "x-skewgate-cluster",
+        "cluster_header": CLUSTER_HEADER,
         "timeout": "0s",
         "idle_timeout": timeout,
         "retry_policy": {
@@ -158,13 +159,13 @@ fn native_routes(timeout: &str) -> Vec<Value> {
         }
     });
     vec![
-        json!({"name": "native-long-running", "match": {"prefix": "/", "headers": [class("native-long-running")]},
-               "route": {"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": "3600s"}}),
-        json!({"name": "native-read", "match": {"prefix": "/", "headers": [class("native"), method("GET")]},
+        json!({"name": NATIVE_LONG_RUNNING, "match": {"prefix": "/", "headers": [class(NATIVE_LONG_RUNNING)]},
+               "route": {"cluster_header": CLUSTER_HEADER, "timeout": "0s", "idle_timeout": "3600s"}}),
+        json!({"name": "native-read", "match": {"prefix": "/", "headers": [class(NATIVE), method("GET")]},
                "route": read}),
-        json!({"name": "native-read-head", "match": {"prefix": "/", "headers": [class("native"), method("HEAD")]},
+        json!({"name": "native-read-head", "match": {"prefix": "/", "headers": [class(NATIVE), method("HEAD")]},
                "route": read}),
-        json!({"name": "native", "match": {"prefix": "/", "headers": [class("native")]},
-               "route": {"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": timeout}}),
+        json!({"name": NATIVE, "match": {"prefix": "/", "headers": [class(NATIVE)]},
+               "route": {"cluster_header": CLUSTER_HEADER, "timeout": "0s", "idle_timeout": timeout}}),
     ]
 }

@@ -10,6 +10,7 @@ use std::path::Path;
 use serde_json::{Value, json};
 use skewgate_core::bypass;
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
+use skewgate_core::edits::{CLUSTER_HEADER, LONG_RUNNING, ROUTE_HEADER};
 use skewgate_core::identity::PEER_PROXIED;
 use skewgate_core::table::{RoutingTable, TableConfig};
 
@@ -43,9 +44,6 @@ pub const BYPASS_CERTIFICATE_WATCH_ROUTE: &str = "bypass-certificate-watch";
 /// set's cluster with `_` for any dot (`rerouted_skewgate-set-cp-3`: Envoy's Prometheus output
 /// tags a route's statistics with `envoy_route` up to the first dot).
 pub const REROUTED_STAT_PREFIX: &str = "rerouted_";
-/// Where the filter names the cluster of a request, and its route class.
-const CLUSTER_HEADER: &str = "x-skewgate-cluster";
-const ROUTE_HEADER: &str = "x-skewgate-route";
 
 /// Where an apiserver listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -276,8 +274,8 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
         // Watches, exec, attach, port-forward, logs, proxy: the filter marks them the way
         // kube-apiserver's long-running check does. They outlive any request timeout.
         json!({
-            "name": "long-running",
-            "match": {"prefix": "/", "headers": [exact(ROUTE_HEADER, "long-running")]},
+            "name": LONG_RUNNING,
+            "match": {"prefix": "/", "headers": [exact(ROUTE_HEADER, LONG_RUNNING)]},
             "route": {"cluster_header": CLUSTER_HEADER, "timeout": "0s", "idle_timeout": "3600s"}
         }),
         // Reads may also be retried when the connection drops before any answer (an apiserver

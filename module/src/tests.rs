@@ -1,0 +1,199 @@
+//! The module's filter against a fake Envoy stream: what it does to a request's headers, which
+//! local replies it sends, what it leaves to the proxy-wasm filter behind it.
+
+use serde_json::{Value, json};
+use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
+use skewgate_core::edits::{CLUSTER_HEADER, NATIVE, NATIVE_LONG_RUNNING, ROUTE_HEADER};
+use skewgate_core::testing::{CN, certificate_der, peer_certificate, sample, sealed, url_encoded_pem};
+
+use crate::filter::{Config, Filter, Next};
+use crate::stream::{Attribute, Body, Stream};
+
+/// An Envoy stream: its headers, the attributes it answers, and what the filter did to it.
+#[derive(Default)]
+struct Fake {
+    request: Vec<(Vec<u8>, Vec<u8>)>,
+    response: Vec<(Vec<u8>, Vec<u8>)>,
+    attributes: Vec<(Attribute, Vec<u8>)>,
+    reply: Option<(u32, Vec<u8>, String)>,
+    route_cleared: usize,
+}
+
+impl Fake {
+    fn request(headers: &[(&str, &str)]) -> Self {
+        let request = headers.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect();
+        Fake { request, ..Fake::default() }
+    }
+
+    fn header(&self, name: &str) -> Vec<String> {
+        self.request
+            .iter()
+            .filter(|(n, _)| n == name.as_bytes())
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .collect()
+    }
+
+    fn reply_json(&self) -> (u32, Value) {
+        let (status, body, _) = self.reply.as_ref().expect("a local reply");
+        (*status, serde_json::from_slice(body).expect("a JSON body"))
+    }
+}
+
+impl Stream for Fake {
+    fn request_headers(&self) -> Vec<(&[u8], &[u8])> {
+        self.request.iter().map(|(n, v)| (&n[..], &v[..])).collect()
+    }
+    fn response_headers(&self) -> Vec<(&[u8], &[u8])> {
+        self.response.iter().map(|(n, v)| (&n[..], &v[..])).collect()
+    }
+    fn response_header(&self, name: &str) -> Option<&[u8]> {
+        self.response.iter().find(|(n, _)| n == name.as_bytes()).map(|(_, v)| &v[..])
+    }
+    fn attribute(&self, id: Attribute) -> Option<&[u8]> {
+        self.attributes.iter().find(|(a, _)| *a == id).map(|(_, v)| &v[..])
+    }
+    fn set_request_header(&mut self, name: &[u8], value: Option<&[u8]>) {
+        self.request.retain(|(n, _)| n != name);
+        if let Some(value) = value {
+            self.request.push((name.to_vec(), value.to_vec()));
+        }
+    }
+    fn add_request_header(&mut self, name: &[u8], value: &[u8]) {
+        self.request.push((name.to_vec(), value.to_vec()));
+    }
+    fn set_response_header(&mut self, name: &[u8], value: Option<&[u8]>) {
+        self.response.retain(|(n, _)| n != name);
+        if let Some(value) = value {
+            self.response.push((name.to_vec(), value.to_vec()));
+        }
+    }
+    fn drain_response_body(&mut self, _body: Body) {}
+    fn append_response_body(&mut self, _body: Body, _data: &[u8]) {}
+    fn clear_route_cache(&mut self) {
+        self.route_cleared += 1;
+    }
+    fn send_response(&mut self, status: u32, _headers: &[(&str, &str)], body: &[u8], details: &str) {
+        self.reply = Some((status, body.to_vec(), details.to_owned()));
+    }
+}
+
+fn filter() -> Filter {
+    let table = sealed(&sample()).to_string();
+    Filter::new(&Config::new(b"skewgate-module", table.as_bytes()).expect("the sample table"))
+}
+
+#[test]
+fn only_sealed_tables_are_taken() {
+    assert!(Config::new(b"m", sample().to_string().as_bytes()).is_none());
+    assert!(Config::new(b"m", sealed(&sample()).to_string().as_bytes()).is_some());
+}
+
+/// A rerouted watch: the cluster of the apiservers that serve it, the module's long-running
+/// class (its routes skip the proxy-wasm filter), the peer-proxied stamp; a client's own
+/// reserved headers gone, Envoy asked to pick the route again.
+#[test]
+fn a_rerouted_watch_takes_the_native_long_running_route() {
+    let mut stream = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/apis/resource.k8s.io/v1/resourceclaims?watch=1"),
+        ("authorization", "Bearer t"),
+        ("x-remote-user", "admin"),
+        ("x-skewgate-route", "native"),
+    ]);
+    assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));
+    assert_eq!(stream.header(CLUSTER_HEADER), ["set-c"]);
+    assert_eq!(stream.header(ROUTE_HEADER), [NATIVE_LONG_RUNNING]);
+    assert_eq!(stream.header("x-kubernetes-peer-proxied"), ["true"]);
+    assert!(stream.header("x-remote-user").is_empty());
+    assert_eq!(stream.route_cleared, 1);
+}
+
+/// A certificate client: its identity from the subject Envoy renders, once the certificate's
+/// names pass as kube-apiserver reads them; the certificate header is not passed on.
+#[test]
+fn a_certificate_becomes_the_identity() {
+    let certificate = peer_certificate();
+    let mut stream = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/api/v1/namespaces/default/pods"),
+        (PEER_CERTIFICATE_HEADER, &certificate),
+    ]);
+    stream.attributes.push((Attribute::ConnectionSubjectPeerCertificate, b"CN=bob,O=ops,O=devs".to_vec()));
+    stream.attributes.push((Attribute::ConnectionSha256PeerCertificateDigest, [b'a'; 64].to_vec()));
+    assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));
+    assert_eq!(stream.header("x-remote-user"), ["bob"]);
+    assert_eq!(stream.header("x-remote-group"), ["devs", "ops"]);
+    assert_eq!(
+        stream.header("x-remote-extra-authentication.kubernetes.io%2fcredential-id"),
+        [format!("X509SHA256={}", "a".repeat(64))]
+    );
+    assert_eq!(stream.header(ROUTE_HEADER), [NATIVE]);
+    assert!(stream.header(PEER_CERTIFICATE_HEADER).is_empty());
+}
+
+/// A certificate kube-apiserver would not read: 401 naming why, nothing routed.
+#[test]
+fn a_certificate_the_apiserver_would_refuse_gets_401() {
+    let universal = url_encoded_pem(&certificate_der(&[(CN, 12, b"ca")], &[(CN, 28, b"\0\0\0a")]));
+    let mut stream = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/api/v1/namespaces/default/pods"),
+        ("authorization", "Bearer t"),
+        (PEER_CERTIFICATE_HEADER, &universal),
+    ]);
+    stream.attributes.push((Attribute::ConnectionSubjectPeerCertificate, b"CN=admin".to_vec()));
+    assert!(matches!(filter().on_request_headers(&mut stream), Next::Stop));
+    let (status, body) = stream.reply_json();
+    assert_eq!(status, 401);
+    assert!(body["message"].as_str().unwrap_or("").contains("UniversalString"), "{body}");
+    assert_eq!(stream.reply.as_ref().map(|r| r.2.as_str()), Some("skewgate_refused"));
+    assert!(stream.header(CLUSTER_HEADER).is_empty());
+}
+
+/// Envoy's own 503 for a request the module routed becomes skewgate's `Status`, naming the
+/// apiservers that serve the GVR; an apiserver's own 503 passes.
+#[test]
+fn envoys_own_failure_names_the_serving_apiservers() {
+    let mut f = filter();
+    let mut stream = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/apis/resource.k8s.io/v1/resourceclaims"),
+        ("authorization", "Bearer t"),
+    ]);
+    f.on_request_headers(&mut stream);
+    stream.response.push((b":status".to_vec(), b"503".to_vec()));
+    stream.attributes.push((Attribute::ResponseCodeDetails, b"no_healthy_upstream".to_vec()));
+    assert!(matches!(f.on_response_headers(&mut stream, true), Next::Stop));
+    let (status, body) = stream.reply_json();
+    assert_eq!(status, 503);
+    let message = body["message"].as_str().unwrap_or("");
+    assert!(message.contains("resourceclaims") && message.contains("set-c"), "{body}");
+
+    let mut passed =
+        Fake::request(&[(":method", "GET"), (":path", "/api/v1/pods"), ("authorization", "Bearer t")]);
+    let mut f = filter();
+    f.on_request_headers(&mut passed);
+    passed.response.push((b":status".to_vec(), b"503".to_vec()));
+    passed.attributes.push((Attribute::ResponseCodeDetails, b"via_upstream".to_vec()));
+    assert!(matches!(f.on_response_headers(&mut passed, true), Next::Continue));
+    assert!(passed.reply.is_none());
+}
+
+/// An OpenAPI document composed at the edge is the proxy-wasm filter's: the module only strips
+/// what the decision strips, routes nothing and keeps Envoy's route choice fresh.
+#[test]
+fn openapi_compositions_are_left_to_the_proxy_wasm_filter() {
+    let mut table = sample();
+    table["openapiCluster"] = json!("openapi-composer");
+    let table = sealed(&table).to_string();
+    let mut f = Filter::new(&Config::new(b"m", table.as_bytes()).expect("a table"));
+    let mut stream = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/openapi/v3/apis/resource.k8s.io/v1"),
+        ("authorization", "Bearer t"),
+        ("x-skewgate-route", "native"),
+    ]);
+    assert!(matches!(f.on_request_headers(&mut stream), Next::Continue));
+    assert!(stream.header(CLUSTER_HEADER).is_empty() && stream.header(ROUTE_HEADER).is_empty());
+    assert_eq!(stream.route_cleared, 1);
+}
