@@ -6,6 +6,9 @@ use std::borrow::Cow;
 
 use crate::decision::{Action, Decision};
 use crate::identity::{CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
+use crate::request_info::{RequestInfo, decode_path, split_target};
+use crate::status::{self, Unavailable};
+use crate::table::{RoutingTable, Serving};
 
 /// The cluster Envoy's route sends a decided request to (`cluster_header`).
 pub const CLUSTER_HEADER: &str = "x-skewgate-cluster";
@@ -80,9 +83,36 @@ pub fn request_edits<'a>(
 /// The local reply instead of any upstream, for a refused request: status and JSON body.
 pub fn refusal(decision: &Decision<'_, '_>) -> Option<(u32, String)> {
     match &decision.action {
-        Action::Refuse(why) => Some((401, crate::status::unauthorized(&why.reason()).to_json())),
+        Action::Refuse(why) => Some((401, status::unauthorized(&why.reason()).to_json())),
         Action::Route(_) => None,
     }
+}
+
+/// Envoy's own failure (no healthy upstream, a reset, a timeout) for a request skewgate routed,
+/// as the 503 `Status` body the filter and the module answer with: the GVR (the table's entry
+/// `gvr_id`, or, for one the table does not know, what `unlisted_target` asks for, parsed again
+/// on this rare path rather than kept for every request), the cluster and its apiservers, and
+/// Envoy's detail.
+pub fn unavailable_reply(
+    table: &RoutingTable,
+    serving: Option<Serving>,
+    gvr_id: Option<usize>,
+    unlisted_target: Option<&str>,
+    envoy_detail: &str,
+) -> String {
+    let serving = serving.unwrap_or(Serving::All);
+    let members: Vec<&str> = table.members(serving).collect();
+    let cluster = table.cluster(serving);
+    if let Some(g) = gvr_id.and_then(|id| table.gvrs().get(id)) {
+        let gvr = Some((g.group.as_str(), g.version.as_str(), g.resource.as_str()));
+        return status::service_unavailable(&Unavailable { gvr, cluster, members: &members, envoy_detail })
+            .to_json();
+    }
+    let (raw, query) = split_target(unlisted_target.unwrap_or(""));
+    let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
+    let info = RequestInfo::parse("GET", &path, query);
+    let gvr = info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
+    status::service_unavailable(&Unavailable { gvr, cluster, members: &members, envoy_detail }).to_json()
 }
 
 #[cfg(test)]
@@ -153,6 +183,25 @@ mod tests {
             request_edits(&d, ["authorization"], Carrier::Module, None),
             [Edit::Set(CLUSTER_HEADER, "pool".into()), Edit::Set(ROUTE_HEADER, NATIVE.into())]
         );
+    }
+
+    /// Envoy's own 503 names the GVR: the table's entry, or, for one the table does not know,
+    /// what the path asks for.
+    #[test]
+    fn envoys_failure_names_the_gvr_and_the_apiservers() {
+        let t = table();
+        let known = t.gvrs().iter().position(|g| g.resource == "resourceclaims");
+        let body = unavailable_reply(&t, None, known, None, "no_healthy_upstream");
+        assert!(body.contains("resourceclaims") && body.contains("no_healthy_upstream"), "{body}");
+        let unknown = unavailable_reply(
+            &t,
+            None,
+            None,
+            Some("/apis/x.example/v1/namespaces/n/widgets?watch=1"),
+            "reset",
+        );
+        assert!(unknown.contains("widgets.v1.x.example is served by"), "{unknown}");
+        assert!(unknown.contains("pool"), "{unknown}");
     }
 
     /// A refused request loses its reserved headers and gets a 401 `Status` instead of any

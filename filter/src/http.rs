@@ -1,7 +1,6 @@
 //! One HTTP stream: request → parse → decide → act, then the 503 rewrite of Envoy's own
 //! upstream-failure replies.
 
-use std::borrow::Cow;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
@@ -11,7 +10,6 @@ use skewgate_core::certificate;
 use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit};
 use skewgate_core::identity::{self, Identity};
-use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::Serving;
 
@@ -72,7 +70,13 @@ impl<H: Host> Context for Http<H> {
 impl<H: Host> HttpContext for Http<H> {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let Some(active) = self.active.clone() else {
-            let body = unavailable_body(None, "skewgate-unconfigured", &[], "skewgate has no routing table");
+            let unconfigured = Unavailable {
+                gvr: None,
+                cluster: "skewgate-unconfigured",
+                members: &[],
+                envoy_detail: "skewgate has no routing table",
+            };
+            let body = status::service_unavailable(&unconfigured).to_json();
             return self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()));
         };
         active.metrics.seen();
@@ -219,28 +223,14 @@ impl<H: Host> HttpContext for Http<H> {
         let Some(active) = self.active.clone() else { return Action::Continue };
         let table = &active.table;
         active.metrics.unavailable(self.serving);
-        let serving = self.serving.unwrap_or(Serving::All);
-        let members: Vec<&str> = table.members(serving).collect();
-        let gvr = self.gvr_id.and_then(|id| table.gvrs().get(id));
         let details = String::from_utf8_lossy(&details);
-        let body = match gvr {
-            Some(g) => unavailable_body(
-                Some((&g.group, &g.version, &g.resource)),
-                table.cluster(serving),
-                &members,
-                &details,
-            ),
-            // Not in the table: name the GVR the path asks for, if it is a resource request.
-            None => {
-                let target = self.unlisted_target.as_deref().unwrap_or("");
-                let (raw, query) = split_target(target);
-                let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
-                let info = RequestInfo::parse("GET", &path, query);
-                let gvr =
-                    info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
-                unavailable_body(gvr, table.cluster(serving), &members, &details)
-            }
-        };
+        let body = edits::unavailable_reply(
+            table,
+            self.serving,
+            self.gvr_id,
+            self.unlisted_target.as_deref(),
+            &details,
+        );
         self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
     }
 }
@@ -325,13 +315,4 @@ fn count<H: Host>(active: &Active<H>, reply: &decision::Reply) {
     if reply.source == decision::Composed::MergedDiscovery {
         active.metrics.merged_discovery(reply.status);
     }
-}
-
-fn unavailable_body(
-    gvr: Option<(&str, &str, &str)>,
-    cluster: &str,
-    members: &[&str],
-    envoy_detail: &str,
-) -> String {
-    status::service_unavailable(&Unavailable { gvr, cluster, members, envoy_detail }).to_json()
 }

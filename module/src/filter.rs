@@ -4,7 +4,6 @@
 //! every other request is routed here, marked with the `native` route class, and the routes for
 //! that class disable the proxy-wasm filter (envoy-config/bootstrap-native.yaml).
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
@@ -12,8 +11,6 @@ use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit};
 use skewgate_core::identity;
 use skewgate_core::native::module_handles;
-use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
-use skewgate_core::status::{self, Unavailable};
 use skewgate_core::table::{RoutingTable, Serving};
 
 use crate::stream::{Attribute, Body, Stream};
@@ -204,7 +201,7 @@ impl Filter {
             return Next::Continue;
         }
         let details = String::from_utf8_lossy(details).into_owned();
-        let body = unavailable_body(
+        let body = edits::unavailable_reply(
             &self.table,
             self.serving,
             self.gvr_id,
@@ -267,35 +264,5 @@ impl Filter {
         }
         stream.set_response_header(b"content-length", Some(reply.body.len().to_string().as_bytes()));
         stream.append_response_body(body, reply.body.as_bytes());
-    }
-}
-
-fn unavailable_body(
-    table: &RoutingTable,
-    serving: Option<Serving>,
-    gvr_id: Option<usize>,
-    unlisted_target: Option<&str>,
-    envoy_detail: &str,
-) -> String {
-    let serving = serving.unwrap_or(Serving::All);
-    let members: Vec<&str> = table.members(serving).collect();
-    let cluster = table.cluster(serving);
-    let gvr = gvr_id.and_then(|id| table.gvrs().get(id));
-    match gvr {
-        Some(g) => status::service_unavailable(&Unavailable {
-            gvr: Some((&g.group, &g.version, &g.resource)),
-            cluster,
-            members: &members,
-            envoy_detail,
-        })
-        .to_json(),
-        None => {
-            let (raw, query) = split_target(unlisted_target.unwrap_or(""));
-            let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
-            let info = RequestInfo::parse("GET", &path, query);
-            let gvr = info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
-            status::service_unavailable(&Unavailable { gvr, cluster, members: &members, envoy_detail })
-                .to_json()
-        }
     }
 }
