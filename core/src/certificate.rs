@@ -139,16 +139,16 @@ fn string_type(tag: u8) -> Option<&'static str> {
 }
 
 /// Checks the names of the certificate Envoy renders as `%DOWNSTREAM_PEER_CERT%` (URL-encoded
-/// PEM, the first certificate of the chain).
+/// PEM, the first certificate of the chain), without string conversions and with buffers sized
+/// to the input once.
 pub fn check_pem(url_encoded_pem: &[u8]) -> Result<(), Refusal> {
-    let pem = percent_encoding::percent_decode(url_encoded_pem).collect::<Vec<u8>>();
-    let pem = std::str::from_utf8(&pem).map_err(|_| Refusal::Malformed)?;
-    let body = pem
-        .split("-----BEGIN CERTIFICATE-----")
-        .nth(1)
-        .and_then(|rest| rest.split("-----END CERTIFICATE-----").next())
-        .ok_or(Refusal::Malformed)?;
-    let base64: String = body.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    const BEGIN: &[u8] = b"-----BEGIN CERTIFICATE-----";
+    let mut pem = Vec::with_capacity(url_encoded_pem.len());
+    pem.extend(percent_encoding::percent_decode(url_encoded_pem));
+    let start = pem.windows(BEGIN.len()).position(|w| w == BEGIN).ok_or(Refusal::Malformed)? + BEGIN.len();
+    let rest = pem.get(start..).unwrap_or_default();
+    let end = rest.iter().position(|&b| b == b'-').ok_or(Refusal::Malformed)?;
+    let base64: Vec<u8> = rest.iter().take(end).copied().filter(|b| !b.is_ascii_whitespace()).collect();
     let der = base64::engine::general_purpose::STANDARD.decode(base64).map_err(|_| Refusal::Malformed)?;
     check_der(&der)
 }

@@ -27,6 +27,31 @@ impl Config {
     }
 }
 
+thread_local! {
+    /// The digests (Envoy's SHA-256 of the DER) of client certificates whose names passed
+    /// [`skewgate_core::certificate`]: reading Envoy's PEM of one costs ~21k instructions, and a
+    /// client sends the same certificate with every request. Per worker, so without a lock;
+    /// emptied when full.
+    static NAMES_PASSED: std::cell::RefCell<std::collections::HashSet<Vec<u8>>> = Default::default();
+}
+
+/// Certificates remembered per worker, at most.
+const NAMES_PASSED_MAX: usize = 4096;
+
+fn names_passed(digest: &[u8]) -> bool {
+    NAMES_PASSED.with(|set| set.borrow().contains(digest))
+}
+
+fn remember_names_passed(digest: &[u8]) {
+    NAMES_PASSED.with(|set| {
+        let mut set = set.borrow_mut();
+        if set.len() >= NAMES_PASSED_MAX {
+            set.clear();
+        }
+        set.insert(digest.to_vec());
+    });
+}
+
 /// What Envoy does after a hook.
 pub enum Next {
     Continue,
@@ -103,8 +128,14 @@ impl Filter {
             .attribute(Attribute::ConnectionSubjectPeerCertificate)
             .map(|s| String::from_utf8_lossy(s).into_owned());
         head.client_subject = identity::client_subject(subject.as_deref());
-        // Checked on every request: the module keeps nothing on the connection.
+        // The module keeps nothing on the connection: a certificate whose names passed is
+        // remembered by its digest instead, on this worker.
+        let digest = match head.client_subject {
+            Some(_) => stream.attribute(Attribute::ConnectionSha256PeerCertificateDigest).map(<[u8]>::to_vec),
+            None => None,
+        };
         if head.client_subject.is_some() {
+            head.certificate_checked = digest.as_deref().is_some_and(names_passed);
             head.client_certificate = certificate.as_deref();
         }
 
@@ -122,9 +153,14 @@ impl Filter {
             }
             return Next::Continue;
         }
+        if let (Some(_), false, Some(digest)) =
+            (&decision.identity, head.certificate_checked, digest.as_deref())
+        {
+            remember_names_passed(digest);
+        }
         let credential_id = match (&decision.identity, table.policy().x509_credential_id) {
-            (Some(_), true) => stream
-                .attribute(Attribute::ConnectionSha256PeerCertificateDigest)
+            (Some(_), true) => digest
+                .as_deref()
                 .and_then(|d| std::str::from_utf8(d).ok())
                 .and_then(identity::x509_credential_id),
             _ => None,

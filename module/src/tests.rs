@@ -197,3 +197,24 @@ fn openapi_compositions_are_left_to_the_proxy_wasm_filter() {
     assert!(stream.header(CLUSTER_HEADER).is_empty() && stream.header(ROUTE_HEADER).is_empty());
     assert_eq!(stream.route_cleared, 1);
 }
+
+/// A certificate whose names passed is not read again on the worker: its digest is remembered
+/// (the same DER, the same verdict); another certificate is read.
+#[test]
+fn a_certificate_is_read_once_per_worker() {
+    let request = |digest: u8, certificate: &str| {
+        let mut stream = Fake::request(&[
+            (":method", "GET"),
+            (":path", "/api/v1/namespaces/default/pods"),
+            (PEER_CERTIFICATE_HEADER, certificate),
+        ]);
+        stream.attributes.push((Attribute::ConnectionSubjectPeerCertificate, b"CN=bob".to_vec()));
+        stream.attributes.push((Attribute::ConnectionSha256PeerCertificateDigest, [digest; 64].to_vec()));
+        filter().on_request_headers(&mut stream);
+        (stream.header("x-remote-user"), stream.reply.map(|r| r.0))
+    };
+    assert_eq!(request(b'a', &peer_certificate()), (vec!["bob".to_owned()], None));
+    // Not read again: what the header says no longer matters for this certificate.
+    assert_eq!(request(b'a', "garbage"), (vec!["bob".to_owned()], None));
+    assert_eq!(request(b'b', "garbage"), (vec![], Some(401)));
+}
