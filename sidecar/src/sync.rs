@@ -264,9 +264,8 @@ impl Memory {
 /// The sync state: clients, memory, the pusher, what Envoy runs, and what `/metrics` reports.
 pub struct Sidecar {
     config: SyncConfig,
-    fetchers: Vec<Fetcher>,
-    tethers: Vec<Tether>,
-    memory: Vec<Memory>,
+    /// The apiservers followed, configured ones first, then those that joined, in order.
+    members: Vec<Member>,
     pusher: Pusher<HttpAdmin>,
     upstream: UpstreamTls,
     shared: Arc<Shared>,
@@ -284,24 +283,22 @@ pub struct Sidecar {
     tether_tls: Arc<rustls::ClientConfig>,
 }
 
+/// One apiserver the sidecar follows: where it is, its clients, what is remembered of it.
+struct Member {
+    endpoint: Endpoint,
+    fetcher: Fetcher,
+    tether: Tether,
+    memory: Memory,
+}
+
 impl Sidecar {
     pub fn new(config: SyncConfig) -> anyhow::Result<Self> {
         for d in &config.deprecations {
             tracing::warn!(field = %d.field, "{}", d.reason);
         }
         let tls = ClientTls::load(&config.tls)?;
-        let fetchers = config
-            .apiservers
-            .iter()
-            .map(|e| Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits))
-            .collect::<Result<Vec<_>, _>>()?;
         let tether_tls = tether::tls_config(&config.tls)?;
         let asker = config.cluster.asks().then(|| Asker::new(&config, tls.clone()));
-        let tethers = config
-            .apiservers
-            .iter()
-            .map(|e| Tether::new(e, &config.server_name, tether_tls.clone(), &config.identity))
-            .collect::<Result<Vec<_>, _>>()?;
         let admin = match &config.envoy.admin_url {
             Some(url) => Some(HttpAdmin::new(url, config.envoy.confirm_timeout)?),
             None => None,
@@ -324,7 +321,7 @@ impl Sidecar {
         let started = Instant::now();
         let draining = pusher.adopt_draining_from_disk().unwrap_or_default();
         let mut saved = load_saved(&config);
-        let memory = config
+        let members = config
             .apiservers
             .iter()
             .map(|e| {
@@ -334,9 +331,14 @@ impl Sidecar {
                     let served = Served::of(&d);
                     (d, served, started)
                 });
-                Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() }
+                Ok(Member {
+                    endpoint: e.clone(),
+                    fetcher: Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits)?,
+                    tether: Tether::new(e, &config.server_name, tether_tls.clone(), &config.identity)?,
+                    memory: Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() },
+                })
             })
-            .collect();
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let live = std::fs::read(config.envoy.files().ecds_path())
             .ok()
             .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
@@ -344,9 +346,7 @@ impl Sidecar {
             .map(Live::of);
         Ok(Self {
             config,
-            fetchers,
-            tethers,
-            memory,
+            members,
             pusher,
             upstream,
             shared: Arc::new(Shared::default()),
@@ -360,13 +360,22 @@ impl Sidecar {
     }
 
     /// The current members' endpoints.
-    pub fn members(&self) -> &[Endpoint] {
-        &self.config.apiservers
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.members.iter().map(|m| m.endpoint.clone()).collect()
+    }
+
+    /// Every member's fetcher, with its id, in order.
+    fn fetchers(&self) -> Vec<(String, Fetcher)> {
+        self.members.iter().map(|m| (m.endpoint.id.clone(), m.fetcher.clone())).collect()
+    }
+
+    fn member(&self, id: &str) -> Option<&Member> {
+        self.members.iter().find(|m| m.endpoint.id == id)
     }
 
     /// The fetchers a look at the cluster asks, in order (none when it asks nothing).
     fn cluster_candidates(&mut self) -> Option<(peers::ClusterConfig, Vec<Endpoint>, Vec<Fetcher>)> {
-        let members = self.config.apiservers.clone();
+        let members = self.endpoints();
         let asker = self.asker.as_mut()?;
         Some((asker.config(), asker.configured(), asker.candidates(&members)))
     }
@@ -391,9 +400,9 @@ impl Sidecar {
         // A listing that names no apiserver is not believed: the one answering is one.
         if let Some(members) = published.members.filter(|m| !m.is_empty()) {
             for member in &members {
-                match self.config.apiservers.iter().position(|e| e.id == member.endpoint.id) {
-                    Some(i) if self.config.apiservers[i] == member.endpoint => {
-                        let memory = &mut self.memory[i];
+                match self.members.iter_mut().find(|m| m.endpoint.id == member.endpoint.id) {
+                    Some(known) if known.endpoint == member.endpoint => {
+                        let memory = &mut known.memory;
                         memory.source = member.source;
                         if memory.departed_since.take().is_some() {
                             tracing::info!(apiserver = %member.endpoint.id, "published again");
@@ -412,7 +421,7 @@ impl Sidecar {
                     },
                 }
             }
-            for (endpoint, memory) in self.config.apiservers.iter().zip(&mut self.memory) {
+            for Member { endpoint, memory, .. } in &mut self.members {
                 let published = members.iter().any(|m| m.endpoint.id == endpoint.id);
                 if !published && memory.departed_since.is_none() {
                     tracing::info!(apiserver = %endpoint.id, "no longer published by the cluster: DRAINING");
@@ -424,13 +433,11 @@ impl Sidecar {
         let leave_after = self.config.cluster.leave_after;
         let mut left = Vec::new();
         // Never in the look that found it gone: it is DRAINING for one poll at least.
-        let gone =
-            |m: &Memory| m.departed_since.is_some_and(|at| at < now && now.duration_since(at) >= leave_after);
-        while let Some(i) = self.memory.iter().position(gone) {
-            let endpoint = self.config.apiservers.remove(i);
-            self.memory.remove(i);
-            self.fetchers.remove(i);
-            self.tethers.remove(i);
+        let gone = |m: &Member| {
+            m.memory.departed_since.is_some_and(|at| at < now && now.duration_since(at) >= leave_after)
+        };
+        while let Some(i) = self.members.iter().position(gone) {
+            let Member { endpoint, .. } = self.members.remove(i);
             tracing::info!(apiserver = %endpoint.id, "left");
             left.push(endpoint.id);
             changed = true;
@@ -443,20 +450,22 @@ impl Sidecar {
 
     /// The apiservers the OpenAPI composer reads, in the configured order.
     fn openapi_members(&self) -> Vec<(String, Fetcher)> {
-        self.config.apiservers.iter().map(|e| e.id.clone()).zip(self.fetchers.iter().cloned()).collect()
+        self.fetchers()
     }
 
     fn add_member(&mut self, member: &peers::Member) -> anyhow::Result<()> {
-        if self.config.apiservers.len() >= skewgate_core::table::MAX_APISERVERS {
+        if self.members.len() >= skewgate_core::table::MAX_APISERVERS {
             anyhow::bail!("already {} apiservers", skewgate_core::table::MAX_APISERVERS);
         }
         let c = &self.config;
         let fetcher = Fetcher::new(&member.endpoint, &c.server_name, &self.tls, &c.identity, c.limits)?;
         let tether = Tether::new(&member.endpoint, &c.server_name, self.tether_tls.clone(), &c.identity)?;
-        self.config.apiservers.push(member.endpoint.clone());
-        self.fetchers.push(fetcher);
-        self.tethers.push(tether);
-        self.memory.push(Memory { source: member.source, joined: true, ..Memory::default() });
+        self.members.push(Member {
+            endpoint: member.endpoint.clone(),
+            fetcher,
+            tether,
+            memory: Memory { source: member.source, joined: true, ..Memory::default() },
+        });
         Ok(())
     }
 
@@ -478,11 +487,9 @@ impl Sidecar {
     /// Saves every apiserver's last good documents for the next sidecar (see the module doc).
     fn save(&self) {
         let saved: BTreeMap<&str, &Documents> = self
-            .config
-            .apiservers
+            .members
             .iter()
-            .zip(&self.memory)
-            .filter_map(|(e, m)| m.good.as_ref().map(|(d, _, _)| (e.id.as_str(), d)))
+            .filter_map(|m| m.memory.good.as_ref().map(|(d, _, _)| (m.endpoint.id.as_str(), d)))
             .collect();
         let path = saved_path(&self.config);
         let written = serde_json::to_vec(&saved).map_err(std::io::Error::other).and_then(|bytes| {
@@ -498,17 +505,22 @@ impl Sidecar {
     pub async fn collect(&mut self) -> Vec<ApiserverReport> {
         self.ask_cluster().await;
         let started = Instant::now();
-        let results = fetch_all(&self.fetchers).await;
+        let results = fetch_all(&self.fetchers()).await;
         self.record_fetches(started, results);
         self.reports()
     }
 
-    /// Returns whether some apiserver's documents changed.
-    fn record_fetches(&mut self, started: Instant, results: Vec<Result<Documents, FetchError>>) -> bool {
+    /// Returns whether some apiserver's documents changed. Results of members that left since
+    /// the fetch started are dropped; one that joined since has none this time.
+    fn record_fetches(&mut self, started: Instant, results: Vec<Fetched>) -> bool {
         let now = Instant::now();
         let metrics = &self.shared.metrics;
         let mut changed = false;
-        for ((endpoint, memory), result) in self.config.apiservers.iter().zip(&mut self.memory).zip(results) {
+        for (id, result) in results {
+            let Some(Member { endpoint, memory, .. }) = self.members.iter_mut().find(|m| m.endpoint.id == id)
+            else {
+                continue;
+            };
             let id = endpoint.id.as_str();
             if let Err(e) = &result {
                 metrics.fetch_error(id, e.kind.label());
@@ -529,8 +541,7 @@ impl Sidecar {
     fn record_look(&mut self, id: &str, started: Instant, look: Look) -> bool {
         let now = Instant::now();
         // A look of a member that has left since.
-        let Some(index) = self.config.apiservers.iter().position(|e| e.id == id) else { return false };
-        let (Some(endpoint), Some(memory)) = (self.config.apiservers.get(index), self.memory.get_mut(index))
+        let Some(Member { endpoint, memory, .. }) = self.members.iter_mut().find(|m| m.endpoint.id == id)
         else {
             return false;
         };
@@ -595,11 +606,9 @@ impl Sidecar {
 
     fn reports(&self) -> Vec<ApiserverReport> {
         let now = Instant::now();
-        self.config
-            .apiservers
+        self.members
             .iter()
-            .zip(&self.memory)
-            .map(|(endpoint, m)| {
+            .map(|Member { endpoint, memory: m, .. }| {
                 let (version, legacy) =
                     m.good.as_ref().map(|(d, _, _)| (d.version.clone(), d.legacy)).unwrap_or_default();
                 ApiserverReport {
@@ -617,16 +626,15 @@ impl Sidecar {
 
     /// The table from what is remembered now.
     pub fn table(&self) -> Result<TableConfig, SyncError> {
-        if self.memory.iter().all(|m| m.good.is_none()) {
+        if self.members.iter().all(|m| m.memory.good.is_none()) {
             // Nothing to go on: a table where nobody serves anything would only route
             // everything to the pool, which Envoy's current table does at least as well.
             return Err(SyncError::NoDocuments);
         }
         let servers: Vec<Server<'_>> = self
-            .config
-            .apiservers
+            .members
             .iter()
-            .zip(&self.memory)
+            .map(|m| (&m.endpoint, &m.memory))
             // One that joined enters the table with its discovery, not before.
             .filter(|(_, m)| !(m.joined && m.good.is_none()))
             .map(|(e, m)| Server {
@@ -645,7 +653,7 @@ impl Sidecar {
         let socket = self.config.envoy.dir.join(crate::openapi::SOCKET);
         let resources = crate::envoy::render(
             &mut table,
-            &self.config.apiservers,
+            &self.endpoints(),
             &self.upstream,
             self.config.health,
             &self.config.envoy.wasm,
@@ -660,10 +668,9 @@ impl Sidecar {
     pub fn apply_eligibility(&mut self) {
         let Some(live) = self.live.as_ref().filter(|_| self.judged) else { return };
         let now: Vec<Now<'_>> = self
-            .config
-            .apiservers
+            .members
             .iter()
-            .zip(&self.memory)
+            .map(|m| (&m.endpoint, &m.memory))
             .map(|(e, m)| Now {
                 id: &e.id,
                 served: m.good.as_ref().map(|(_, s, _)| s),
@@ -672,18 +679,17 @@ impl Sidecar {
             })
             .collect();
         let mut verdicts = eligibility::verdicts(live, &now);
-        for (verdict, memory) in verdicts.iter_mut().zip(&self.memory) {
-            if memory.departed_since.is_some() {
+        for (verdict, member) in verdicts.iter_mut().zip(&self.members) {
+            if member.memory.departed_since.is_some() {
                 *verdict = Some(Exclusion::Departed);
             }
         }
         let draining: BTreeSet<String> = self
-            .config
-            .apiservers
+            .members
             .iter()
             .zip(&verdicts)
             .filter(|(_, v)| v.is_some())
-            .map(|(e, _)| e.id.clone())
+            .map(|(m, _)| m.endpoint.id.clone())
             .collect();
         if let Err(error) = self.pusher.set_draining(&draining) {
             // The overlay on disk is unchanged; the next look tries again.
@@ -693,8 +699,7 @@ impl Sidecar {
         }
         let at = Instant::now();
         let metrics = &self.shared.metrics;
-        for ((endpoint, memory), verdict) in self.config.apiservers.iter().zip(&mut self.memory).zip(verdicts)
-        {
+        for (Member { endpoint, memory, .. }, verdict) in self.members.iter_mut().zip(verdicts) {
             let id = endpoint.id.as_str();
             metrics.set_eligible(id, verdict.is_none());
             match (verdict, memory.excluded_since) {
@@ -797,9 +802,13 @@ fn load_saved(config: &SyncConfig) -> BTreeMap<String, Documents> {
     }
 }
 
-async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
+/// One member's fetch: its id and what came of it.
+type Fetched = (String, Result<Documents, FetchError>);
+
+/// Every fetcher's documents, concurrently, each with its member's id.
+async fn fetch_all(fetchers: &[(String, Fetcher)]) -> Vec<Fetched> {
     let mut tasks = JoinSet::new();
-    for (index, fetcher) in fetchers.iter().enumerate() {
+    for (index, (_, fetcher)) in fetchers.iter().enumerate() {
         let fetcher = fetcher.clone();
         tasks.spawn(async move { (index, fetcher.fetch().await) });
     }
@@ -816,14 +825,16 @@ async fn fetch_all(fetchers: &[Fetcher]) -> Vec<Result<Documents, FetchError>> {
     }
     results
         .into_iter()
-        .map(|r| {
-            r.unwrap_or_else(|| {
+        .zip(fetchers)
+        .map(|(r, (id, _))| {
+            let result = r.unwrap_or_else(|| {
                 Err(FetchError {
                     path: "/".into(),
                     kind: crate::fetch::ErrorKind::Request,
                     detail: "task lost".into(),
                 })
-            })
+            });
+            (id.clone(), result)
         })
         .collect()
 }
@@ -1010,7 +1021,7 @@ async fn run_with(
     let mut sidecar = Sidecar::new(config)?;
     tracing::info!(
         listen = %listener.local_addr()?,
-        apiservers = sidecar.config.apiservers.len(),
+        apiservers = sidecar.members.len(),
         poll_period = %crate::duration::format(poll_period),
         probe_period = %crate::duration::format(probe_period),
         "skewgate sync started"
@@ -1045,21 +1056,21 @@ async fn run_with(
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
     // At most one fetch and one push at a time, and one tether per apiserver; all are aborted
     // with this future.
-    let mut fetches: JoinSet<(Instant, Vec<Result<Documents, FetchError>>)> = JoinSet::new();
+    let mut fetches: JoinSet<(Instant, Vec<Fetched>)> = JoinSet::new();
     let mut pushes: JoinSet<PushDone> = JoinSet::new();
     let mut tethers = JoinSet::new();
     let (looks_out, mut looks) = mpsc::unbounded_channel();
     // Per member id: its tether task and the ETags it asks with.
     let mut etags: BTreeMap<String, (tokio::task::AbortHandle, watch::Sender<Etags>)> = BTreeMap::new();
     let spawn_tether = |sidecar: &Sidecar, id: &str, tethers: &mut JoinSet<()>| {
-        let index = sidecar.config.apiservers.iter().position(|e| e.id == id)?;
+        let member = sidecar.member(id)?;
         let (tx, rx) = watch::channel(Etags::default());
-        let (tether, fetcher) = (sidecar.tethers[index].clone(), sidecar.fetchers[index].clone());
+        let (tether, fetcher) = (member.tether.clone(), member.fetcher.clone());
         let task =
             tether_task(id.to_owned(), tether, fetcher, rx, (probe_period, probe_timeout), looks_out.clone());
         Some((tethers.spawn(task), tx))
     };
-    for id in sidecar.config.apiservers.iter().map(|e| e.id.clone()).collect::<Vec<_>>() {
+    for id in sidecar.members.iter().map(|m| m.endpoint.id.clone()).collect::<Vec<_>>() {
         if let Some(handles) = spawn_tether(&sidecar, &id, &mut tethers) {
             etags.insert(id, handles);
         }
@@ -1080,7 +1091,7 @@ async fn run_with(
             _ = poll.tick() => {
                 ask_again = true;
                 if fetches.is_empty() {
-                    let fetchers = sidecar.fetchers.clone();
+                    let fetchers = sidecar.fetchers();
                     fetches.spawn(async move {
                         let started = Instant::now();
                         (started, fetch_all(&fetchers).await)
@@ -1161,7 +1172,7 @@ async fn run_with(
                 });
             }
         }
-        for (endpoint, memory) in sidecar.config.apiservers.iter().zip(&sidecar.memory) {
+        for Member { endpoint, memory, .. } in &sidecar.members {
             let Some((_, sender)) = etags.get(&endpoint.id) else { continue };
             let current = memory.etags();
             sender.send_if_modified(|asked| {
@@ -1306,7 +1317,7 @@ mod tests {
         });
         let config = SyncConfig::from_value(&doc, &certs.dir).unwrap();
         let mut sidecar = Sidecar::new(config).unwrap();
-        sidecar.memory[0].good = Some((docs("v1.33.0"), Served::default(), Instant::now()));
+        sidecar.members[0].memory.good = Some((docs("v1.33.0"), Served::default(), Instant::now()));
         let published = |members: Vec<peers::Member>| Published { members: Some(members), extensions: None };
 
         let (joined, left, _) =
@@ -1318,18 +1329,23 @@ mod tests {
         );
         let ids = |t: &TableConfig| t.apiservers.iter().map(|a| a.id.clone()).collect::<Vec<_>>();
         assert_eq!(ids(&sidecar.table().unwrap()), ["a"], "not before its discovery answered");
-        sidecar.memory[1].good = Some((docs("v1.36.0"), Served::default(), Instant::now()));
+        sidecar.members[1].memory.good = Some((docs("v1.36.0"), Served::default(), Instant::now()));
         assert_eq!(ids(&sidecar.table().unwrap()), ["a", "d"]);
 
         let (_, _, changed) = sidecar.apply_published(published(Vec::new()));
         assert!(!changed, "a listing naming nobody is not believed");
         let (_, left, changed) = sidecar.apply_published(published(vec![member("a", 7001)]));
         assert!(changed && left.is_empty(), "DRAINING first");
-        assert!(sidecar.memory[1].departed_since.is_some());
+        assert!(sidecar.members[1].memory.departed_since.is_some());
         let (_, left, _) = sidecar.apply_published(published(vec![member("a", 7001)]));
         assert_eq!(left, ["d"]);
-        assert_eq!(sidecar.members().len(), 1);
-        assert_eq!((sidecar.fetchers.len(), sidecar.tethers.len(), sidecar.memory.len()), (1, 1, 1));
+        assert_eq!(sidecar.endpoints().iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["a"]);
+        // A fetch that started before d left: its answer for d goes nowhere, a's goes to a.
+        let results = vec![("d".to_owned(), Ok(docs("v1.36.0"))), ("a".to_owned(), Ok(docs("v1.34.0")))];
+        sidecar.record_fetches(Instant::now(), results);
+        let versions: Vec<(String, String)> =
+            sidecar.reports().into_iter().map(|r| (r.id, r.version)).collect();
+        assert_eq!(versions, [("a".to_owned(), "v1.34.0".to_owned())]);
 
         let extensions = Extensions::new([("example.com".to_owned(), "v1".to_owned())]);
         let (_, _, changed) =
