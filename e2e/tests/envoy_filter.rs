@@ -13,7 +13,7 @@ use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
-use skewgate_pki::Pki;
+use skewgate_pki::{Pair, Pki};
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
 use skewgate_testkit::envoy::{
     Config, Envoy, Settings, connect_tls, connection_limit, free_port, sealed_ecds, upstream_tls,
@@ -116,20 +116,8 @@ impl Fixture {
         let ecds = sealed_ecds(&t, &wasm)?;
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
         let envoy = Envoy::start(settings, &cds, &ecds).await?;
-        let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.cluster_ca.cert_path)?)?;
-        let anonymous = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca.clone())
-            .timeout(Duration::from_secs(10))
-            .build()?;
-        let alice = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca)
-            .identity(reqwest::Identity::from_pem(&pki.alice.identity_pem()?)?)
-            .timeout(Duration::from_secs(10))
-            .build()?;
+        let anonymous = listener_client(&pki, None, Duration::from_secs(10))?.build()?;
+        let alice = listener_client(&pki, Some(&pki.alice), Duration::from_secs(10))?.build()?;
         let mut f = Self {
             dir,
             _echoes: echoes,
@@ -224,6 +212,18 @@ impl Fixture {
         let served_by = h.get(SERVED_BY).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         Ok((served_by, serde_json::from_str(&body).with_context(|| body.clone())?))
     }
+}
+
+/// A client of Envoy's listener: it trusts the cluster CA alone and presents `identity` when
+/// given.
+fn listener_client(pki: &Pki, identity: Option<&Pair>, timeout: Duration) -> Result<reqwest::ClientBuilder> {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.cluster_ca.cert_path)?)?;
+    let mut builder =
+        reqwest::Client::builder().use_rustls_tls().tls_built_in_root_certs(false).add_root_certificate(ca);
+    if let Some(pair) = identity {
+        builder = builder.identity(reqwest::Identity::from_pem(&pair.identity_pem()?)?);
+    }
+    Ok(builder.timeout(timeout))
 }
 
 /// CDS for the test table, with two deliberate defects: `set-e` has no health check (so Envoy
@@ -379,14 +379,7 @@ async fn identity(native: bool) -> Result<()> {
     // kube-apiserver, refuses the certificate. So does skewgate, with or without a token.
     let universal =
         f.pki.cluster_ca.client_universal_cn(&f.dir, "universal", "admin", &["system:masters"])?;
-    let pem = [std::fs::read(&universal.cert)?, std::fs::read(&universal.key)?].concat();
-    let client = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?)
-        .identity(reqwest::Identity::from_pem(&pem)?)
-        .timeout(Duration::from_secs(10))
-        .build()?;
+    let client = listener_client(&f.pki, Some(&universal), Duration::from_secs(10))?.build()?;
     for (path, token) in [(PODS, false), (CLAIMS_V1, false), (PODS, true)] {
         let mut req = client.get(format!("{}{path}", f.base));
         if token {
@@ -604,17 +597,11 @@ async fn certificate_clients_skip_the_filter_after_their_first_request() -> Resu
     log_every_request(&f).await?;
     let node =
         f.pki.cluster_ca.client(&f.dir.join("pki"), "node", "système:node:ñ", &["system:nodes", "ops"])?;
-    let ca = reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?;
     let spoofed =
         [("X-Remote-User", "admin"), ("X-Remote-Group", "system:masters"), ("X-Remote-Extra-Scopes", "all")];
     for (n, http1) in [(0, true), (1, false)] {
-        let builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .tls_built_in_root_certs(false)
-            .add_root_certificate(ca.clone())
-            .identity(reqwest::Identity::from_pem(&node.identity_pem()?)?)
-            .pool_max_idle_per_host(1)
-            .timeout(Duration::from_secs(10));
+        let builder =
+            listener_client(&f.pki, Some(&node), Duration::from_secs(10))?.pool_max_idle_per_host(1);
         let client = match http1 {
             true => builder.http1_only().build()?,
             false => builder.build()?,
@@ -1009,12 +996,7 @@ async fn only_unfinished_headers_meet_the_header_timeout() -> Result<()> {
         ensure!(elapsed >= Duration::from_secs(9) && elapsed < Duration::from_secs(15), "{elapsed:?}");
         anyhow::Ok(())
     };
-    let patient = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?)
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let patient = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
     let bypassed = "/apis/test.skewgate.io/v1/namespaces/ns/slow/x";
     let filtered = "/apis/test.skewgate.io/v1/namespaces/ns/slow/y";
     let (a, b, c) = tokio::join!(
@@ -1127,12 +1109,7 @@ async fn connections_past_the_limit_are_refused_and_the_held_ones_served() -> Re
         }
     }
     let answered_within = started.elapsed();
-    let newcomer = reqwest::Client::builder()
-        .use_rustls_tls()
-        .tls_built_in_root_certs(false)
-        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&f.pki.cluster_ca.cert_path)?)?)
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let newcomer = listener_client(&f.pki, None, Duration::from_secs(5))?.build()?;
     let refused_newcomer = newcomer.get(format!("{}{PODS}", f.base)).send().await;
     ensure!(refused_newcomer.is_err(), "a new connection past the limit was served: {refused_newcomer:?}");
     println!(

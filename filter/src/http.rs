@@ -108,11 +108,9 @@ impl<H: Host> HttpContext for Http<H> {
         head.client_subject = identity::client_subject(subject.as_deref());
         // A connection that carries a mapped identity had its certificate checked on its
         // first request; the others' is checked on each (a refused one is never mapped).
-        let mapped = head.client_subject.is_some()
-            && active.connection_identity
-            && self.host.property(&[bypass::MARKER]).is_some();
         if head.client_subject.is_some() {
-            head.certificate_checked = mapped;
+            head.certificate_checked =
+                active.connection_identity && self.host.property(&[bypass::MARKER]).is_some();
             head.client_certificate = certificate.map(|c| &c[..]);
         }
 
@@ -156,7 +154,7 @@ impl<H: Host> HttpContext for Http<H> {
         if let (true, Some(id)) = (route.rerouted, self.gvr_id) {
             active.metrics.rerouted(id);
         }
-        if let (Some(identity), false) = (&decision.identity, mapped) {
+        if let (Some(identity), false) = (&decision.identity, head.certificate_checked) {
             self.leave_on_connection(&active, identity, credential_id.as_deref());
         }
         Action::Continue

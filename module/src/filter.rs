@@ -130,18 +130,19 @@ impl Filter {
         head.client_subject = identity::client_subject(subject.as_deref());
         // The module keeps nothing on the connection: a certificate whose names passed is
         // remembered by its digest instead, on this worker.
-        let digest = match head.client_subject {
-            Some(_) => stream.attribute(Attribute::ConnectionSha256PeerCertificateDigest).map(<[u8]>::to_vec),
-            None => None,
-        };
+        let digest = head
+            .client_subject
+            .and_then(|_| stream.attribute(Attribute::ConnectionSha256PeerCertificateDigest))
+            .map(<[u8]>::to_vec);
         if head.client_subject.is_some() {
             head.certificate_checked = digest.as_deref().is_some_and(names_passed);
             head.client_certificate = certificate.as_deref();
         }
 
         let decision = decision::decide(&table, &head);
-        let strip: Vec<&str> = candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
         if !module_handles(&decision) {
+            let strip: Vec<&str> =
+                candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
             // An OpenAPI composition: the proxy-wasm filter decides it again and does all of it. A
             // client's own x-skewgate-route must not pick a route that skips it, so what the
             // decision strips goes here already.
