@@ -122,7 +122,7 @@ release: wasm module
 ## The test harness, the drill and the benchmark drivers in target/tools/ (profile tools: optimised,
 ## no LTO): `skewgate-harness`, `drill`, `bench`, `limits`.
 tools:
-	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench
+	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench -p skewgate --bin skewgate
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
 ## The filter is built as shipped (it runs on every request); the harness, which hosts the

@@ -18,14 +18,18 @@ use crate::table::{
 };
 
 /// What one apiserver serves: its aggregated `/api` and `/apis` documents (legacy discovery
-/// converted with [`crate::discovery::core_group_list`] and friends).
-#[derive(Debug, Clone)]
+/// converted with [`crate::discovery::core_group_list`] and friends). No documents: it serves
+/// nothing (it never answered), but it stays in the table and in the pool.
+#[derive(Debug, Clone, Default)]
 pub struct ServerApis<'a> {
     /// The table's id for it: a DNS label, so that it can be part of cluster names.
     pub id: &'a str,
     /// What the apiserver reports as its version (informational).
     pub version: &'a str,
     pub documents: Vec<&'a ApiGroupDiscoveryList>,
+    /// Its legacy discovery documents as it served them, for the composed ones
+    /// ([`build_table_with`]).
+    pub legacy: Option<&'a LegacySet>,
 }
 
 /// How the Envoy clusters are named.
@@ -121,20 +125,18 @@ const SHORT_HASH: usize = 16;
 /// characters to escape) are left out, since no request could name them, rather than letting
 /// one odd entry stop every table update.
 pub fn build_table(servers: &[ServerApis<'_>], names: &ClusterNames) -> Result<TableConfig, BuildError> {
-    build_table_with(servers, &[], names, &Extensions::default())
+    build_table_with(servers, names, &Extensions::default())
 }
 
 /// The routing table, with what the sidecar knows beyond discovery:
-/// - `legacy[i]`, `servers[i]`'s legacy discovery set, for the composed legacy documents
-///   ([`compose_legacy`]); nothing is composed unless every server that serves something has its
-///   set: a merge without one of them could lack what only it serves, and the apiservers then
+/// - each server's legacy discovery set, for the composed legacy documents ([`compose_legacy`]);
+///   nothing is composed unless every server that serves something has its set: a merge without one of them could lack what only it serves, and the apiservers then
 ///   answer legacy discovery themselves, as without skewgate;
 /// - CRD- and APIService-backed group/versions ([`Extensions`]): routed to the pool (every
 ///   apiserver serves them, whichever lists them now) and kept from one server only in the merged
 ///   `/apis`.
 pub fn build_table_with(
     servers: &[ServerApis<'_>],
-    legacy: &[Option<&LegacySet>],
     names: &ClusterNames,
     extensions: &Extensions,
 ) -> Result<TableConfig, BuildError> {
@@ -160,7 +162,7 @@ pub fn build_table_with(
         anonymous_cluster_prefix: Some(names.anonymous_prefix.clone()),
         openapi_cluster: None,
     };
-    table.legacy_discovery = legacy_discovery(servers, legacy, &table.group_versions)?;
+    table.legacy_discovery = legacy_discovery(servers, &table.group_versions)?;
     table.assign_sets(|members| names.set_cluster(members));
     table.generation = generation(&table)?;
     // Cheap next to a sync, and it turns a table Envoy would refuse into an error here.
@@ -170,15 +172,14 @@ pub fn build_table_with(
 
 fn legacy_discovery(
     servers: &[ServerApis<'_>],
-    legacy: &[Option<&LegacySet>],
     group_versions: &[GroupVersionConfig],
 ) -> Result<Vec<LegacyDocumentConfig>, BuildError> {
     let mut inputs: Vec<(&str, &LegacySet)> = Vec::new();
-    for (index, server) in servers.iter().enumerate() {
+    for server in servers {
         if server.documents.iter().all(|d| d.items.is_empty()) {
             continue;
         }
-        match legacy.get(index).copied().flatten() {
+        match server.legacy {
             Some(set) => inputs.push((server.id, set)),
             None => return Ok(Vec::new()),
         }
@@ -369,9 +370,9 @@ mod tests {
     /// a and b run the 1.33 era, c the 1.36 era.
     fn skewed(d: &Docs) -> Vec<ServerApis<'_>> {
         vec![
-            ServerApis { id: "a", version: "v1.33.0", documents: vec![&d.core, &d.old] },
-            ServerApis { id: "b", version: "v1.33.0", documents: vec![&d.core, &d.old] },
-            ServerApis { id: "c", version: "v1.36.0", documents: vec![&d.core, &d.new] },
+            ServerApis { id: "a", version: "v1.33.0", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis { id: "b", version: "v1.33.0", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis { id: "c", version: "v1.36.0", documents: vec![&d.core, &d.new], legacy: None },
         ]
     }
 
@@ -499,8 +500,8 @@ mod tests {
     fn group_versions_are_sorted_and_served_by_follows_apiserver_order() {
         let d = docs();
         let servers = vec![
-            ServerApis { id: "z", version: "", documents: vec![&d.core, &d.new] },
-            ServerApis { id: "m", version: "", documents: vec![&d.core, &d.old] },
+            ServerApis { id: "z", version: "", documents: vec![&d.core, &d.new], legacy: None },
+            ServerApis { id: "m", version: "", documents: vec![&d.core, &d.old], legacy: None },
         ];
         let config = build(&servers);
         let keys: Vec<(&str, &str)> =
@@ -570,8 +571,12 @@ mod tests {
     #[test]
     fn a_single_server_gets_its_own_document_and_no_sets() {
         let d = docs();
-        let config =
-            build(&[ServerApis { id: "solo", version: "v1.36.0", documents: vec![&d.core, &d.new] }]);
+        let config = build(&[ServerApis {
+            id: "solo",
+            version: "v1.36.0",
+            documents: vec![&d.core, &d.new],
+            legacy: None,
+        }]);
         assert!(config.sets.is_empty());
         let discovery = config.discovery.clone().unwrap();
         assert_eq!(discovery.etag, etag(&d.new));
@@ -582,13 +587,35 @@ mod tests {
     fn a_server_with_only_core_still_counts() {
         let d = docs();
         let config = build(&[
-            ServerApis { id: "a", version: "", documents: vec![&d.core, &d.old] },
-            ServerApis { id: "b", version: "", documents: vec![&d.core] },
+            ServerApis { id: "a", version: "", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None },
         ]);
         assert_eq!(resource_servers(&config, "", "v1", "pods"), ["a", "b"]);
         assert_eq!(resource_servers(&config, "apps", "v1", "deployments"), ["a"]);
         let table = RoutingTable::compile(config).unwrap();
         assert_eq!(table.group("apps").map(|s| table.cluster(s)), Some("skewgate-set-a"));
+    }
+
+    /// One that never answered stays in the table and the pool, serving nothing: every GVR is
+    /// rerouted to the one that answered.
+    #[test]
+    fn a_silent_server_stays_but_serves_nothing() {
+        let d = docs();
+        let config = build(&[
+            ServerApis { id: "a", version: "v1.33.0", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis { id: "b", ..ServerApis::default() },
+        ]);
+        assert_eq!(config.apiservers.len(), 2);
+        let counts = config.counts();
+        assert!(counts.gvrs > 10, "{counts:?}");
+        assert_eq!(counts.gvrs, counts.rerouted);
+        assert!(config.group_versions.iter().all(|gv| gv.served_by == ["a"]));
+        let both = build(&[
+            ServerApis { id: "a", version: "", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None },
+        ]);
+        let counts = both.counts();
+        assert!(counts.rerouted > 0 && counts.rerouted < counts.gvrs, "pods are served by both: {counts:?}");
     }
 
     #[test]
@@ -598,7 +625,7 @@ mod tests {
         odd.items[0].versions[0].resources[0].resource = "a b".into();
         odd.items[1].versions[0].version = String::new();
         odd.items[2].metadata.name = "x/y".into();
-        let config = build(&[ServerApis { id: "a", version: "", documents: vec![&odd] }]);
+        let config = build(&[ServerApis { id: "a", version: "", documents: vec![&odd], legacy: None }]);
         let names: Vec<&str> =
             config.group_versions.iter().flat_map(|gv| gv.resources.keys()).map(String::as_str).collect();
         assert!(!names.contains(&"a b"));
@@ -609,7 +636,7 @@ mod tests {
     #[test]
     fn ids_are_checked() {
         let d = docs();
-        let server = |id| ServerApis { id, version: "", documents: vec![&d.core] };
+        let server = |id| ServerApis { id, version: "", documents: vec![&d.core], legacy: None };
         let names = ClusterNames::default();
         assert_eq!(build_table(&[], &names).unwrap_err(), BuildError::NoServers);
         let (long, longest) = ("x".repeat(63), "x".repeat(64));
@@ -633,8 +660,11 @@ mod tests {
     fn bad_cluster_prefix_is_a_table_error() {
         let d = docs();
         let names = ClusterNames { pool: "a pool".into(), ..ClusterNames::default() };
-        let error = build_table(&[ServerApis { id: "a", version: "", documents: vec![&d.core] }], &names)
-            .unwrap_err();
+        let error = build_table(
+            &[ServerApis { id: "a", version: "", documents: vec![&d.core], legacy: None }],
+            &names,
+        )
+        .unwrap_err();
         assert!(matches!(&error, BuildError::Table(e) if e.field == "poolCluster"), "{error:?}");
         assert!(std::error::Error::source(&error).is_some());
     }
@@ -644,8 +674,10 @@ mod tests {
         let d = docs();
         // Three 63-character ids joined make 191 characters: with the prefix, over 200.
         let ids: Vec<String> = ["a", "b", "c", "d"].iter().map(|c| c.repeat(63)).collect();
-        let mut servers: Vec<ServerApis<'_>> =
-            ids.iter().map(|id| ServerApis { id, version: "", documents: vec![&d.core, &d.old] }).collect();
+        let mut servers: Vec<ServerApis<'_>> = ids
+            .iter()
+            .map(|id| ServerApis { id, version: "", documents: vec![&d.core, &d.old], legacy: None })
+            .collect();
         servers[3].documents = vec![&d.core, &d.new];
         let config = build(&servers);
         let three = config.sets.iter().find(|s| s.members.len() == 3).unwrap();
@@ -685,9 +717,14 @@ mod tests {
         let (both, stale, none) =
             (crd(&[("v2", "Current"), ("v1", "Current")]), crd(&[("v1", "Stale")]), crd(&[]));
         let servers = vec![
-            ServerApis { id: "c", version: "v1.36.0", documents: vec![&d.core, &d.new, &stale] },
-            ServerApis { id: "b", version: "v1.36.0", documents: vec![&d.core, &d.new, &both] },
-            ServerApis { id: "a", version: "v1.36.0", documents: vec![&d.core, &d.new, &none] },
+            ServerApis {
+                id: "c",
+                version: "v1.36.0",
+                documents: vec![&d.core, &d.new, &stale],
+                legacy: None,
+            },
+            ServerApis { id: "b", version: "v1.36.0", documents: vec![&d.core, &d.new, &both], legacy: None },
+            ServerApis { id: "a", version: "v1.36.0", documents: vec![&d.core, &d.new, &none], legacy: None },
         ];
         let extensions = Extensions::new([
             ("example.com".to_owned(), "v1".to_owned()),
@@ -695,7 +732,7 @@ mod tests {
         ]);
         let plain = build(&servers);
         assert_eq!(resource_servers(&plain, "example.com", "v2", "widgets"), ["b"]);
-        let config = build_table_with(&servers, &[], &ClusterNames::default(), &extensions).unwrap();
+        let config = build_table_with(&servers, &ClusterNames::default(), &extensions).unwrap();
         for version in ["v1", "v2"] {
             let gv =
                 config.group_versions.iter().find(|gv| gv.group == "example.com" && gv.version == version);

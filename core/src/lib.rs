@@ -1,6 +1,7 @@
 //! skewgate's routing logic. Its users: the proxy-wasm filter (`filter/`) and the native
 //! dynamic module (`module/`) decide every request with it; the `skewgate` binary builds and
-//! seals tables, renders Envoy's files and explains decisions with it; the stand-in apiservers
+//! seals tables and explains decisions with it; `skewgate-envoy` renders a table into Envoy's
+//! files with it; the stand-in apiservers
 //! (`standin/`) parse requests and serve discovery with its grammar and documents; the test kit,
 //! the benchmarks and the end-to-end suites build their tables and check answers with it.
 //!

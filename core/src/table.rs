@@ -76,7 +76,24 @@ pub struct TableConfig {
     pub openapi_cluster: Option<String>,
 }
 
+/// How big the skew is: what the sidecar's `/metrics` and logs report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub gvrs: usize,
+    /// GVRs that some apiserver does not serve: the filter sends them to a set cluster.
+    pub rerouted: usize,
+}
+
 impl TableConfig {
+    /// Its GVRs, and how many of them some apiserver does not serve.
+    pub fn counts(&self) -> Counts {
+        let all = self.apiservers.len();
+        let resources = self.group_versions.iter().flat_map(|gv| gv.resources.values());
+        let (gvrs, rerouted) =
+            resources.fold((0, 0), |(n, r), ids| (n + 1, r + usize::from(ids.len() != all)));
+        Counts { gvrs, rerouted }
+    }
+
     /// The twin of `cluster` for requests without credentials, if the table has twins.
     pub fn anonymous_cluster(&self, cluster: &str) -> Option<String> {
         self.anonymous_cluster_prefix.as_ref().map(|prefix| format!("{prefix}{cluster}"))

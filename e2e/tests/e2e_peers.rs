@@ -18,6 +18,7 @@ use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
 use skewgate_testkit::load::{Load, Record, Settings, Target};
 use skewgate_testkit::paths;
 use skewgate_testkit::scenario::{Row, fresh_dir, listing, scenario, ten_targets, until};
+use skewgate_testkit::sidecar;
 
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const TIMEOUT: Duration = Duration::from_secs(10);
@@ -109,11 +110,11 @@ async fn join_and_leave(leases: bool) -> Result<Row> {
         .map(|r| r.started - added)
         .min()
         .unwrap_or_default();
-    let report_source = c
-        .sidecar
+    let report = c.sidecar_status().await?;
+    let report_source = report
         .as_ref()
-        .and_then(|s| s.reports.borrow().clone())
-        .and_then(|r| r.apiservers.iter().find(|a| a.id == d).map(|a| a.source.to_string()));
+        .and_then(|r| sidecar::apiserver(r, &d))
+        .and_then(|a| a["source"].as_str().map(str::to_owned));
     let expected = if leases { "Lease" } else { "EndpointSlice" };
     ensure!(report_source.as_deref() == Some(expected), "d's source: {report_source:?}");
     // d serves every one of its GVRs for a while before it goes.

@@ -635,7 +635,7 @@ async fn openapi() -> Result<Row> {
 /// The table Envoy was given, as written.
 fn table_json(c: &Cluster) -> Result<Value> {
     let ecds: Value = serde_json::from_slice(&std::fs::read(c.envoy_dir().join("ecds/ecds.json"))?)?;
-    let table = skewgate::envoy::table_from_ecds(&ecds).context("ecds.json holds no table")?;
+    let table = skewgate_envoy::table_from_ecds(&ecds).context("ecds.json holds no table")?;
     Ok(serde_json::from_str(table)?)
 }
 

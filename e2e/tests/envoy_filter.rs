@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use skewgate::envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
+use skewgate_envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_pki::{Pair, Pki};
 use skewgate_testkit::echo::{self, Echo, SERVED_BY};
 use skewgate_testkit::envoy::{
@@ -403,13 +403,13 @@ async fn push_table(
     f: &Fixture,
     pusher: &skewgate::envoy::Pusher<skewgate::envoy::HttpAdmin>,
     mut next: TableConfig,
-) -> Result<(skewgate::envoy::Resources, Vec<skewgate::envoy::Step>)> {
+) -> Result<(skewgate_envoy::Resources, Vec<skewgate::envoy::Step>)> {
     seal_as_named(&mut next);
     let ecds = resources::ecds(&serde_json::to_string(&next)?, &f.wasm);
     let cds = test_cds(&next, &f.endpoints, &f.tls)?;
     let rds = f.envoy.settings.rds_for(&ecds);
     let pushed =
-        skewgate::envoy::Resources { generation: next.generation.clone(), table: next, cds, rds, ecds };
+        skewgate_envoy::Resources { generation: next.generation.clone(), table: next, cds, rds, ecds };
     let skewgate::envoy::PushOutcome::Pushed { steps, .. } = pusher.push(&pushed).await? else {
         bail!("nothing pushed")
     };
@@ -466,7 +466,8 @@ async fn logged(f: &Fixture, path: &str) -> Result<(String, String)> {
 /// counted as rejected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
-    use skewgate::envoy::{EnvoyAdmin, HttpAdmin, rds_version};
+    use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
+    use skewgate_envoy::rds_version;
     let f = Fixture::start("bypass").await?;
     log_every_request(&f).await?;
     let admin = HttpAdmin::new(&f.envoy.admin_url(""), Duration::from_secs(5))?;
@@ -568,7 +569,7 @@ async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
     path.context("the bypass route matches no :path")?["string_match"]["safe_regex"]["regex"] =
         json!("(unclosed");
     broken["version_info"] = json!("broken");
-    skewgate::envoy::write_atomic(&f.envoy.settings.files().rds_path(), broken.to_string().as_bytes())?;
+    skewgate_envoy::write_atomic(&f.envoy.settings.files().rds_path(), broken.to_string().as_bytes())?;
     let deadline = Instant::now() + Duration::from_secs(10);
     while admin.rds_rejections().await? == before {
         if Instant::now() > deadline {
@@ -793,7 +794,8 @@ async fn large_tables_bypass_every_uniform_group_version() -> Result<()> {
 /// pool's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_pushed_by_the_sidecar_go_before_the_table() -> Result<()> {
-    use skewgate::envoy::{Step, rds_version};
+    use skewgate::envoy::Step;
+    use skewgate_envoy::rds_version;
     let f = Fixture::start("push-routes").await?;
     log_every_request(&f).await?;
     let pusher = pusher(&f, Duration::from_secs(15))?;

@@ -175,12 +175,12 @@ async fn composed_openapi_through_envoy() -> Result<()> {
     for id in ["a", "b", "c"] {
         let url = c.apiserver_url(id)?;
         let (_, _, own) = get(&direct, &format!("{url}/openapi/v2"), &[("Accept", V2_PROTO)]).await?;
-        proto_names.extend(skewgate::openapi::v2proto::names(&own).map_err(anyhow::Error::msg)?);
+        proto_names.extend(skewgate_openapi::v2proto::names(&own).map_err(anyhow::Error::msg)?);
     }
     let (status, headers, body) =
         get(&admin, &format!("{envoy}/openapi/v2"), &[("Accept", V2_PROTO)]).await?;
     assert_eq!((status, headers["content-type"].to_str()?), (StatusCode::OK, V2_PROTO));
-    let have = skewgate::openapi::v2proto::names(&body).map_err(anyhow::Error::msg)?;
+    let have = skewgate_openapi::v2proto::names(&body).map_err(anyhow::Error::msg)?;
     let missing: Vec<&String> = proto_names.difference(&have).collect();
     assert!(missing.is_empty(), "v2 protobuf lacks {missing:?}");
     assert!(have.contains("definitions/io.k8s.api.resource.v1.ResourceClaim"));

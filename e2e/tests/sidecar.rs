@@ -225,7 +225,7 @@ fn ids(list: &[&str]) -> Option<Vec<String>> {
 
 fn cds_clusters(envoy_dir: &Path) -> Result<BTreeSet<String>> {
     let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
-    Ok(skewgate::envoy::push::cluster_names(Some(&cds)))
+    Ok(skewgate_envoy::cluster_names(Some(&cds)))
 }
 
 /// Polls `check` every 50 ms until it holds, or fails after `timeout`.
@@ -314,7 +314,7 @@ async fn each_gvr_goes_to_the_apiservers_that_serve_it() -> Result<()> {
 /// Which apiservers `cds.json` marks DRAINING (Envoy sends them no new request).
 fn draining(envoy_dir: &Path) -> Result<BTreeSet<String>> {
     let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
-    Ok(skewgate::envoy::draining_in(&cds))
+    Ok(skewgate_envoy::draining_in(&cds))
 }
 
 /// No timer turns "served, unavailable" into "not served" (a wrong 404 for a GVR its only apiserver
@@ -722,8 +722,8 @@ async fn envoy_never_reads_a_partial_file() -> Result<()> {
     Ok(())
 }
 
-fn step_name(step: &skewgate::envoy::push::Step) -> String {
-    use skewgate::envoy::push::Step;
+fn step_name(step: &skewgate::envoy::Step) -> String {
+    use skewgate::envoy::Step;
     match step {
         Step::WroteCds(clusters) => format!("cds.json ({} clusters)", clusters.len()),
         Step::ClustersPresent => "clusters present".into(),
@@ -1046,7 +1046,7 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
         pushes.mark_unchanged();
         let bad = serde_json::to_vec(&bad)?;
         let written_at = load.now();
-        skewgate::envoy::write_atomic(path, &bad)?;
+        skewgate_envoy::write_atomic(path, &bad)?;
         let deadline = Instant::now() + Duration::from_secs(10);
         // Only the sidecar writes here besides the test (its eligibility overlay may change
         // meanwhile, so not necessarily the bytes of before).

@@ -14,16 +14,14 @@ use serde_json::{Map, Value};
 use skewgate_core::table::{MAX_GROUP_VERSIONS, MAX_GVRS};
 
 use crate::duration;
-use crate::envoy::{Endpoint, Files, Health};
+use skewgate_envoy::{Endpoint, Files, Health};
 
 pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
 /// The identity kube-apiserver itself asserts when it fetches a peer's discovery (docs/upstream-facts.md, "Peer discovery fetch").
 pub const DEFAULT_USER: &str = "system:apiserver";
 pub const DEFAULT_GROUP: &str = "system:authenticated";
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9090";
-/// A little longer than kube-apiserver's own `--request-timeout` (60s), so that the apiserver's
-/// answer wins when it has one.
-pub const DEFAULT_ROUTE_TIMEOUT: Duration = Duration::from_secs(65);
+pub use skewgate_envoy::DEFAULT_ROUTE_TIMEOUT;
 
 /// Every key, with its default where it has one. Relative paths are relative to the file.
 pub const EXAMPLE_TOML: &str = r#"# skewgate sync configuration
@@ -155,6 +153,83 @@ pub struct EnvoyOutput {
 impl EnvoyOutput {
     pub fn files(&self) -> Files {
         Files::new(&self.dir)
+    }
+}
+
+impl SyncConfig {
+    /// The configuration as `skewgate sync` runs it (`skewgate sync --check` prints it):
+    /// `config` in the file's own keys, every default filled in and every path absolute (a file
+    /// of its own that loads to this same configuration); `writes`, the files it writes for
+    /// Envoy; `reads`, the API paths it GETs from the cluster (what its RBAC must allow);
+    /// `deprecated`, the keys it ignores.
+    pub fn effective(&self) -> serde_json::Value {
+        use serde_json::json;
+        let d = |duration: Duration| crate::duration::format(duration);
+        let ms = |ms: u64| crate::duration::format(Duration::from_millis(ms));
+        let files = self.envoy.files();
+        let mut envoy = json!({
+            "dir": self.envoy.dir,
+            "wasm": self.envoy.wasm,
+            "routeTimeout": d(self.envoy.route_timeout),
+            "confirmTimeout": d(self.envoy.confirm_timeout),
+            "settleDelay": d(self.envoy.settle_delay),
+            "nativeModule": self.envoy.native_module,
+        });
+        if let Some(url) = &self.envoy.admin_url {
+            envoy["adminUrl"] = json!(url);
+        }
+        let config = json!({
+            "pollPeriod": d(self.poll_period),
+            "probePeriod": d(self.probe_period),
+            "serverName": self.server_name,
+            "listen": self.listen.to_string(),
+            "tls": {
+                "peerCa": self.tls.peer_ca,
+                "clientCert": self.tls.client_cert,
+                "clientKey": self.tls.client_key,
+            },
+            "identity": {"user": self.identity.user, "groups": self.identity.groups},
+            "envoy": envoy,
+            "limits": {
+                "requestTimeout": d(self.limits.request_timeout),
+                "maxBodyBytes": self.limits.max_body_bytes,
+                "maxGroups": self.limits.max_groups,
+                "maxGroupVersions": self.limits.max_group_versions,
+                "maxResources": self.limits.max_resources,
+            },
+            "health": {
+                "interval": ms(self.health.interval_ms),
+                "timeout": ms(self.health.timeout_ms),
+                "connectTimeout": ms(self.health.connect_timeout_ms),
+            },
+            "cluster": {
+                "members": self.cluster.members.label(),
+                "bootstrap": self.cluster.bootstrap.label(),
+                "port": self.cluster.port,
+                "leaveAfter": d(self.cluster.leave_after),
+                "extensions": self.cluster.extensions,
+            },
+            "apiservers": self
+                .apiservers
+                .iter()
+                .map(|e| json!({"id": e.id, "address": e.address, "port": e.port}))
+                .collect::<Vec<_>>(),
+        });
+        json!({
+            "config": config,
+            "writes": {
+                "cds": files.cds_path(),
+                "rds": files.rds_path(),
+                "ecds": files.ecds_path(),
+                "moduleEcds": self.envoy.native_module.then(|| files.module_ecds_path()),
+            },
+            "reads": self.cluster.reads(),
+            "deprecated": self
+                .deprecations
+                .iter()
+                .map(|f| json!({"field": f.field, "reason": f.reason}))
+                .collect::<Vec<_>>(),
+        })
     }
 }
 
@@ -904,6 +979,33 @@ mod tests {
             let error = error_of(doc.clone(), &f);
             assert!(error.names(field), "{field}: {error} (doc {doc})");
             assert!(error.to_string().contains(&format!("{field}: ")), "{error}");
+        }
+    }
+
+    /// What `--check` prints is a configuration of its own that loads to the same one, for a
+    /// static cluster and for one that is asked for its members and extensions.
+    #[test]
+    fn the_effective_configuration_loads_to_itself() {
+        let f = files("effective");
+        for file in ["pki/peer-ca.crt", "pki/front-proxy.crt", "pki/front-proxy.key", "skewgate_filter.wasm"]
+        {
+            std::fs::create_dir_all(f.dir.join(file).parent().unwrap()).unwrap();
+            std::fs::write(f.dir.join(file), "x").unwrap();
+        }
+        let path = f.dir.join("example.toml");
+        std::fs::write(&path, EXAMPLE_TOML).unwrap();
+        let example = SyncConfig::load(&path, &Overrides::default()).unwrap();
+        let mut asked = example.clone();
+        asked.cluster.members = crate::peers::Members::Leases;
+        asked.cluster.extensions = true;
+        asked.envoy.native_module = true;
+        for c in [example, asked] {
+            let effective = c.effective();
+            let again = SyncConfig::from_value(&effective["config"], Path::new("/elsewhere")).unwrap();
+            assert_eq!(again, c, "{effective:#}");
+            assert_eq!(effective["writes"]["ecds"], json!(c.envoy.files().ecds_path()));
+            let reads = effective["reads"].as_array().unwrap().len();
+            assert_eq!(reads, if c.cluster.asks() { 3 } else { 0 }, "{effective:#}");
         }
     }
 

@@ -1,6 +1,6 @@
 //! `skewgate explain`: what the filter does with one request, and why. It runs the very code the
 //! filter runs (`core::decision`), on a table file, after the path normalisation Envoy applies
-//! before the filter sees the request ([`crate::envoy_path`]).
+//! before the filter sees the request ([`skewgate_envoy::path`]).
 
 use serde_json::{Map, Value, json};
 use skewgate_core::decision::{self, Action, Composed, Reason, RequestHead};
@@ -10,8 +10,8 @@ use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status;
 use skewgate_core::table::RoutingTable;
 
-use crate::envoy::table_from_ecds;
-use crate::envoy_path;
+use skewgate_envoy::path as envoy_path;
+use skewgate_envoy::table_from_ecds;
 
 /// A request as the filter would see it.
 #[derive(Debug, Clone, Default)]

@@ -22,8 +22,8 @@ use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use skewgate_core::legacy_build::LegacySet;
 
 use crate::config::{Identity, Limits, TlsFiles};
-use crate::counts::{self, Counts};
-use crate::envoy::Endpoint;
+use skewgate_core::discovery::counts::{self, Counts};
+use skewgate_envoy::Endpoint;
 
 /// Legacy documents are plain JSON.
 const ACCEPT_JSON: &str = "application/json";
@@ -382,7 +382,7 @@ impl Fetcher {
         self.check_counts(counted)?;
         let ((core, legacy_core), (apis, legacy_apis)) = tokio::try_join!(self.core(api), self.groups(apis))?;
         // Again for what a legacy walk brought in.
-        self.check_counts(documents_counts(&[&core, &apis]))?;
+        self.check_counts(Counts::of(&[&core, &apis]))?;
         let legacy = legacy_core || legacy_apis;
         // A legacy document's ETag (if any) says nothing about the resource lists behind it.
         let etags = match legacy {
@@ -640,16 +640,6 @@ impl Fetcher {
             ReadError::Client(e) => FetchError::new(path, classify(&e), describe(&e)),
         })?;
         Ok(Answer::Body(body, etag))
-    }
-}
-
-fn documents_counts(lists: &[&ApiGroupDiscoveryList]) -> Counts {
-    let groups = || lists.iter().flat_map(|l| &l.items);
-    let versions = || groups().flat_map(|g| &g.versions);
-    Counts {
-        groups: groups().count(),
-        group_versions: versions().count(),
-        resources: versions().map(|v| v.resources.len()).sum(),
     }
 }
 

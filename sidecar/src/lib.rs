@@ -2,11 +2,9 @@
 //! tables, and `sync` — the discovery sidecar that keeps Envoy's table current.
 
 pub mod config;
-pub mod counts;
 pub mod duration;
 pub mod eligibility;
 pub mod envoy;
-pub mod envoy_path;
 pub mod explain;
 pub mod fetch;
 pub mod guard;
@@ -14,7 +12,6 @@ pub mod metrics;
 pub mod offline;
 pub mod openapi;
 pub mod peers;
-pub mod routing;
 pub mod serve;
 pub mod skew;
 pub mod sync;

@@ -3,12 +3,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
-use serde_json::json;
 use skewgate::config::{Overrides, SyncConfig};
 use skewgate::explain::{self, Request};
 use skewgate::offline::Spec;
-use skewgate::sync::{Standing, SyncReport};
-use skewgate::{envoy, offline, skew, sync};
+use skewgate::{offline, skew, sync};
+use skewgate_envoy as envoy;
 use tracing_subscriber::EnvFilter;
 
 /// skewgate: GVR-aware routing for kube-apiservers of mixed versions, at the Envoy edge.
@@ -66,6 +65,11 @@ enum Command {
         /// One sync, print its report as JSON, exit (0: Envoy's files hold the table).
         #[arg(long)]
         once: bool,
+        /// Check the configuration and print it as the sidecar would run it (every default
+        /// filled in, the files it writes, the API paths it reads from the cluster) as JSON;
+        /// exit 2 with every error when it is wrong. Asks nothing, writes nothing.
+        #[arg(long, conflicts_with = "once")]
+        check: bool,
         /// Overrides envoy.dir.
         #[arg(long)]
         envoy_dir: Option<PathBuf>,
@@ -143,6 +147,7 @@ async fn main() -> ExitCode {
         Command::Sync {
             config,
             once,
+            check,
             envoy_dir,
             wasm,
             admin_url,
@@ -162,7 +167,14 @@ async fn main() -> ExitCode {
                     return ExitCode::from(2);
                 }
             };
-            if once { sync_once(config).await } else { sync_forever(config).await }
+            match (check, once) {
+                (true, _) => {
+                    emit(&format!("{:#}\n", config.effective()));
+                    ExitCode::SUCCESS
+                }
+                (false, true) => sync_once(config).await,
+                (false, false) => sync_forever(config).await,
+            }
         }
         Command::Table { discovery, out, config, table, format } => {
             init_logs(Format::Text);
@@ -193,7 +205,7 @@ fn init_logs(format: Format) {
 async fn sync_once(config: SyncConfig) -> ExitCode {
     match sync::sync_once(config).await {
         Ok(report) => {
-            emit(&format!("{}\n", report_json(&report)));
+            emit(&format!("{}\n", report.to_json()));
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -201,28 +213,6 @@ async fn sync_once(config: SyncConfig) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn report_json(r: &SyncReport) -> serde_json::Value {
-    json!({
-        "generation": r.generation,
-        "changed": r.changed,
-        "gvrs": r.counts.gvrs,
-        "reroutedGvrs": r.counts.rerouted,
-        "tookMs": r.took.as_millis() as u64,
-        "apiservers": r.apiservers.iter().map(|a| json!({
-            "id": a.id,
-            "version": a.version,
-            "standing": match a.standing {
-                Standing::Current => "current",
-                Standing::Stale { .. } => "stale",
-                Standing::Missing => "missing",
-            },
-            "legacy": a.legacy,
-            "source": a.source.to_string(),
-            "error": a.error.as_ref().map(|e| e.to_string()),
-        })).collect::<Vec<_>>(),
-    })
 }
 
 async fn sync_forever(config: SyncConfig) -> ExitCode {

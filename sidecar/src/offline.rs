@@ -1,5 +1,5 @@
 //! `skewgate table --discovery ID=APIS_FILE[,API_FILE]`: the routing table from saved discovery
-//! documents, built by the same code as `skewgate sync` (`routing::build`).
+//! documents, built by the same code as `skewgate sync` (`skewgate_core::build`).
 //!
 //! `APIS_FILE` is what `kubectl get --raw /apis` returns with the aggregated (nopeer) Accept;
 //! `API_FILE`, optional, is `/api` the same way, or the legacy `/api/v1` resource list.
@@ -12,7 +12,7 @@ use skewgate_core::discovery::{
 use skewgate_core::table::TableConfig;
 
 use crate::fetch::kind_of;
-use crate::routing::{self, Server};
+use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 
 /// One `--discovery` argument.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,11 +85,11 @@ pub fn build(specs: &[Spec]) -> anyhow::Result<TableConfig> {
         };
         loaded.push((spec.id.clone(), core, apis));
     }
-    let servers: Vec<Server<'_>> = loaded
+    let servers: Vec<ServerApis<'_>> = loaded
         .iter()
-        .map(|(id, core, apis)| Server { id, version: "", documents: Some([core, apis]), legacy: None })
+        .map(|(id, core, apis)| ServerApis { id, documents: vec![core, apis], ..ServerApis::default() })
         .collect();
-    Ok(routing::build(&servers)?)
+    Ok(build_table(&servers, &ClusterNames::default())?)
 }
 
 #[cfg(test)]

@@ -46,8 +46,8 @@ use skewgate_core::build::is_valid_apiserver_id;
 use skewgate_core::extensions::Extensions;
 
 use crate::config::SyncConfig;
-use crate::envoy::Endpoint;
 use crate::fetch::{ClientTls, FetchError, Fetcher};
+use skewgate_envoy::Endpoint;
 
 pub const ENDPOINT_SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes";
 pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver";
@@ -102,6 +102,40 @@ impl ClusterConfig {
     /// Whether the sidecar asks the cluster anything at all.
     pub fn asks(&self) -> bool {
         self.members != Members::Static || self.extensions
+    }
+
+    /// The API paths [`look`] GETs from the cluster: what the sidecar's RBAC must allow.
+    pub fn reads(&self) -> Vec<&'static str> {
+        let mut reads = match self.members {
+            Members::Static => Vec::new(),
+            Members::EndpointSlice => vec![ENDPOINT_SLICES],
+            Members::Leases => vec![LEASES],
+        };
+        if self.extensions {
+            reads.extend([CRDS, APISERVICES]);
+        }
+        reads
+    }
+}
+
+impl Members {
+    /// As the configuration names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Members::Static => "static",
+            Members::EndpointSlice => "endpointSlice",
+            Members::Leases => "leases",
+        }
+    }
+}
+
+impl Bootstrap {
+    /// As the configuration names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Bootstrap::Pool => "pool",
+            Bootstrap::Apiservers => "apiservers",
+        }
     }
 }
 
@@ -315,7 +349,7 @@ pub async fn look(
         if published.members.is_none() && config.members != Members::Static {
             let path = match config.members {
                 Members::Leases => LEASES,
-                _ => ENDPOINT_SLICES,
+                Members::Static | Members::EndpointSlice => ENDPOINT_SLICES,
             };
             match get_json(fetcher, path).await {
                 Ok(list) => {

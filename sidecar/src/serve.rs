@@ -1,10 +1,11 @@
 //! The sidecar's own HTTP: `/healthz` (the process runs), `/readyz` (Envoy has had a complete
-//! table since the first full sync), `/metrics`.
+//! table since the first full sync), `/metrics`, and `/status`: the latest sync's report as
+//! JSON (what `skewgate sync --once` prints), each apiserver's standing, exclusion and error.
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -26,11 +27,22 @@ pub struct Shared {
     /// the edge would get a 503.
     pub openapi_ready: AtomicBool,
     pub metrics: Metrics,
+    /// The latest sync's report, as `/status` answers it.
+    status: Mutex<Option<Bytes>>,
 }
 
 impl Shared {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst) && self.openapi_ready.load(Ordering::SeqCst)
+    }
+
+    pub fn set_status(&self, report: &serde_json::Value) {
+        let body = Bytes::from(format!("{report}\n"));
+        *self.status.lock().unwrap_or_else(PoisonError::into_inner) = Some(body);
+    }
+
+    fn status(&self) -> Option<Bytes> {
+        self.status.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 }
 
@@ -89,7 +101,15 @@ fn respond(shared: &Shared, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             }
             Err(_) => text(StatusCode::INTERNAL_SERVER_ERROR, "cannot encode metrics\n"),
         },
-        _ => text(StatusCode::NOT_FOUND, "not found: /healthz, /readyz, /metrics\n"),
+        "/status" => match shared.status() {
+            Some(body) => {
+                let mut resp = Response::new(Full::new(body));
+                resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                resp
+            }
+            None => text(StatusCode::SERVICE_UNAVAILABLE, "no sync has ended yet\n"),
+        },
+        _ => text(StatusCode::NOT_FOUND, "not found: /healthz, /readyz, /metrics, /status\n"),
     }
 }
 
@@ -134,6 +154,13 @@ mod tests {
         assert_eq!((status, ct.as_deref()), (200, Some(OPENMETRICS)));
         assert!(body.contains("skewgate_table_pushes_total 0"), "{body}");
         assert!(body.trim_end().ends_with("# EOF"), "{body}");
+        assert_eq!(get("/status").await.0, 503, "before the first sync");
+        shared.set_status(&serde_json::json!({"generation": "g1"}));
+        let (status, ct, body) = get("/status").await;
+        assert_eq!(
+            (status, ct.as_deref(), body.as_str()),
+            (200, Some("application/json"), "{\"generation\":\"g1\"}\n")
+        );
         assert_eq!(get("/nope").await.0, 404);
         stop.send(()).unwrap();
         tokio::time::timeout(std::time::Duration::from_secs(5), task).await.unwrap().unwrap();

@@ -12,8 +12,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use crate::config::{Identity, Limits, TlsFiles};
-use crate::envoy::Endpoint;
 use crate::fetch::{ClientTls, Fetcher};
+use skewgate_envoy::Endpoint;
 
 /// Everything a fetch test needs on disk.
 pub struct Certs {

@@ -21,8 +21,8 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use crate::config::{Identity, TlsFiles};
-use crate::envoy::Endpoint;
 use crate::fetch::{ClientError, ErrorKind, Etags, FetchError, identity_headers};
+use skewgate_envoy::Endpoint;
 
 /// How much of a changed document is read (and dropped: a full fetch follows) to keep the
 /// connection usable.

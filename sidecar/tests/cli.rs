@@ -79,7 +79,7 @@ fn table_builds_from_saved_discovery_and_shows_the_skew() {
 
     // Show mode, from the table and from an ecds.json carrying it, as JSON.
     let ecds = d.join("ecds.json");
-    let carried = skewgate::envoy::ecds(&serde_json::to_string(&written).unwrap(), Path::new("/f.wasm"));
+    let carried = skewgate_envoy::ecds(&serde_json::to_string(&written).unwrap(), Path::new("/f.wasm"));
     std::fs::write(&ecds, carried.to_string()).unwrap();
     for file in [&out, &ecds] {
         let o = skewgate(&["table", "--table", &file.display().to_string(), "--format", "json"]);
@@ -106,6 +106,44 @@ fn table_modes_do_not_mix() {
     let o = skewgate(&["table", "--discovery", &legacy]);
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("APIVersions"), "{}", stderr(&o));
+}
+
+/// `--check` asks and writes nothing: it prints the configuration as it would run, or every
+/// error.
+#[test]
+fn sync_check_prints_the_configuration_it_would_run() {
+    let d = dir("check");
+    let ca = skewgate_pki::Ca::new(&d, "ca").unwrap();
+    let pair = ca.client(&d, "front-proxy", "front-proxy", &[]).unwrap();
+    std::fs::write(d.join("f.wasm"), b"\0asm").unwrap();
+    let config = json!({
+        "apiservers": [{"id": "a", "address": "127.0.0.1", "port": 1}],
+        "tls": {"peerCa": ca.cert_path, "clientCert": pair.cert, "clientKey": pair.key},
+        "envoy": {"dir": "out", "wasm": "f.wasm"},
+        "cluster": {"members": "endpointSlice", "extensions": true}
+    });
+    let path = d.join("sync.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let o = skewgate(&["sync", "--config", &path.display().to_string(), "--check"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let effective: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(effective["config"]["pollPeriod"], "5s", "the default filled in");
+    assert_eq!(effective["config"]["envoy"]["dir"], json!(d.join("out")), "relative to the file");
+    assert_eq!(effective["writes"]["cds"], json!(d.join("out/cds/cds.json")));
+    let reads: Vec<&str> = effective["reads"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    assert_eq!(reads.len(), 3, "{reads:?}");
+    assert!(
+        reads[0].starts_with("/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?"),
+        "{reads:?}"
+    );
+    assert!(!d.join("out").exists(), "nothing written");
+
+    let mut bad = config.clone();
+    bad["pollPeriod"] = json!("fast");
+    std::fs::write(&path, bad.to_string()).unwrap();
+    let o = skewgate(&["sync", "--config", &path.display().to_string(), "--check"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("pollPeriod: "), "{}", stderr(&o));
 }
 
 #[test]

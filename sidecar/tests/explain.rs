@@ -291,7 +291,7 @@ fn ecds_carrying_the_table_works_too() {
         Ok(text) => text,
         Err(e) => panic!("cannot read {TABLE}: {e}"),
     };
-    let ecds = skewgate::envoy::ecds(&table_json, Path::new("/opt/skewgate/skewgate.wasm"));
+    let ecds = skewgate_envoy::ecds(&table_json, Path::new("/opt/skewgate/skewgate.wasm"));
     let path = scratch("ecds.json", &ecds.to_string());
     let args = ["GET", "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims"];
     let v = explain_with(&path, &args);

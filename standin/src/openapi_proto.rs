@@ -6,7 +6,7 @@
 //! numbers from gnostic-models' `openapiv2/OpenAPIv2.proto`).
 
 use serde_json::Value;
-use skewgate::openapi::v2proto::put_bytes;
+use skewgate_openapi::v2proto::put_bytes;
 
 const GVK: &str = "x-kubernetes-group-version-kind";
 
@@ -79,7 +79,7 @@ mod tests {
                 "properties": {"spec": {"description": "spec"}},
                 GVK: [{"group": "", "version": "v1", "kind": "Pod"}]}}
         });
-        let names = skewgate::openapi::v2proto::names(&reduced(&v2)).unwrap();
+        let names = skewgate_openapi::v2proto::names(&reduced(&v2)).unwrap();
         assert_eq!(
             names.into_iter().collect::<Vec<_>>(),
             ["definitions/io.k8s.api.core.v1.Pod", "paths//api/v1/pods"]

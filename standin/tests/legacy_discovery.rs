@@ -191,19 +191,22 @@ fn the_table_carries_the_composed_documents() -> Result<()> {
     let (old_core, old_apis) = aggregated(Capture::Emulated133)?;
     let (new_core, new_apis) = aggregated(Capture::Native136)?;
     let servers = [
-        ServerApis { id: "a", version: "v1.33", documents: vec![&old_core, &old_apis] },
-        ServerApis { id: "b", version: "v1.33", documents: vec![&old_core, &old_apis] },
-        ServerApis { id: "c", version: "v1.36", documents: vec![&new_core, &new_apis] },
+        ServerApis { id: "a", version: "v1.33", documents: vec![&old_core, &old_apis], legacy: None },
+        ServerApis { id: "b", version: "v1.33", documents: vec![&old_core, &old_apis], legacy: None },
+        ServerApis { id: "c", version: "v1.36", documents: vec![&new_core, &new_apis], legacy: None },
     ];
     let names = ClusterNames::default();
     let started = std::time::Instant::now();
     let without = build_table(&servers, &names)?;
     let plain_build = started.elapsed();
-    let legacy: Vec<Option<&LegacySet>> = sets.iter().map(|(_, s)| Some(s)).collect();
+    fn with_sets<'a>(servers: &[ServerApis<'a>], sets: [Option<&'a LegacySet>; 3]) -> Vec<ServerApis<'a>> {
+        servers.iter().zip(sets).map(|(s, legacy)| ServerApis { legacy, ..s.clone() }).collect()
+    }
+    let all = with_sets(&servers, [Some(&sets[0].1), Some(&sets[1].1), Some(&sets[2].1)]);
     let started = std::time::Instant::now();
-    let with = build_table_with(&servers, &legacy, &names, &Extensions::default())?;
+    let with = build_table_with(&all, &names, &Extensions::default())?;
     let legacy_build = started.elapsed();
-    assert_eq!(with, build_table_with(&servers, &legacy, &names, &Extensions::default())?, "deterministic");
+    assert_eq!(with, build_table_with(&all, &names, &Extensions::default())?, "deterministic");
     assert_ne!(with.generation, without.generation);
     let (before, after) = (serde_json::to_string(&without)?.len(), serde_json::to_string(&with)?.len());
     let documents: usize = with.legacy_discovery.iter().map(|d| d.document.len()).sum();
@@ -219,9 +222,7 @@ fn the_table_carries_the_composed_documents() -> Result<()> {
     let (_, group) = table.legacy_discovery().get(LegacyPath::Group("resource.k8s.io")).context("group")?;
     assert_eq!(group.inputs, ["a", "b", "c"]);
     // A server without its legacy set: nothing composed, the apiservers answer as before.
-    let partial = [legacy[0], legacy[1], None];
-    assert!(
-        build_table_with(&servers, &partial, &names, &Extensions::default())?.legacy_discovery.is_empty()
-    );
+    let partial = with_sets(&servers, [Some(&sets[0].1), Some(&sets[1].1), None]);
+    assert!(build_table_with(&partial, &names, &Extensions::default())?.legacy_discovery.is_empty());
     Ok(())
 }

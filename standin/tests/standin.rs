@@ -934,7 +934,7 @@ async fn openapi_caching_as_kube_openapi() -> Result<()> {
     let (code, h, proto) = raw(&f.alice, &f.url(0, "/openapi/v2"), &[("Accept", v2_proto)]).await?;
     assert_eq!((code, h["content-type"].to_str()?), (200, v2_proto));
     let json: Value = serde_json::from_slice(&body)?;
-    let names = skewgate::openapi::v2proto::names(&proto).map_err(anyhow::Error::msg)?;
+    let names = skewgate_openapi::v2proto::names(&proto).map_err(anyhow::Error::msg)?;
     let definitions = json["definitions"].as_object().map_or(0, |d| d.len());
     assert_eq!(names.iter().filter(|n| n.starts_with("definitions/")).count(), definitions);
     Ok(())

@@ -12,16 +12,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use skewgate::config::{DEFAULT_ROUTE_TIMEOUT, Overrides, SyncConfig};
-use skewgate::envoy::{self as resources, Endpoint, Files, Health};
-use skewgate::sync;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 use skewgate_core::table::{RoutingTable, TableConfig};
+use skewgate_envoy::{self as resources, DEFAULT_ROUTE_TIMEOUT, Endpoint, Files, Health};
 
 use crate::envoy::{Config, Envoy, Settings, free_port, upstream_tls};
 use crate::paths;
 use crate::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
 use crate::real::{self, ControlPlane};
+use crate::sidecar::{self, Sidecar};
 use crate::standin::{self, Auth, Profile, Standin, Store, Token};
 
 /// The bearer token of the `admin` user in `system:masters`, written into the kubeconfig.
@@ -148,12 +147,13 @@ pub fn ready_line(c: &Cluster) -> Value {
     }
     if let Some(sidecar) = &c.sidecar {
         line["sidecar"] = json!(format!("http://{}", sidecar.listen));
+        line["sidecarLog"] = json!(sidecar::log_path(&c.out));
     }
     line
 }
 
 pub struct Cluster {
-    pub sidecar: Option<sync::Running>,
+    pub sidecar: Option<Sidecar>,
     pub pki: Pki,
     pub store: Arc<Store>,
     /// The running stand-ins, in `Options::apiservers` order (none with real binaries).
@@ -169,7 +169,8 @@ pub struct Cluster {
     admin_token: String,
     /// How each stand-in was started (its port fixed after the first start), to start it again.
     templates: Vec<standin::Options>,
-    sidecar_config: Option<SyncConfig>,
+    /// The sidecar's configuration file and the address it answers on, to start it again.
+    sidecar_config: Option<(PathBuf, SocketAddr)>,
     /// `plaintext_attempts` of every stand-in ever started here, stopped ones included.
     plaintext: Vec<Arc<AtomicU64>>,
     http: reqwest::Client,
@@ -488,7 +489,7 @@ impl Cluster {
         self.wait_envoy_sees(id, false, timeout).await
     }
 
-    /// Stops the sidecar; Envoy keeps the files (and the table) it has.
+    /// Stops the sidecar (SIGTERM); Envoy keeps the files (and the table) it has.
     pub async fn stop_sidecar(&mut self) -> Result<()> {
         match self.sidecar.take() {
             Some(sidecar) => sidecar.stop().await,
@@ -496,65 +497,67 @@ impl Cluster {
         }
     }
 
-    /// Kills the sidecar: its task is dropped wherever it is, mid-sync or not.
+    /// Kills the sidecar (SIGKILL): it dies wherever it is, mid-sync or not.
     pub fn kill_sidecar(&mut self) -> Result<()> {
         match self.sidecar.take() {
             Some(sidecar) => {
-                drop(sidecar);
+                sidecar.kill();
                 Ok(())
             }
             None => bail!("the sidecar is not running"),
         }
     }
 
-    /// Starts the sidecar again, on the address it had.
-    pub async fn start_sidecar(&mut self) -> Result<&sync::Running> {
+    /// Starts the sidecar again, on the address it had, and waits until it is ready.
+    pub async fn start_sidecar(&mut self) -> Result<&Sidecar> {
         if self.sidecar.is_some() {
             bail!("the sidecar is already running");
         }
-        let config = self.sidecar_config.clone().context("this cluster runs without a sidecar")?;
-        // A killed sidecar's listener closes when the runtime gets round to dropping its task.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while TcpListener::bind(config.listen).is_err() {
-            if Instant::now() > deadline {
-                bail!("the sidecar's address {} is still in use", config.listen);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let running = sync::spawn(config).await?;
+        let (config, listen) = self.sidecar_config.clone().context("this cluster runs without a sidecar")?;
+        let running = Sidecar::start(&config, listen, &sidecar::log_path(&self.out), SIDECAR_READY).await?;
         Ok(self.sidecar.insert(running))
+    }
+
+    fn running_sidecar(&self) -> Result<&Sidecar> {
+        self.sidecar.as_ref().context("the sidecar is not running")
     }
 
     /// The sidecar's Prometheus text.
     pub async fn sidecar_metrics(&self) -> Result<String> {
-        let sidecar = self.sidecar.as_ref().context("the sidecar is not running")?;
-        Ok(self.http.get(format!("http://{}/metrics", sidecar.listen)).send().await?.text().await?)
+        self.running_sidecar()?.metrics().await
+    }
+
+    /// The sidecar's latest sync report (its `/status`), `None` before its first sync ended.
+    pub async fn sidecar_status(&self) -> Result<Option<Value>> {
+        self.running_sidecar()?.status().await
+    }
+
+    /// Polls the sidecar's `/status` until `check` finds what it wants in a report.
+    pub async fn until_sidecar_reports<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut check: impl FnMut(&Value) -> Option<T>,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Some(report) = self.sidecar_status().await? {
+                if let Some(found) = check(&report) {
+                    return Ok(found);
+                }
+                last = Some(report);
+            }
+            if Instant::now() > deadline {
+                bail!("{what}: not within {timeout:?}; the sidecar's latest report: {last:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
-/// Until the sidecar's `/readyz` passes: a table in Envoy and the first OpenAPI round done, so
-/// that a client's first `kubectl explain` does not meet a 503.
-async fn wait_sidecar_ready(running: &mut sync::Running, timeout: Duration) -> Result<()> {
-    let url = format!("http://{}/readyz", running.listen);
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(error) = running.exit_error().await {
-            return Err(error.context("the sidecar exited before it was ready"));
-        }
-        let answer = reqwest::get(&url).await;
-        if answer.as_ref().is_ok_and(|r| r.status().is_success()) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let why = match answer {
-                Ok(r) => r.text().await.unwrap_or_default(),
-                Err(e) => e.to_string(),
-            };
-            bail!("the sidecar is not ready after {timeout:?}: {}", why.trim());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+/// How long a started sidecar has to pass `/readyz`.
+const SIDECAR_READY: Duration = Duration::from_secs(30);
 
 /// `cluster::port::health_flags::<flags>` lines of Envoy's `/clusters`.
 fn parse_host_health(text: &str) -> BTreeMap<(String, u16), bool> {
@@ -704,15 +707,22 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     // the sidecar's does (the plain LB takes that table's clusters and never changes them).
     let sidecar_config = if o.sidecar || control.is_some() {
         let path = out.join("sidecar.json");
-        let doc = sidecar_config(&pki, &endpoints, &envoy_dir, admin_port, o)?;
+        let port = if o.sidecar_port == 0 { free_port()? } else { o.sidecar_port };
+        let listen = SocketAddr::from(([127, 0, 0, 1], port));
+        let doc = sidecar_config(&pki, &endpoints, &envoy_dir, admin_port, listen, o)?;
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-        Some(SyncConfig::load(&path, &Overrides::default()).map_err(|e| anyhow::anyhow!("{e}"))?)
+        Some((path, listen))
     } else {
         None
     };
     // Envoy refuses to start without its files, so the first table is written before it starts.
     let table = match &sidecar_config {
-        Some(config) => sync::sync_once_with_table(config.clone()).await?.1,
+        Some((config, _)) => {
+            sidecar::sync_once(config, &out.join("sidecar-once.log"))?;
+            let ecds: Value = serde_json::from_slice(&std::fs::read(Files::new(&envoy_dir).ecds_path())?)?;
+            let table = resources::table_from_ecds(&ecds).context("the first sync wrote no table")?;
+            serde_json::from_str(table)?
+        }
         None => {
             let servers: Vec<ServerApis<'_>> = o
                 .apiservers
@@ -722,6 +732,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                     id: &spec.id,
                     version: &p.git_version,
                     documents: vec![&p.api, &p.apis],
+                    legacy: None,
                 })
                 .collect();
             let mut table = build_table(&servers, &ClusterNames::default())?;
@@ -757,12 +768,9 @@ pub async fn start(o: &Options) -> Result<Cluster> {
         None
     };
     let (sidecar, sidecar_config) = match sidecar_config.filter(|_| o.sidecar) {
-        Some(mut config) => {
-            let mut running = sync::spawn(config.clone()).await?;
-            wait_sidecar_ready(&mut running, Duration::from_secs(30)).await?;
-            // A restarted sidecar answers where this one did.
-            config.listen = running.listen;
-            (Some(running), Some(config))
+        Some((config, listen)) => {
+            let running = Sidecar::start(&config, listen, &sidecar::log_path(&out), SIDECAR_READY).await?;
+            (Some(running), Some((config, listen)))
         }
         None => (None, None),
     };
@@ -833,6 +841,7 @@ fn sidecar_config(
     endpoints: &[Endpoint],
     envoy_dir: &Path,
     admin_port: u16,
+    listen: SocketAddr,
     o: &Options,
 ) -> Result<Value> {
     let h = health();
@@ -852,7 +861,7 @@ fn sidecar_config(
         },
         "pollPeriod": ms(o.poll_period.as_millis() as u64),
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
-        "listen": format!("127.0.0.1:{}", o.sidecar_port),
+        "listen": listen.to_string(),
     });
     if o.from_cluster {
         let members = if o.from_leases { "leases" } else { "endpointSlice" };

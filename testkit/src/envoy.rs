@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use skewgate::envoy::{Files, UpstreamTls, write_atomic};
+use skewgate_envoy::{Files, UpstreamTls, write_atomic};
 
 use crate::paths;
 use crate::pki::{APISERVER_NAME, Pki};
@@ -78,7 +78,7 @@ pub fn sealed_json(table: &skewgate_core::table::TableConfig) -> Result<String> 
 
 /// The filter's `ecds.json` for `table`, sealed with the clusters it names.
 pub fn sealed_ecds(table: &skewgate_core::table::TableConfig, wasm: &Path) -> Result<Value> {
-    Ok(skewgate::envoy::ecds(&sealed_json(table)?, wasm))
+    Ok(skewgate_envoy::ecds(&sealed_json(table)?, wasm))
 }
 
 /// This process's hard `RLIMIT_NOFILE`, which an Envoy it starts inherits.
@@ -102,7 +102,7 @@ impl Settings {
             serving_cert: pki.envoy_listener.cert.clone(),
             serving_key: pki.envoy_listener.key.clone(),
             client_ca: pki.cluster_ca.cert_path.clone(),
-            route_timeout: skewgate::envoy::envoy_duration(skewgate::config::DEFAULT_ROUTE_TIMEOUT),
+            route_timeout: skewgate_envoy::envoy_duration(skewgate_envoy::DEFAULT_ROUTE_TIMEOUT),
             concurrency: 2,
             wrapper: Vec::new(),
             max_connections: connection_limit(hard_nofile()?),
@@ -124,9 +124,9 @@ impl Settings {
     /// The `rds.json` the sidecar would write for the table `ecds` carries, with this Envoy's
     /// route timeout (without a table that compiles, the routes without the bypass).
     pub fn rds_for(&self, ecds: &Value) -> Value {
-        let table = skewgate::envoy::table_from_ecds(ecds)
+        let table = skewgate_envoy::table_from_ecds(ecds)
             .and_then(|t| skewgate_core::table::RoutingTable::from_json(t.as_bytes()).ok());
-        skewgate::envoy::rds(table.as_ref(), &self.route_timeout)
+        skewgate_envoy::rds(table.as_ref(), &self.route_timeout)
     }
 }
 
@@ -259,7 +259,7 @@ pub fn with_static_routes(bootstrap: &str, route_timeout: &str) -> Result<String
     let start = bootstrap[..at].rfind("          # The routes come from the sidecar").unwrap_or(at);
     let body = &bootstrap[at + RDS.len()..];
     let len = body.lines().take_while(|l| l.starts_with("            ")).map(|l| l.len() + 1).sum::<usize>();
-    let config = skewgate::envoy::route_configuration(None, route_timeout);
+    let config = skewgate_envoy::route_configuration(None, route_timeout);
     let mut routes = String::from("          route_config:\n");
     yaml_block(&config, 12, &mut routes);
     Ok(format!("{}{routes}{}", &bootstrap[..start], &body[len..]))
@@ -479,7 +479,7 @@ impl Envoy {
     /// With the shipped bootstrap, first the routes of a table that compiles, as the sidecar's
     /// push does.
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
-        let table = skewgate::envoy::table_from_ecds(ecds);
+        let table = skewgate_envoy::table_from_ecds(ecds);
         if self.settings.config == Config::Skewgate
             && table
                 .is_some_and(|t| skewgate_core::table::RoutingTable::from_sealed_json(t.as_bytes()).is_ok())
@@ -493,8 +493,8 @@ impl Envoy {
             }
         }
         if let Config::Native { .. } = self.settings.config {
-            let table = skewgate::envoy::table_from_ecds(ecds);
-            let module = skewgate::envoy::module_ecds(table.context("ECDS without a table")?);
+            let table = skewgate_envoy::table_from_ecds(ecds);
+            let module = skewgate_envoy::module_ecds(table.context("ECDS without a table")?);
             let path = self.settings.files().module_ecds_path();
             write_atomic(&path, module.to_string().as_bytes())?;
             return Ok(write_atomic(&self.settings.ecds_path(), ecds.to_string().as_bytes())?);

@@ -13,8 +13,10 @@ pub mod markdown;
 pub mod mvp;
 pub mod native;
 pub mod paths;
+mod process;
 pub mod real;
 pub mod scenario;
+pub mod sidecar;
 
 pub use skewgate_pki as pki;
 pub use skewgate_standin as standin;

@@ -1,7 +1,7 @@
 //! The native fast path (crate `skewgate-module`, `libskewgate_module.so`) in front of the
 //! proxy-wasm filter: the bootstrap variant that loads it (`envoy-config/bootstrap-native.yaml` is
 //! its rendering). The ECDS resource carrying its routing table is the sidecar's
-//! ([`skewgate::envoy::module_ecds`]), re-exported here.
+//! ([`skewgate_envoy::module_ecds`]), re-exported here.
 //!
 //! The variant is `envoy-config/bootstrap.yaml` with three changes: the module's filter ahead of
 //! the proxy-wasm filter (its table from `{{ECDS_DIR}}/module/ecds.json`); the proxy-wasm filter
@@ -17,8 +17,8 @@ use skewgate_core::edits::{CLUSTER_HEADER, NATIVE, NATIVE_LONG_RUNNING, ROUTE_HE
 
 use crate::paths;
 
-use skewgate::envoy::DYNAMIC_MODULE_FILTER_TYPE as DYNAMIC_MODULE_FILTER;
-pub use skewgate::envoy::{MODULE_FILTER_NAME, MODULE_NAME, module_ecds, module_ecds_path};
+use skewgate_envoy::DYNAMIC_MODULE_FILTER_TYPE as DYNAMIC_MODULE_FILTER;
+pub use skewgate_envoy::{MODULE_FILTER_NAME, MODULE_NAME, module_ecds, module_ecds_path};
 
 /// The directory holding `libskewgate_module.so` (release build), or `$SKEWGATE_MODULE_DIR`.
 pub fn module_dir() -> Result<PathBuf> {

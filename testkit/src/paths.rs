@@ -31,6 +31,25 @@ pub fn filter_wasm() -> Result<PathBuf> {
     path.canonicalize().with_context(|| format!("resolving {}", path.display()))
 }
 
+/// The `skewgate` binary: `$SKEWGATE_BIN`, or the one cargo built beside the running program
+/// (the harness, the drill and every test binary live in the same target directory, tests one
+/// level down in `deps/`).
+pub fn skewgate_binary() -> Result<PathBuf> {
+    let path = match std::env::var_os("SKEWGATE_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            let exe = std::env::current_exe().context("finding the running program")?;
+            let dir = exe.parent().context("the running program has no directory")?;
+            let dir = if dir.ends_with("deps") { dir.parent().unwrap_or(dir) } else { dir };
+            dir.join("skewgate")
+        }
+    };
+    if !path.is_file() {
+        bail!("skewgate not built at {}: run `cargo build -p skewgate --bin skewgate`", path.display());
+    }
+    Ok(path)
+}
+
 pub fn envoy_config_dir() -> PathBuf {
     workspace_root().join("envoy-config")
 }

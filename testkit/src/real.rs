@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -17,6 +17,7 @@ use serde_json::json;
 use crate::envoy::free_port;
 use crate::mvp::Mvp;
 use crate::pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
+use crate::process::Process;
 
 /// Real binaries: the old era is a 1.36 kube-apiserver emulating 1.33 with its beta APIs on (as
 /// many 1.33 control planes run), the new one the binary's own version.
@@ -216,72 +217,6 @@ impl fmt::Display for Spec {
     }
 }
 
-/// A child process that is killed if it is still running when dropped (a failed test leaves
-/// no apiserver behind).
-struct Process {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    fn spawn(mut command: Command, log: &Path, banner: &str) -> Result<Self> {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-        writeln!(file, "==== {banner}")?;
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(file.try_clone()?)
-            .stderr(file)
-            .spawn()
-            .with_context(|| format!("starting {banner}"))?;
-        Ok(Self { child, log: log.to_path_buf() })
-    }
-
-    fn running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// SIGTERM (std's `Child::kill` only sends SIGKILL).
-    fn terminate(&mut self) -> Result<()> {
-        if self.running() {
-            let status = Command::new("kill").args(["-s", "TERM", &self.child.id().to_string()]).status()?;
-            if !status.success() && self.running() {
-                bail!("kill -TERM {} failed", self.child.id());
-            }
-        }
-        Ok(())
-    }
-
-    /// Until the process has exited; SIGKILL after `timeout`.
-    async fn wait(&mut self, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        while self.running() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                bail!("pid {} still running {timeout:?} after SIGTERM: killed", self.child.id());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
-    }
-
-    fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if self.running() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
 /// One etcd member on loopback, plain HTTP (reachable from this host only), a fresh data dir.
 pub struct Etcd {
     process: Process,
@@ -375,9 +310,7 @@ impl Apiserver {
 
     /// SIGKILL: connections close at once, requests in flight get no answer.
     pub fn kill(mut self) -> Result<()> {
-        self.process.child.kill()?;
-        self.process.child.wait()?;
-        Ok(())
+        self.process.kill()
     }
 
     pub fn log_tail(&self, lines: usize) -> String {

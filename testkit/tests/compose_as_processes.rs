@@ -282,8 +282,7 @@ impl Harness {
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin)?;
         let harness = PathBuf::from(env!("CARGO_BIN_EXE_skewgate-harness"));
-        let skewgate = harness.with_file_name("skewgate");
-        ensure!(skewgate.is_file(), "{} not built: run `cargo build -p skewgate`", skewgate.display());
+        let skewgate = paths::skewgate_binary()?;
         for (name, target) in [("skewgate-harness", harness), ("skewgate", skewgate)] {
             std::os::unix::fs::symlink(target, bin.join(name))?;
         }
@@ -441,7 +440,7 @@ fn kubectl(kubeconfig: &Path, args: &[&str]) -> Result<(bool, String)> {
 /// Who serves resourceclaims.v1.resource.k8s.io in the table Envoy runs.
 fn claims_served_by(ecds: &Path) -> Result<Vec<String>> {
     let ecds: Value = serde_json::from_slice(&std::fs::read(ecds)?)?;
-    let table: Value = serde_json::from_str(skewgate::envoy::table_from_ecds(&ecds).context("no table")?)?;
+    let table: Value = serde_json::from_str(skewgate_envoy::table_from_ecds(&ecds).context("no table")?)?;
     let gv = table["groupVersions"]
         .as_array()
         .and_then(|gvs| gvs.iter().find(|gv| gv["group"] == "resource.k8s.io" && gv["version"] == "v1"))

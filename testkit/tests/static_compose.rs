@@ -16,7 +16,6 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
-use skewgate::config::{Overrides, SyncConfig};
 use skewgate_testkit::{envoy, native, paths};
 
 use crate::compose::{interpolate, strings};
@@ -190,13 +189,6 @@ fn temp_dir(name: &str) -> Result<PathBuf> {
 
 fn harness_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_skewgate-harness"))
-}
-
-/// The sidecar's binary, built next to this package's by `cargo test --workspace`.
-fn skewgate_binary() -> Result<PathBuf> {
-    let path = harness_binary().with_file_name("skewgate");
-    ensure!(path.is_file(), "{} not built: run `cargo build -p skewgate` (make test does)", path.display());
-    Ok(path)
 }
 
 /// Runs the certificate job as the compose file does, into `dir`/out.
@@ -415,7 +407,7 @@ fn commands_name_workspace_binaries_and_flags_they_have() -> Result<()> {
             let inv: Vec<String> = inv.into_iter().skip_while(|w| w == "exec").collect();
             let Some(program) = inv.first() else { bail!("{name}: empty command") };
             let binary = match program.as_str() {
-                "skewgate" => skewgate_binary()?,
+                "skewgate" => paths::skewgate_binary()?,
                 "skewgate-harness" => harness_binary(),
                 "envoy" if name == "envoy" => continue,
                 "cp" | "mv" | "test" if ONE_SHOT.contains(&name.as_str()) => continue,
@@ -617,19 +609,21 @@ fn ports_and_paths_line_up_with_envoy_and_sidecar_configs() -> Result<()> {
     let rebased =
         |p: &Path| format!("/{}", p.strip_prefix(&dir).map(|p| p.display().to_string()).unwrap_or_default());
     // Envoy reads its files where the sidecar writes them, the same volume at the same place.
-    let envoy_dir = rebased(&config.envoy.dir);
+    let envoy_dir = rebased(&config.path("/config/envoy/dir"));
     let values = compose_envoy_values();
     assert_eq!(values["CDS_DIR"], format!("{envoy_dir}/cds"));
     assert_eq!(values["ECDS_DIR"], format!("{envoy_dir}/ecds"));
     // cds.json and ecds.json name the TLS files and the filter for Envoy: the same mount on both.
     for file in [
-        &config.envoy.wasm,
-        &config.tls.peer_ca,
-        &config.tls.client_cert,
-        &config.tls.client_key,
-        &config.envoy.dir,
-    ] {
-        let path = rebased(file);
+        "/config/envoy/wasm",
+        "/config/tls/peerCa",
+        "/config/tls/clientCert",
+        "/config/tls/clientKey",
+        "/config/envoy/dir",
+    ]
+    .map(|pointer| config.path(pointer))
+    {
+        let path = rebased(&file);
         let on_sidecar =
             mount_of(&sidecar_mounts, &path).with_context(|| format!("sidecar does not mount {path}"))?;
         let on_envoy =
@@ -644,15 +638,14 @@ fn ports_and_paths_line_up_with_envoy_and_sidecar_configs() -> Result<()> {
     assert_eq!(mounts(service(&c, "first-table")?)?, sidecar_mounts);
     let filter_target =
         mounts(service(&c, "filter")?)?.first().map(|m| m.target.clone()).context("filter mount")?;
-    assert_eq!(rebased(&config.envoy.wasm), format!("{filter_target}/skewgate_filter.wasm"));
+    assert_eq!(rebased(&config.path("/config/envoy/wasm")), format!("{filter_target}/skewgate_filter.wasm"));
     // The admin API the sidecar confirms through is Envoy's, in the shared network namespace.
     assert_eq!(
-        config.envoy.admin_url.as_deref(),
+        config.str("/config/envoy/adminUrl"),
         Some(format!("http://127.0.0.1:{}", admin_port.unwrap_or_default()).as_str())
     );
     // One apiserver entry per stand-in service, at the port it listens on.
-    let endpoints: Vec<(String, String, u16)> =
-        config.apiservers.iter().map(|e| (e.id.clone(), e.address.clone(), e.port)).collect();
+    let endpoints = config.apiservers();
     let mut wanted = Vec::new();
     for (svc, id, _) in STANDINS {
         let args = command(service(&c, svc)?);
@@ -672,7 +665,7 @@ fn ports_and_paths_line_up_with_envoy_and_sidecar_configs() -> Result<()> {
 
 /// sidecar.toml loaded as `skewgate sync` loads it, its container paths moved under `dir`
 /// (where the cert job's output and a filter stand-in are).
-fn load_sidecar_config(c: &Value, dir: &Path) -> Result<SyncConfig> {
+fn load_sidecar_config(c: &Value, dir: &Path) -> Result<Checked> {
     cert_job(c, dir)?;
     let wasm = dir.join("var/lib/skewgate/filter/skewgate_filter.wasm");
     std::fs::create_dir_all(wasm.parent().context("wasm dir")?)?;
@@ -680,7 +673,59 @@ fn load_sidecar_config(c: &Value, dir: &Path) -> Result<SyncConfig> {
     let text = rebase(&read(SIDECAR_TOML)?, &["/out/", "/var/lib/skewgate/"], dir);
     let path = dir.join("sidecar.toml");
     std::fs::write(&path, text)?;
-    SyncConfig::load(&path, &Overrides::default()).map_err(|e| anyhow::anyhow!("{SIDECAR_TOML}: {e}"))
+    Checked::of(&path).with_context(|| SIDECAR_TOML.to_string())
+}
+
+/// A sidecar configuration as `skewgate sync --check` reads it: the configuration it would run
+/// (every default filled in, paths absolute), the files it writes and what it reads from the
+/// cluster.
+struct Checked(Value);
+
+impl Checked {
+    fn of(path: &Path) -> Result<Self> {
+        let output = Command::new(paths::skewgate_binary()?)
+            .arg("sync")
+            .arg("--config")
+            .arg(path)
+            .arg("--check")
+            .output()?;
+        ensure!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr).trim());
+        Ok(Self(serde_json::from_slice(&output.stdout)?))
+    }
+
+    fn path(&self, pointer: &str) -> PathBuf {
+        PathBuf::from(self.0.pointer(pointer).and_then(Value::as_str).unwrap_or_default())
+    }
+
+    fn str(&self, pointer: &str) -> Option<&str> {
+        self.0.pointer(pointer).and_then(Value::as_str)
+    }
+
+    /// The files it writes for Envoy.
+    fn writes(&self) -> [PathBuf; 3] {
+        [self.path("/writes/cds"), self.path("/writes/rds"), self.path("/writes/ecds")]
+    }
+
+    /// `(id, address, port)` of every configured apiserver.
+    fn apiservers(&self) -> Vec<(String, String, u16)> {
+        let list = self.0.pointer("/config/apiservers").and_then(Value::as_array);
+        list.into_iter()
+            .flatten()
+            .map(|a| {
+                let port = a["port"].as_u64().and_then(|p| u16::try_from(p).ok()).unwrap_or_default();
+                (
+                    a["id"].as_str().unwrap_or_default().to_owned(),
+                    a["address"].as_str().unwrap_or_default().to_owned(),
+                    port,
+                )
+            })
+            .collect()
+    }
+
+    /// The API paths it reads from the cluster.
+    fn reads(&self) -> Vec<String> {
+        strings(&self.0["reads"])
+    }
 }
 
 #[test]
@@ -752,9 +797,7 @@ fn compose_envoy_config_validates() -> Result<()> {
     let c = compose()?;
     let dir = temp_dir("validate")?;
     let config = load_sidecar_config(&c, &dir)?;
-    for file in
-        [config.envoy.files().cds_path(), config.envoy.files().rds_path(), config.envoy.files().ecds_path()]
-    {
+    for file in config.writes() {
         std::fs::create_dir_all(file.parent().context("envoy dir")?)?;
         std::fs::write(&file, "{\"resources\":[]}")?;
     }
@@ -828,9 +871,7 @@ fn kubeadm_envoy_config_is_the_template_rendered_and_validates() -> Result<()> {
     let dir = temp_dir("kubeadm-validate")?;
     kubeadm_node(&dir)?;
     let config = kubeadm_sidecar_config(&dir)?;
-    for file in
-        [config.envoy.files().cds_path(), config.envoy.files().rds_path(), config.envoy.files().ecds_path()]
-    {
+    for file in config.writes() {
         std::fs::create_dir_all(file.parent().context("envoy dir")?)?;
         std::fs::write(&file, "{\"resources\":[]}")?;
     }
@@ -841,10 +882,10 @@ fn kubeadm_envoy_config_is_the_template_rendered_and_validates() -> Result<()> {
     Ok(())
 }
 
-fn kubeadm_sidecar_config(dir: &Path) -> Result<SyncConfig> {
+fn kubeadm_sidecar_config(dir: &Path) -> Result<Checked> {
     let path = dir.join("etc/skewgate/sidecar.toml");
     std::fs::write(&path, rebase(&read(KUBEADM_SIDECAR)?, &KUBEADM_PREFIXES, dir))?;
-    SyncConfig::load(&path, &Overrides::default()).map_err(|e| anyhow::anyhow!("{KUBEADM_SIDECAR}: {e}"))
+    Checked::of(&path).with_context(|| KUBEADM_SIDECAR.to_string())
 }
 
 /// The static pod mounts every file its two configurations name, in the container that reads
@@ -929,10 +970,11 @@ fn kubeadm_static_pod_mounts_what_the_configs_name() -> Result<()> {
     let dir = temp_dir("kubeadm-sidecar")?;
     kubeadm_node(&dir)?;
     let config = kubeadm_sidecar_config(&dir)?;
-    assert_eq!(config.apiservers.len(), 3, "three control-plane nodes");
-    assert_eq!(config.envoy.admin_url.as_deref(), Some("http://127.0.0.1:9901"));
+    assert_eq!(config.apiservers().len(), 3, "three control-plane nodes");
+    assert_eq!(config.str("/config/envoy/adminUrl"), Some("http://127.0.0.1:9901"));
     assert_eq!(envoy_c["livenessProbe"]["httpGet"]["port"], 9901);
-    assert_eq!(sidecar_c["readinessProbe"]["httpGet"]["port"], config.listen.port());
+    let listen: std::net::SocketAddr = config.str("/config/listen").context("listen")?.parse()?;
+    assert_eq!(sidecar_c["readinessProbe"]["httpGet"]["port"], listen.port());
     let bootstrap = yaml(&read(KUBEADM_ENVOY)?)?;
     assert_eq!(bootstrap["admin"]["address"]["socket_address"]["address"], "127.0.0.1");
     let _ = std::fs::remove_dir_all(&dir);
@@ -984,11 +1026,21 @@ fn deploy_doc_names_the_flags_and_real_metrics() -> Result<()> {
     Ok(())
 }
 
-/// docs/kubeadm/rbac.yaml grants the sidecar's identity exactly `list` on what it lists in
-/// cluster mode (the paths of `skewgate::peers`), and sidecar.toml uses that mode.
+/// docs/kubeadm/rbac.yaml grants the sidecar's identity exactly `list` on what it reads from
+/// the cluster (`skewgate sync --check`'s `reads`) with the shipped sidecar.toml and with its
+/// other way of finding members (identity Leases), and sidecar.toml asks the cluster.
 #[test]
 fn kubeadm_rbac_grants_exactly_what_the_sidecar_lists() -> Result<()> {
-    use skewgate::peers::{APISERVICES, CRDS, ENDPOINT_SLICES, LEASES, Members};
+    let dir = temp_dir("kubeadm-rbac")?;
+    kubeadm_node(&dir)?;
+    let config = kubeadm_sidecar_config(&dir)?;
+    assert_eq!(config.str("/config/cluster/members"), Some("endpointSlice"));
+    assert_eq!(config.0.pointer("/config/cluster/extensions"), Some(&Value::Bool(true)));
+    let leases = dir.join("etc/skewgate/leases.json");
+    let mut with_leases = config.0["config"].clone();
+    with_leases["cluster"]["members"] = "leases".into();
+    std::fs::write(&leases, with_leases.to_string())?;
+    let reads: BTreeSet<String> = config.reads().into_iter().chain(Checked::of(&leases)?.reads()).collect();
     let list = yaml(&read("docs/kubeadm/rbac.yaml")?)?;
     let items = list["items"].as_array().context("items")?;
     let role = items.iter().find(|i| i["kind"] == "ClusterRole").context("no ClusterRole")?;
@@ -1002,7 +1054,8 @@ fn kubeadm_rbac_grants_exactly_what_the_sidecar_lists() -> Result<()> {
         }
     }
     let mut used = BTreeSet::new();
-    for path in [ENDPOINT_SLICES, LEASES, CRDS, APISERVICES] {
+    ensure!(reads.len() == 4, "endpoint slices, leases, CRDs, APIServices: {reads:?}");
+    for path in &reads {
         // /apis/<group>/<version>[/namespaces/<ns>]/<resource>[?query]
         let segments: Vec<&str> = path.split('?').next().unwrap_or(path).split('/').collect();
         let (group, resource) = (segments[2], segments[segments.len() - 1]);
@@ -1010,13 +1063,8 @@ fn kubeadm_rbac_grants_exactly_what_the_sidecar_lists() -> Result<()> {
     }
     assert_eq!(granted, used);
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
-    let dir = temp_dir("kubeadm-rbac")?;
-    kubeadm_node(&dir)?;
-    let config = kubeadm_sidecar_config(&dir)?;
     assert_eq!(binding["subjects"][0]["kind"], "User");
-    assert_eq!(binding["subjects"][0]["name"].as_str(), Some(config.identity.user.as_str()));
-    assert_eq!(config.cluster.members, Members::EndpointSlice);
-    assert!(config.cluster.extensions);
+    assert_eq!(binding["subjects"][0]["name"].as_str(), config.str("/config/identity/user"));
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

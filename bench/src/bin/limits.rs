@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
-use skewgate::envoy::{self as resources, Endpoint, Health};
 use skewgate_bench::rss_kib;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
 use skewgate_core::table::{GroupVersionConfig, MAX_GROUP_VERSIONS, MAX_GVRS, MAX_TABLE_BYTES, TableConfig};
+use skewgate_envoy::{self as resources, Endpoint, Health};
 use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_standin::Profile;
 use skewgate_testkit::echo::{self, SERVED_BY};
@@ -225,7 +225,7 @@ async fn ecds_step(
     let pid = envoy.child.id();
     let sampler = Sampler::start(vec![pid]);
     let started = Instant::now();
-    skewgate::envoy::write_atomic(&envoy.settings.ecds_path(), ecds.as_bytes())?;
+    skewgate_envoy::write_atomic(&envoy.settings.ecds_path(), ecds.as_bytes())?;
     drop(ecds);
     let outcome = loop {
         let now = ecds_counts(envoy).await?;
@@ -296,7 +296,7 @@ fn crd_documents(groups: usize) -> Result<Vec<(String, ApiGroupDiscoveryList, Ap
 fn table_from(documents: &[(String, ApiGroupDiscoveryList, ApiGroupDiscoveryList)]) -> Result<TableConfig> {
     let servers: Vec<ServerApis<'_>> = documents
         .iter()
-        .map(|(id, api, apis)| ServerApis { id, version: "", documents: vec![api, apis] })
+        .map(|(id, api, apis)| ServerApis { id, version: "", documents: vec![api, apis], legacy: None })
         .collect();
     build_table(&servers, &ClusterNames::default()).map_err(|e| anyhow::anyhow!("{e}"))
 }

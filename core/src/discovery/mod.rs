@@ -4,6 +4,7 @@
 //! skewgate has no "local" apiserver of its own, so the merge treats the lexicographically first
 //! server ID as local; everything else follows upstream's `peer_aggregated_handler.go`.
 
+pub mod counts;
 mod etag;
 mod legacy;
 mod legacy_merge;

@@ -3,13 +3,12 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use skewgate::fetch::ErrorKind as FetchErrorKind;
-use skewgate::sync::Standing;
+use anyhow::Result;
 use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, scenario, successes_after, until};
+use skewgate_testkit::scenario::{Row, ids, scenario, successes_after};
+use skewgate_testkit::sidecar;
 
-use crate::support::{SUITE, answers_after, finish, latest_report, prometheus_value, start};
+use crate::support::{SUITE, answers_after, finish, prometheus_value, start};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s08_transport_security() -> Result<()> {
@@ -27,10 +26,13 @@ async fn transport_security() -> Result<Row> {
     let table = c.table_on_disk()?;
     // The sidecar never got d's discovery: d serves nothing in the table.
     assert!(table.gvrs().iter().all(|g| !table.members(g.serving).any(|m| m == "d")));
-    let report = until("a sidecar report", Duration::from_secs(10), || Ok(latest_report(&c))).await?;
-    let d_report = report.apiservers.iter().find(|a| a.id == "d").context("d not reported")?;
-    assert_eq!(d_report.error.as_ref().map(|e| e.kind), Some(FetchErrorKind::Tls), "{d_report:?}");
-    assert_eq!(d_report.standing, Standing::Missing);
+    let d_report = c
+        .until_sidecar_reports("the sidecar reports d", Duration::from_secs(10), |r| {
+            sidecar::apiserver(r, "d").cloned()
+        })
+        .await?;
+    assert_eq!(d_report["errorKind"], "tls", "{d_report}");
+    assert_eq!(d_report["standing"], "missing", "{d_report}");
     let metrics = c.sidecar_metrics().await?;
     assert!(
         prometheus_value(&metrics, "skewgate_sync_errors_total{apiserver=\"d\",kind=\"tls\"}")
@@ -54,16 +56,12 @@ async fn transport_security() -> Result<Row> {
     let c_only = by[&ids(&["c"])].clone();
     answers_after(&load, &c_only, switched, 30, Duration::from_secs(20), Record::is_unavailable_status)
         .await?;
-    let report_c = until("the sidecar reports c's TLS failure", Duration::from_secs(10), || {
-        Ok(latest_report(&c).and_then(|r| {
-            r.apiservers
-                .iter()
-                .find(|a| a.id == "c" && a.error.as_ref().is_some_and(|e| e.kind == FetchErrorKind::Tls))
-                .cloned()
-        }))
-    })
-    .await?;
-    assert!(matches!(report_c.standing, Standing::Stale { .. }), "{report_c:?}");
+    let report_c = c
+        .until_sidecar_reports("the sidecar reports c's TLS failure", Duration::from_secs(10), |r| {
+            sidecar::apiserver(r, "c").filter(|a| a["errorKind"] == "tls").cloned()
+        })
+        .await?;
+    assert_eq!(report_c["standing"], "stale", "{report_c}");
     let metrics = c.sidecar_metrics().await?;
     assert!(
         prometheus_value(&metrics, "skewgate_sync_errors_total{apiserver=\"c\",kind=\"tls\"}")

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use skewgate_testkit::load::Target;
 use skewgate_testkit::scenario::{Row, listing, scenario, successes_after, until};
 
-use crate::support::{ERAS, SUITE, finish, latest_report, prometheus_value, start};
+use crate::support::{ERAS, SUITE, finish, prometheus_value, start};
 
 fn stamp(path: &Path) -> Result<(u64, i64, i64)> {
     let m = std::fs::metadata(path)?;
@@ -40,11 +40,13 @@ async fn control_plane_faults() -> Result<Row> {
 
     // It comes back: first sync, nothing to write.
     c.start_sidecar().await?;
-    let first =
-        until("the restarted sidecar's first sync", Duration::from_secs(10), || Ok(latest_report(&c)))
-            .await?;
-    assert!(!first.changed, "the restarted sidecar rewrote an unchanged table: {:?}", first.steps);
-    assert_eq!(first.generation, generation);
+    let first = c
+        .until_sidecar_reports("the restarted sidecar's first sync", Duration::from_secs(10), |r| {
+            Some(r.clone())
+        })
+        .await?;
+    assert_eq!(first["changed"], false, "the restarted sidecar rewrote an unchanged table: {first}");
+    assert_eq!(first["generation"], generation.as_str());
     assert_eq!((stamp(&ecds)?, stamp(&cds)?), stamps, "ecds.json or cds.json touched");
 
     // ecds.json corrupted by hand (sidecar stopped, so that only Envoy reacts): Envoy
@@ -58,7 +60,7 @@ async fn control_plane_faults() -> Result<Row> {
     let unparsable_before = envoy.stat(unparsable).await?;
     let good = std::fs::read(&ecds)?;
     // A file Envoy cannot even parse counts as an update failure, not a rejection.
-    skewgate::envoy::write_atomic(&ecds, b"{\"resources\": [ this is not JSON")?;
+    skewgate_envoy::write_atomic(&ecds, b"{\"resources\": [ this is not JSON")?;
     envoy.wait_stat(unparsable, unparsable_before + 1, Duration::from_secs(10)).await?;
     // Valid JSON, but tables the filter's validation refuses (on_configure → false), one fault
     // each: a schema this build does not read, and a pool cluster that is not one of the
@@ -78,7 +80,7 @@ async fn control_plane_faults() -> Result<Row> {
             serde_json::from_str(bad.pointer(table_path).and_then(Value::as_str).context("no table")?)?;
         table[field] = value;
         *bad.pointer_mut(table_path).context("no table")? = json!(table.to_string());
-        skewgate::envoy::write_atomic(&ecds, bad.to_string().as_bytes())?;
+        skewgate_envoy::write_atomic(&ecds, bad.to_string().as_bytes())?;
         envoy.wait_stat(rejected, rejected_before + 1 + i as u64, Duration::from_secs(10)).await?;
         until(&format!("Envoy logs why the {field} table was refused"), Duration::from_secs(10), || {
             Ok(envoy.log().contains(reason).then_some(()))
@@ -103,10 +105,12 @@ async fn control_plane_faults() -> Result<Row> {
     })
     .await?;
     let repaired_in = repair.elapsed();
-    let first_sync =
-        until("the restarted sidecar's first sync", Duration::from_secs(10), || Ok(latest_report(&c)))
-            .await?;
-    assert_eq!(first_sync.generation, generation);
+    let first_sync = c
+        .until_sidecar_reports("the restarted sidecar's first sync", Duration::from_secs(10), |r| {
+            Some(r.clone())
+        })
+        .await?;
+    assert_eq!(first_sync["generation"], generation.as_str());
     let metrics = c.sidecar_metrics().await?;
     let pushes = prometheus_value(&metrics, "skewgate_table_pushes_total").unwrap_or(0.0);
     let restores = prometheus_value(&metrics, "skewgate_envoy_restores_total{kind=\"file\"}").unwrap_or(0.0);

@@ -3,10 +3,8 @@
 //! scenarios are in `common`).
 
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{Context, Result, ensure};
-use skewgate::sync::SyncReport;
 use skewgate_testkit::cluster::{self, Cluster, Options};
 use skewgate_testkit::echo::SERVED_BY;
 use skewgate_testkit::envoy::Envoy;
@@ -50,11 +48,6 @@ pub(crate) async fn finish(c: Cluster, row: &mut Row) -> Result<()> {
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(out);
     Ok(())
-}
-
-/// The latest sidecar report.
-pub(crate) fn latest_report(c: &Cluster) -> Option<Arc<SyncReport>> {
-    c.sidecar.as_ref().and_then(|s| s.reports.borrow().clone())
 }
 
 pub(crate) fn prometheus_value(text: &str, name_and_labels: &str) -> Option<f64> {

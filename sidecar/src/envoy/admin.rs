@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use skewgate_core::table::TableConfig;
 
-use super::resources::{FILTER_NAME, MODULE_FILTER_NAME, ROUTE_CONFIG_NAME, table_of_filter};
+use skewgate_envoy::{FILTER_NAME, MODULE_FILTER_NAME, ROUTE_CONFIG_NAME, table_of_filter};
 
 /// The `stat_prefix` of the bootstrap's HTTP connection manager, which roots its RDS stats.
 const HCM_STAT_PREFIX: &str = "apiserver";
@@ -251,7 +251,7 @@ mod tests {
     fn live_table_from_config_dump() {
         let table = json!({"schema": 1, "generation": "G1", "apiservers": [{"id": "a", "cluster": "ap-a"}],
             "poolCluster": "pool", "sets": [{"cluster": "set-a", "members": ["a"]}]});
-        let ecds = crate::envoy::ecds(&table.to_string(), std::path::Path::new("/x.wasm"));
+        let ecds = skewgate_envoy::ecds(&table.to_string(), std::path::Path::new("/x.wasm"));
         let typed: TableConfig = serde_json::from_value(table.clone()).unwrap();
         assert_eq!(Some(LiveTable::of(&typed)), table_summary(&table.to_string()));
         let dump = json!({"configs": [{
@@ -265,7 +265,7 @@ mod tests {
         // With the module: live once it runs the same table.
         let entry = |ecds: &Value| json!({"ecds_filter": ecds["resources"][0]});
         let older = json!({"schema": 1, "generation": "G0", "apiservers": [], "poolCluster": "old-pool"});
-        let module = |t: &Value| entry(&crate::envoy::module_ecds(&t.to_string()));
+        let module = |t: &Value| entry(&skewgate_envoy::module_ecds(&t.to_string()));
         let behind = json!({"configs": [entry(&ecds), module(&older)]});
         assert_eq!(live_table_of(&behind).map(|l| l.generation), Some("G0".to_string()));
         let level = json!({"configs": [module(&table), entry(&ecds)]});
@@ -277,12 +277,12 @@ mod tests {
 
     #[test]
     fn live_routes_from_config_dump() {
-        let rds = crate::envoy::rds(None, "65s");
+        let rds = skewgate_envoy::rds(None, "65s");
         let dump = json!({"configs": [
             {"version_info": "other", "route_config": {"name": "elsewhere"}},
             {"version_info": rds["version_info"], "route_config": rds["resources"][0]}
         ]});
-        assert_eq!(live_routes_of(&dump).as_deref(), crate::envoy::rds_version(&rds));
+        assert_eq!(live_routes_of(&dump).as_deref(), skewgate_envoy::rds_version(&rds));
         assert_eq!(live_routes_of(&json!({"configs": [dump["configs"][0]]})), None);
         assert_eq!(live_routes_of(&json!({})), None);
     }

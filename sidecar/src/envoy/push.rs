@@ -30,13 +30,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use super::admin::{AdminError, EnvoyAdmin, LiveTable};
-use super::files::{Files, write_atomic};
-use super::render::Resources;
-use super::resources::{draining_in, module_ecds, rds_version, table_from_ecds, with_draining};
+use skewgate_envoy::{
+    Files, Resources, cluster_names, draining_in, module_ecds, rds_version, table_from_ecds, union_cds,
+    with_draining, write_atomic,
+};
 
 /// How often the admin API is asked while waiting.
 const CONFIRM_POLL: Duration = Duration::from_millis(50);
@@ -61,6 +62,24 @@ pub enum Step {
     TableLive(String),
     /// No admin API: waited the settle delay.
     Settled,
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Step::WroteCds(clusters) => write!(f, "wrote cds.json ({} clusters)", clusters.len()),
+            Step::WroteRds(version) => write!(f, "wrote rds.json {version}"),
+            Step::RoutesLive(version) => write!(f, "routes {version} live"),
+            Step::ClustersPresent => f.write_str("every cluster present"),
+            Step::ClustersUnhealthy(clusters) => {
+                write!(f, "no healthy host in time: {}", clusters.join(", "))
+            }
+            Step::WroteEcds(generation) => write!(f, "wrote ecds.json {generation}"),
+            Step::WroteModuleEcds(generation) => write!(f, "wrote module/ecds.json {generation}"),
+            Step::TableLive(generation) => write!(f, "table {generation} live"),
+            Step::Settled => f.write_str("waited the settle delay (no admin API)"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -624,29 +643,9 @@ fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, PushError> {
     }
 }
 
-fn resources_of(cds: Option<&Value>) -> impl Iterator<Item = &Value> {
-    cds.and_then(|c| c.get("resources")).and_then(Value::as_array).into_iter().flatten()
-}
-
-pub fn cluster_names(cds: Option<&Value>) -> BTreeSet<String> {
-    resources_of(cds).filter_map(|r| r.get("name").and_then(Value::as_str)).map(str::to_owned).collect()
-}
-
-/// The new clusters, then the old ones the new CDS no longer has (new definitions win).
-pub fn union_cds(new: &Value, old: Option<&Value>) -> Value {
-    let names = cluster_names(Some(new));
-    let mut resources: Vec<Value> = resources_of(Some(new)).cloned().collect();
-    resources.extend(
-        resources_of(old)
-            .filter(|r| r.get("name").and_then(Value::as_str).is_some_and(|n| !names.contains(n)))
-            .cloned(),
-    );
-    json!({ "resources": resources })
-}
-
 /// The generation and clusters of the table an `ecds.json` this sidecar wrote carries.
 fn table_summary_of(ecds: &Value) -> Option<super::admin::LiveTable> {
-    super::admin::table_summary(super::resources::table_from_ecds(ecds)?)
+    super::admin::table_summary(table_from_ecds(ecds)?)
 }
 
 #[cfg(test)]
@@ -660,7 +659,7 @@ mod tests {
 
     use super::*;
     use crate::envoy::admin::{ClusterHealth, LiveTable, table_summary};
-    use crate::envoy::resources::{Endpoint, Health, UpstreamTls, table_from_ecds};
+    use skewgate_envoy::{Endpoint, Health, UpstreamTls};
 
     /// Envoy as far as the pusher can tell: it picks up the files when asked (ECDS before CDS,
     /// the worst order for the pusher), and records every moment its table names a cluster it
@@ -871,9 +870,9 @@ mod tests {
             health_groups: vec!["system:authenticated".into()],
         };
         // Unsealed, so that the generation stays the label the tests follow.
-        let cds = crate::envoy::resources::cds(&t, &endpoints, &tls, Health::default()).unwrap();
+        let cds = skewgate_envoy::cds(&t, &endpoints, &tls, Health::default()).unwrap();
         let json = serde_json::to_string(&t).unwrap();
-        let ecds = crate::envoy::resources::ecds(&json, Path::new("/f.wasm"));
+        let ecds = skewgate_envoy::ecds(&json, Path::new("/f.wasm"));
         let rds = Value::Null;
         with_route_timeout(
             Resources { table: t.clone(), generation: t.generation.clone(), cds, rds, ecds },
@@ -884,7 +883,7 @@ mod tests {
     /// `r` with the routes of its table and this route timeout.
     fn with_route_timeout(mut r: Resources, timeout: &str) -> Resources {
         let table = RoutingTable::from_json(serde_json::to_string(&r.table).unwrap().as_bytes()).unwrap();
-        r.rds = crate::envoy::resources::rds(Some(&table), timeout);
+        r.rds = skewgate_envoy::rds(Some(&table), timeout);
         r
     }
 
@@ -1363,16 +1362,5 @@ mod tests {
         assert_eq!(std::fs::read(&module).unwrap(), good);
         assert_eq!(restarted.expected().0, writes + 2);
         assert!(restarted.restore_replaced_files(true).unwrap().is_empty());
-    }
-
-    #[test]
-    fn union_keeps_new_definitions() {
-        let new = json!({"resources": [{"name": "x", "v": 2}, {"name": "y"}]});
-        let old = json!({"resources": [{"name": "x", "v": 1}, {"name": "z"}]});
-        assert_eq!(
-            union_cds(&new, Some(&old)),
-            json!({"resources": [{"name": "x", "v": 2}, {"name": "y"}, {"name": "z"}]})
-        );
-        assert_eq!(union_cds(&new, None), new);
     }
 }

@@ -8,7 +8,9 @@ use serde_json::Value;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 
-use super::{Doc, Fetched, api_level, v2proto};
+use skewgate_openapi::v2proto;
+
+use super::{Doc, Fetched, api_level};
 use crate::fetch::{Answer, ErrorKind, FetchError, Fetcher};
 
 const JSON: &str = "application/json";

@@ -10,9 +10,7 @@
 //! Envoy's ECDS parse peaks at about ten times the file.
 
 pub mod fetch;
-pub mod merge;
 pub mod serve;
-pub mod v2proto;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -25,7 +23,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
-use merge::{Flavor, Outcome};
+use skewgate_openapi::merge::{self, Flavor, Outcome};
+use skewgate_openapi::v2proto;
 
 /// The composer's metrics, under `skewgate_openapi_`.
 #[derive(Debug, Default)]

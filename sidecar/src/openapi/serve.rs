@@ -25,7 +25,9 @@ use tokio::net::UnixListener;
 use tokio::task::JoinSet;
 
 use super::fetch::fetch;
-use super::{Composed, Composer, Doc, Fetched, MEMORY_BUDGET_BYTES, server_relative_url, v2proto};
+use skewgate_openapi::v2proto;
+
+use super::{Composed, Composer, Doc, Fetched, MEMORY_BUDGET_BYTES, server_relative_url};
 use crate::fetch::Fetcher;
 
 /// What the server answers from; None until the first composition.
@@ -344,7 +346,7 @@ pub async fn run(
         );
         if let Some(dir) = socket_dir.as_deref() {
             let summary = composed.summary().to_string();
-            if let Err(error) = crate::envoy::write_atomic(&dir.join(super::SUMMARY), summary.as_bytes()) {
+            if let Err(error) = skewgate_envoy::write_atomic(&dir.join(super::SUMMARY), summary.as_bytes()) {
                 tracing::warn!(%error, "cannot write the OpenAPI summary");
             }
         }

@@ -46,7 +46,7 @@ impl Files {
     }
 
     /// The three files at once, in push order, without waiting on Envoy: for a first table,
-    /// before any Envoy watches them (a running Envoy gets its tables through [`super::Pusher`]).
+    /// before any Envoy watches them (a running Envoy gets its tables through the sidecar's pusher, which waits on Envoy between them).
     pub fn write_first(&self, cds: &Value, rds: &Value, ecds: &Value) -> std::io::Result<()> {
         std::fs::create_dir_all(self.cds_dir())?;
         std::fs::create_dir_all(self.ecds_dir())?;

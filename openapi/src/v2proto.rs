@@ -6,7 +6,7 @@
 //! `definitions = 9`, `parameters = 10`, `responses = 11`, `security_definitions = 13` (each
 //! `additional_properties = 1`); `Named*.name = 1`, `Named*.value = 2`.
 //!
-//! Rule, as for JSON ([`super::merge`]): the first input's Document (priority order) with every
+//! Rule, as for JSON ([`crate::merge`]): the first input's Document (priority order) with every
 //! named entry of the later inputs whose name it lacks; other fields from the first input.
 
 use std::collections::BTreeSet;

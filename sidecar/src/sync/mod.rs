@@ -24,34 +24,41 @@
 //! as it was, and Envoy's own `/readyz` checks go on. The last good documents are saved next to
 //! Envoy's files (`state/discovery.json`), so that a restarted sidecar keeps an unreachable
 //! apiserver's GVRs in the table too. The library runs in-process in tests and the harness.
+//!
+//! The loop ([`run`]) is a reconciler around a scheduler: each event (a poll tick, a fetch, probe,
+//! look at the cluster or push that ended) is first recorded in the memory, then handed to the
+//! [`schedule::Scheduler`], which holds every rule of when to fetch, ask, save and push and
+//! answers with commands; the loop carries them out and waits for the next event.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use skewgate_core::build::BuildError;
-use skewgate_core::table::TableConfig;
+use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with};
+use skewgate_core::table::{Counts, TableConfig};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
-use crate::envoy::{
-    Endpoint, HttpAdmin, PushError, PushOutcome, Pusher, RenderError, Resources, Step, UpstreamTls,
-    table_from_ecds, write_atomic,
-};
+use crate::envoy::{HttpAdmin, PushError, PushOutcome, Pusher, Step};
 use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::peers::{self, Asker, Published, Source};
-use crate::routing::{self, Counts, Server};
 use crate::serve::{self, Shared};
 use crate::tether::{self, Probe, Tether};
+use memory::Memory;
+use schedule::{Command, Event, Membership, Scheduler};
 use skewgate_core::extensions::Extensions;
+use skewgate_envoy::{Endpoint, RenderError, Resources, UpstreamTls, table_from_ecds, write_atomic};
 
 pub use crate::config::SyncConfig;
+
+mod memory;
+pub mod schedule;
 
 /// Where an apiserver's contribution to the table stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,6 +100,43 @@ pub struct SyncReport {
     pub counts: Counts,
     pub apiservers: Vec<ApiserverReport>,
     pub took: Duration,
+}
+
+impl SyncReport {
+    /// What `skewgate sync --once` prints and the sidecar's `/status` answers.
+    pub fn to_json(&self) -> serde_json::Value {
+        let apiservers: Vec<serde_json::Value> = self
+            .apiservers
+            .iter()
+            .map(|a| {
+                let (standing, stale_seconds) = match a.standing {
+                    Standing::Current => ("current", None),
+                    Standing::Stale { age } => ("stale", Some(age.as_secs())),
+                    Standing::Missing => ("missing", None),
+                };
+                serde_json::json!({
+                    "id": a.id,
+                    "version": a.version,
+                    "standing": standing,
+                    "staleSeconds": stale_seconds,
+                    "legacy": a.legacy,
+                    "source": a.source.to_string(),
+                    "excluded": a.excluded.map(Exclusion::label),
+                    "error": a.error.as_ref().map(ToString::to_string),
+                    "errorKind": a.error.as_ref().map(|e| e.kind.label()),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "generation": self.generation,
+            "changed": self.changed,
+            "steps": self.steps.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "gvrs": self.counts.gvrs,
+            "reroutedGvrs": self.counts.rerouted,
+            "tookMs": self.took.as_millis() as u64,
+            "apiservers": apiservers,
+        })
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -141,124 +185,6 @@ pub enum Look {
         fetched: Box<Result<Documents, FetchError>>,
     },
     Failed(FetchError),
-}
-
-/// What is remembered of one apiserver.
-#[derive(Debug, Default)]
-struct Memory {
-    /// The last good documents and what they serve: kept while the apiserver is configured.
-    good: Option<(Documents, Served, Instant)>,
-    failing: bool,
-    /// The latest look's failure.
-    error: Option<FetchError>,
-    /// The latest look reached its discovery.
-    reachable: bool,
-    /// `/readyz` at the latest probe.
-    ready: Option<bool>,
-    /// When the look behind what is remembered started: a slower, older look that finishes
-    /// later must not undo what a newer one found.
-    seen: Option<Instant>,
-    /// Since when it is marked `DRAINING`.
-    excluded_since: Option<Instant>,
-    excluded: Option<Exclusion>,
-    source: Source,
-    /// Found in the cluster while running: it enters the table once its discovery answered.
-    joined: bool,
-    /// Since when the cluster no longer publishes it.
-    departed_since: Option<Instant>,
-}
-
-impl Memory {
-    /// Whether a look that started at `started` is newer than what is remembered (and is then
-    /// what counts).
-    fn newer(&mut self, started: Instant) -> bool {
-        if self.seen.is_some_and(|seen| started < seen) {
-            return false;
-        }
-        self.seen = Some(started);
-        true
-    }
-
-    fn standing(&self, now: Instant) -> Standing {
-        match (&self.good, self.failing) {
-            (Some(_), false) => Standing::Current,
-            (Some((_, _, at)), true) => Standing::Stale { age: now.duration_since(*at) },
-            (None, _) => Standing::Missing,
-        }
-    }
-
-    /// Documents from a look older than what is remembered: they only fill a gap. Ones that
-    /// differ from what a newer look found are dropped; the next probe asks again.
-    fn fill(&mut self, documents: Documents, now: Instant) -> bool {
-        if self.good.is_some() {
-            return false;
-        }
-        let served = Served::of(&documents);
-        self.good = Some((documents, served, now));
-        true
-    }
-
-    /// Returns whether the documents changed.
-    fn answered(&mut self, id: &str, documents: Documents, now: Instant) -> bool {
-        if self.failing {
-            tracing::info!(apiserver = id, "discovery answers again");
-        }
-        self.failing = false;
-        self.error = None;
-        self.reachable = true;
-        // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
-        // its documents must not cause a push (and a save) at every probe.
-        let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
-            (&d.version, &d.core, &d.apis, d.legacy, &d.legacy_documents)
-                != (
-                    &documents.version,
-                    &documents.core,
-                    &documents.apis,
-                    documents.legacy,
-                    &documents.legacy_documents,
-                )
-        });
-        let served = Served::of(&documents);
-        self.good = Some((documents, served, now));
-        changed
-    }
-
-    fn failed(&mut self, id: &str, error: FetchError) {
-        if !self.failing {
-            match self.good.is_some() {
-                true => tracing::warn!(
-                    apiserver = id,
-                    %error,
-                    "discovery failed; its last good documents stay in the table until it answers"
-                ),
-                false => {
-                    tracing::warn!(apiserver = id, %error, "discovery failed; it serves nothing in the table")
-                }
-            }
-        } else {
-            tracing::debug!(apiserver = id, %error, "discovery still failing");
-        }
-        self.failing = true;
-        // Over a `[limits]` bound the apiserver still answers, and what it serves in the table
-        // (its last good documents) is unchanged: it keeps its requests. Anything else counts
-        // as unreachable.
-        self.reachable = error.kind == ErrorKind::Limit;
-        self.error = Some(error);
-    }
-
-    fn readiness(&mut self, id: &str, ready: bool) {
-        if self.ready != Some(ready) {
-            match ready {
-                true => tracing::info!(apiserver = id, "ready"),
-                false => tracing::info!(apiserver = id, "not ready (/readyz)"),
-            }
-        }
-        self.ready = Some(ready);
-    }
-
-    fn etags(&self) -> Etags {
-        self.good.as_ref().map(|(d, _, _)| d.etags.clone()).unwrap_or_default()
-    }
 }
 
 /// The sync state: clients, memory, the pusher, what Envoy runs, and what `/metrics` reports.
@@ -631,27 +557,27 @@ impl Sidecar {
             // everything to the pool, which Envoy's current table does at least as well.
             return Err(SyncError::NoDocuments);
         }
-        let servers: Vec<Server<'_>> = self
+        let servers: Vec<ServerApis<'_>> = self
             .members
             .iter()
             .map(|m| (&m.endpoint, &m.memory))
             // One that joined enters the table with its discovery, not before.
             .filter(|(_, m)| !(m.joined && m.good.is_none()))
-            .map(|(e, m)| Server {
+            .map(|(e, m)| ServerApis {
                 id: &e.id,
                 version: m.good.as_ref().map_or("", |(d, _, _)| d.version.as_str()),
-                documents: m.good.as_ref().map(|(d, _, _)| [&d.core, &d.apis]),
+                documents: m.good.as_ref().map(|(d, _, _)| vec![&d.core, &d.apis]).unwrap_or_default(),
                 legacy: m.good.as_ref().and_then(|(d, _, _)| d.legacy_documents.as_ref()),
             })
             .collect();
-        Ok(routing::build_with(&servers, &self.extensions)?)
+        Ok(build_table_with(&servers, &ClusterNames::default(), &self.extensions)?)
     }
 
     fn prepare(&self) -> Result<Resources, SyncError> {
         let mut table = self.table()?;
         table.openapi_cluster = Some(crate::openapi::CLUSTER.into());
         let socket = self.config.envoy.dir.join(crate::openapi::SOCKET);
-        let resources = crate::envoy::render(
+        let resources = skewgate_envoy::render(
             &mut table,
             &self.endpoints(),
             &self.upstream,
@@ -739,7 +665,7 @@ impl Sidecar {
                 return Err(error);
             }
         };
-        let counts = routing::counts(&table);
+        let counts = table.counts();
         metrics.gvrs.set(counts.gvrs as i64);
         metrics.rerouted_gvrs.set(counts.rerouted as i64);
         metrics.succeeded(std::time::Instant::now());
@@ -763,7 +689,9 @@ impl Sidecar {
         let generation = table.generation.clone();
         self.live = Some(Live::of(table));
         self.apply_eligibility();
-        Ok(SyncReport { generation, changed, steps, counts, apiservers: self.reports(), took })
+        let report = SyncReport { generation, changed, steps, counts, apiservers: self.reports(), took };
+        self.shared.set_status(&report.to_json());
+        Ok(report)
     }
 
     /// One sync: fetch, judge against the live table, build, push, judge against the new one.
@@ -1054,124 +982,24 @@ async fn run_with(
     tokio::pin!(shutdown);
     let mut poll = tokio::time::interval(poll_period);
     poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    // At most one fetch and one push at a time, and one tether per apiserver; all are aborted
-    // with this future.
+    let mut scheduler = Scheduler::new(schedule::Cluster {
+        asks: sidecar.asker.is_some(),
+        lists_extensions: sidecar.config.cluster.extensions,
+    });
+    // The scheduler allows one fetch, one look at the cluster and one push at a time, and one
+    // tether per member; all are aborted with this future.
     let mut fetches: JoinSet<(Instant, Vec<Fetched>)> = JoinSet::new();
+    let mut asks: JoinSet<Result<Published, FetchError>> = JoinSet::new();
     let mut pushes: JoinSet<PushDone> = JoinSet::new();
     let mut tethers = JoinSet::new();
     let (looks_out, mut looks) = mpsc::unbounded_channel();
     // Per member id: its tether task and the ETags it asks with.
     let mut etags: BTreeMap<String, (tokio::task::AbortHandle, watch::Sender<Etags>)> = BTreeMap::new();
-    let spawn_tether = |sidecar: &Sidecar, id: &str, tethers: &mut JoinSet<()>| {
-        let member = sidecar.member(id)?;
-        let (tx, rx) = watch::channel(Etags::default());
-        let (tether, fetcher) = (member.tether.clone(), member.fetcher.clone());
-        let task =
-            tether_task(id.to_owned(), tether, fetcher, rx, (probe_period, probe_timeout), looks_out.clone());
-        Some((tethers.spawn(task), tx))
-    };
-    for id in sidecar.members.iter().map(|m| m.endpoint.id.clone()).collect::<Vec<_>>() {
-        if let Some(handles) = spawn_tether(&sidecar, &id, &mut tethers) {
-            etags.insert(id, handles);
-        }
-    }
-    // At most one look at the cluster at a time; when it started.
-    let mut asks: JoinSet<(Instant, Result<Published, FetchError>)> = JoinSet::new();
-    // A discovery change seen since then waits for a listing of extensions that started after
-    // it (see `crate::peers`).
-    let mut extensions_wanted: Option<Instant> = None;
-    let mut ask_again = false;
-    let lists_extensions = sidecar.config.cluster.extensions;
-    // Since when the memory differs from the table being pushed (or live): what triggered the
-    // wanted push, for its report's `took`.
-    let mut push_wanted: Option<Instant> = None;
+    let members = sidecar.members.iter().map(|m| m.endpoint.id.clone()).collect();
+    let mut pending = VecDeque::from([Event::Started { members }]);
     loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            _ = poll.tick() => {
-                ask_again = true;
-                if fetches.is_empty() {
-                    let fetchers = sidecar.fetchers();
-                    fetches.spawn(async move {
-                        let started = Instant::now();
-                        (started, fetch_all(&fetchers).await)
-                    });
-                }
-            }
-            Some(joined) = asks.join_next(), if !asks.is_empty() => {
-                if let Ok((started, result)) = joined {
-                    if extensions_wanted.is_some_and(|since| since <= started) {
-                        extensions_wanted = None;
-                    }
-                    match result {
-                        Ok(published) => {
-                            let (joined, left, changed) = sidecar.apply_published(published);
-                            if !joined.is_empty() || !left.is_empty() {
-                                openapi_members.send_replace(sidecar.openapi_members());
-                            }
-                            for id in left {
-                                if let Some((task, _)) = etags.remove(&id) {
-                                    task.abort();
-                                }
-                            }
-                            for id in &joined {
-                                if let Some(handles) = spawn_tether(&sidecar, id, &mut tethers) {
-                                    etags.insert(id.clone(), handles);
-                                }
-                            }
-                            if !joined.is_empty() && fetches.is_empty() {
-                                // Their discovery now rather than at the next poll.
-                                poll.reset_immediately();
-                            }
-                            if changed {
-                                push_wanted.get_or_insert(started);
-                            }
-                        }
-                        Err(error) => tracing::warn!(%error, "cannot ask the cluster; what is known stays"),
-                    }
-                }
-            }
-            Some(_) = tethers.join_next(), if !tethers.is_empty() => {}
-            Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
-                if let Ok((started, results)) = joined {
-                    if sidecar.record_fetches(started, results) {
-                        sidecar.save();
-                        if lists_extensions {
-                            extensions_wanted.get_or_insert(started);
-                            ask_again = true;
-                        }
-                    }
-                    // Every poll ends in a push, unchanged or not: its report says the sync ran.
-                    push_wanted.get_or_insert(started);
-                }
-            }
-            Some((id, started, look)) = looks.recv() => {
-                if sidecar.record_look(&id, started, look) {
-                    sidecar.save();
-                    if lists_extensions {
-                        extensions_wanted.get_or_insert(started);
-                        ask_again = true;
-                    }
-                    push_wanted.get_or_insert(started);
-                }
-            }
-            Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
-                if let Ok((table, result, started)) = joined {
-                    if let Ok(report) = sidecar.pushed(table, result, started) {
-                        reports.send_replace(Some(Arc::new(report)));
-                    }
-                }
-            }
-        }
-        if ask_again && asks.is_empty() {
-            ask_again = false;
-            if let Some((config, configured, candidates)) = sidecar.cluster_candidates() {
-                asks.spawn(async move {
-                    let started = Instant::now();
-                    (started, peers::look(config, &configured, &candidates).await)
-                });
-            }
-        }
+        // What an event changed in the memory decides who may get new requests, before the
+        // commands it leads to (a push among them) run.
         for Member { endpoint, memory, .. } in &sidecar.members {
             let Some((_, sender)) = etags.get(&endpoint.id) else { continue };
             let current = memory.etags();
@@ -1182,22 +1010,85 @@ async fn run_with(
             });
         }
         sidecar.apply_eligibility();
-        if let Some(started) = push_wanted.filter(|_| pushes.is_empty() && extensions_wanted.is_none()) {
-            push_wanted = None;
-            match sidecar.prepare() {
-                Ok(resources) => {
-                    let pusher = sidecar.pusher.clone();
-                    pushes.spawn(async move {
-                        let result = pusher.push(&resources).await;
-                        (resources.table, result, started)
-                    });
-                }
-                Err(error) => {
-                    sidecar.shared.metrics.push_error(error.label());
-                    tracing::error!(%error, "sync failed");
+        while let Some(event) = pending.pop_front() {
+            for command in scheduler.on(Instant::now(), event) {
+                match command {
+                    Command::Fetch { started } => {
+                        let fetchers = sidecar.fetchers();
+                        fetches.spawn(async move { (started, fetch_all(&fetchers).await) });
+                    }
+                    Command::Ask => match sidecar.cluster_candidates() {
+                        Some((config, configured, candidates)) => {
+                            asks.spawn(async move { peers::look(config, &configured, &candidates).await });
+                        }
+                        None => pending.push_back(Event::Asked(None)),
+                    },
+                    Command::Save => sidecar.save(),
+                    Command::Tether(id) => {
+                        let Some(member) = sidecar.member(&id) else { continue };
+                        let (tx, rx) = watch::channel(member.memory.etags());
+                        let (tether, fetcher) = (member.tether.clone(), member.fetcher.clone());
+                        let periods = (probe_period, probe_timeout);
+                        let task = tether_task(id.clone(), tether, fetcher, rx, periods, looks_out.clone());
+                        etags.insert(id, (tethers.spawn(task), tx));
+                    }
+                    Command::Untether(id) => {
+                        if let Some((task, _)) = etags.remove(&id) {
+                            task.abort();
+                        }
+                    }
+                    Command::Recompose => {
+                        openapi_members.send_replace(sidecar.openapi_members());
+                    }
+                    Command::Push { since } => match sidecar.prepare() {
+                        Ok(resources) => {
+                            let pusher = sidecar.pusher.clone();
+                            pushes.spawn(async move {
+                                let result = pusher.push(&resources).await;
+                                (resources.table, result, since)
+                            });
+                        }
+                        Err(error) => {
+                            sidecar.shared.metrics.push_error(error.label());
+                            tracing::error!(%error, "sync failed");
+                            pending.push_back(Event::Pushed);
+                        }
+                    },
                 }
             }
         }
+        let event = tokio::select! {
+            () = &mut shutdown => break,
+            _ = poll.tick() => Event::Poll,
+            Some(joined) = asks.join_next(), if !asks.is_empty() => match joined {
+                Ok(Ok(published)) => {
+                    let (joined, left, changed) = sidecar.apply_published(published);
+                    Event::Asked(Some(Membership { joined, left, changed }))
+                }
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "cannot ask the cluster; what is known stays");
+                    Event::Asked(None)
+                }
+                Err(_) => Event::Asked(None),
+            },
+            Some(_) = tethers.join_next(), if !tethers.is_empty() => continue,
+            Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
+                let changed = joined.is_ok_and(|(started, results)| sidecar.record_fetches(started, results));
+                Event::Fetched { changed }
+            }
+            Some((id, started, look)) = looks.recv() => {
+                Event::Looked { started, changed: sidecar.record_look(&id, started, look) }
+            }
+            Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
+                if let Ok((table, result, started)) = joined {
+                    if let Ok(report) = sidecar.pushed(table, result, started) {
+                        reports.send_replace(Some(Arc::new(report)));
+                    }
+                }
+                Event::Pushed
+            }
+        };
+        pending.push_back(event);
     }
     let _ = stop_server.send(());
     let _ = (&mut server.0).await;
@@ -1229,61 +1120,6 @@ mod tests {
             etags: Etags::default(),
             legacy_documents: None,
         }
-    }
-
-    fn failure() -> FetchError {
-        FetchError { path: "/apis".into(), kind: ErrorKind::Timeout, detail: "x".into() }
-    }
-
-    /// No timer: the last good documents stand for as long as the apiserver fails.
-    #[test]
-    fn last_good_documents_stay_until_it_answers_again() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let mut m = Memory::default();
-        m.failed("a", failure());
-        assert_eq!(m.standing(at(0)), Standing::Missing);
-        assert!(m.answered("a", docs("v1.33.0"), at(1)));
-        assert_eq!(m.standing(at(1)), Standing::Current);
-        assert!(m.reachable && !m.failing);
-        m.failed("a", failure());
-        assert_eq!(m.standing(at(3600)), Standing::Stale { age: Duration::from_secs(3599) });
-        assert!(m.good.is_some() && !m.reachable);
-        assert!(!m.answered("a", docs("v1.33.0"), at(3601)), "the same documents are no change");
-        assert!(m.answered("a", docs("v1.36.0"), at(3602)));
-        assert_eq!(m.standing(at(3602)), Standing::Current);
-    }
-
-    #[test]
-    fn an_older_look_finishing_later_does_not_count() {
-        let t0 = Instant::now();
-        let mut m = Memory::default();
-        assert!(m.newer(t0 + Duration::from_millis(10)));
-        assert!(!m.newer(t0), "started before what is remembered");
-        assert!(m.newer(t0 + Duration::from_millis(10)));
-        assert!(m.newer(t0 + Duration::from_millis(20)));
-        // An older look's documents only fill a gap: never undo what a newer one found.
-        assert!(m.fill(docs("v1.33.0"), t0));
-        assert!(!m.fill(docs("v1.36.0"), t0));
-        assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
-    }
-
-    /// Over a limit the last good documents stay and the apiserver stays reachable (it
-    /// answers); any other failure makes it unreachable, with the same documents.
-    #[test]
-    fn over_a_limit_the_last_good_documents_stay() {
-        let t0 = Instant::now();
-        let at = |s: u64| t0 + Duration::from_secs(s);
-        let over = || FetchError { path: "/apis".into(), kind: ErrorKind::Limit, detail: "x".into() };
-        let mut m = Memory::default();
-        m.failed("a", over());
-        assert_eq!(m.standing(at(0)), Standing::Missing);
-        assert!(m.answered("a", docs("v1.33.0"), at(1)));
-        m.failed("a", over());
-        assert_eq!(m.standing(at(100)), Standing::Stale { age: Duration::from_secs(99) });
-        assert!(m.good.is_some() && m.reachable);
-        m.failed("a", FetchError { path: "/apis".into(), kind: ErrorKind::Connect, detail: "x".into() });
-        assert!(m.good.is_some() && !m.reachable);
     }
 
     #[test]

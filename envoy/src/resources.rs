@@ -244,7 +244,7 @@ pub fn envoy_duration(d: std::time::Duration) -> String {
 }
 
 /// `rds.json`: the route configuration [`route_configuration`], its `version_info` a hash of its
-/// content (what [`super::admin::EnvoyAdmin::live_routes`] reads back from Envoy).
+/// content (what the sidecar reads back from Envoy's admin API).
 pub fn rds(table: Option<&RoutingTable>, timeout: &str) -> Value {
     let mut config = route_configuration(table, timeout);
     let version = routes_version(&config);
@@ -253,6 +253,11 @@ pub fn rds(table: Option<&RoutingTable>, timeout: &str) -> Value {
     }
     json!({"version_info": version, "resources": [config]})
 }
+
+/// Every route's timeout but the long-running one's, unless configured: a little longer than
+/// kube-apiserver's own `--request-timeout` (60s), so that the apiserver's answer wins when it
+/// has one.
+pub const DEFAULT_ROUTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(65);
 
 /// The `version_info` of an `rds.json` (the one Envoy reports back for it).
 pub fn rds_version(rds: &Value) -> Option<&str> {
@@ -610,6 +615,27 @@ pub fn table_of_filter(filter: &Value) -> Option<&str> {
     ["/typed_config/config/configuration/value", "/typed_config/filter_config/value"]
         .into_iter()
         .find_map(|at| filter.pointer(at)?.as_str())
+}
+
+fn resources_of(cds: Option<&Value>) -> impl Iterator<Item = &Value> {
+    cds.and_then(|c| c.get("resources")).and_then(Value::as_array).into_iter().flatten()
+}
+
+/// The names of the clusters a `cds.json` defines.
+pub fn cluster_names(cds: Option<&Value>) -> BTreeSet<String> {
+    resources_of(cds).filter_map(|r| r.get("name").and_then(Value::as_str)).map(str::to_owned).collect()
+}
+
+/// The new clusters, then the old ones the new CDS no longer has (new definitions win).
+pub fn union_cds(new: &Value, old: Option<&Value>) -> Value {
+    let names = cluster_names(Some(new));
+    let mut resources: Vec<Value> = resources_of(Some(new)).cloned().collect();
+    resources.extend(
+        resources_of(old)
+            .filter(|r| r.get("name").and_then(Value::as_str).is_some_and(|n| !names.contains(n)))
+            .cloned(),
+    );
+    json!({ "resources": resources })
 }
 
 #[cfg(test)]
@@ -1136,5 +1162,16 @@ mod tests {
         assert_eq!(v["resources"][0]["name"], MODULE_FILTER_NAME);
         assert_eq!(v["resources"][0]["typed_config"]["@type"], DYNAMIC_MODULE_FILTER_TYPE);
         assert_eq!(v["resources"][0]["typed_config"]["dynamic_module_config"]["name"], MODULE_NAME);
+    }
+
+    #[test]
+    fn union_keeps_new_definitions() {
+        let new = json!({"resources": [{"name": "x", "v": 2}, {"name": "y"}]});
+        let old = json!({"resources": [{"name": "x", "v": 1}, {"name": "z"}]});
+        assert_eq!(
+            union_cds(&new, Some(&old)),
+            json!({"resources": [{"name": "x", "v": 2}, {"name": "y"}, {"name": "z"}]})
+        );
+        assert_eq!(union_cds(&new, None), new);
     }
 }

@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use anyhow::{Context, Result};
 use bytes::Bytes;
 use serde_json::Value;
-use skewgate::openapi::merge::{self, Flavor, Outcome};
 use skewgate::openapi::{Composer, Doc, Fetched};
+use skewgate_openapi::merge::{self, Flavor, Outcome};
 use skewgate_standin::captured::{self, Capture};
 
 /// A captured server as the composer's fetch would have left it.

@@ -1,7 +1,7 @@
 //! Merging one OpenAPI document per apiserver into the one the edge serves (docs/openapi.md).
 //!
 //! Inputs come in priority order (newest API level first, then server-ID order; see
-//! [`super::priority`]). The rule, for v3 group/version documents and for v2 alike:
+//! the composer's priority). The rule, for v3 group/version documents and for v2 alike:
 //! - every input identical: that document, bytes and hash unchanged;
 //! - one input covers every other (each path, and each schema/definition name, of every input is
 //!   in it): the first such input, unchanged — clients then get a document an apiserver wrote;

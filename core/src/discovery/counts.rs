@@ -15,6 +15,19 @@ pub struct Counts {
     pub resources: usize,
 }
 
+impl Counts {
+    /// The counts of parsed documents, as [`count`] finds them in their bodies.
+    pub fn of(lists: &[&super::ApiGroupDiscoveryList]) -> Counts {
+        let groups = || lists.iter().flat_map(|l| &l.items);
+        let versions = || groups().flat_map(|g| &g.versions);
+        Counts {
+            groups: groups().count(),
+            group_versions: versions().count(),
+            resources: versions().map(|v| v.resources.len()).sum(),
+        }
+    }
+}
+
 impl std::ops::Add for Counts {
     type Output = Counts;
 
@@ -181,10 +194,10 @@ impl<'de> serde::Deserialize<'de> for Key {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skewgate_core::discovery::ApiGroupDiscoveryList;
+    use crate::discovery::ApiGroupDiscoveryList;
 
     const APIS_136: &str =
-        include_str!("../../testdata/discovery/k8s-1.36-era_resource-v1/aggregated_v2.json");
+        include_str!("../../../testdata/discovery/k8s-1.36-era_resource-v1/aggregated_v2.json");
 
     #[test]
     fn counts_agree_with_the_parsed_document() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::Value;
 use skewgate_core::table::{RoutingTable, TableConfig, TableError};
 
-use super::resources::{self, CdsError, Endpoint, Health, UpstreamTls};
+use crate::resources::{self, CdsError, Endpoint, Health, UpstreamTls};
 
 /// The three files, ready to write.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,7 +47,7 @@ pub fn render(
 ) -> Result<Resources, RenderError> {
     let mut cds = resources::cds(table, endpoints, tls, health).map_err(RenderError::Cds)?;
     more(&mut cds);
-    skewgate_core::seal::seal(table, super::push::cluster_names(Some(&cds)));
+    skewgate_core::seal::seal(table, resources::cluster_names(Some(&cds)));
     let json = serde_json::to_string(table).map_err(|e| RenderError::Serialize(e.to_string()))?;
     let compiled = RoutingTable::from_sealed_json(json.as_bytes()).map_err(RenderError::Invalid)?;
     let rds = resources::rds(Some(&compiled), &resources::envoy_duration(route_timeout));
