@@ -108,6 +108,31 @@ fn a_rerouted_watch_takes_the_native_long_running_route() {
     assert_eq!(stream.route_cleared, 1);
 }
 
+/// The module carries out core's plan for the request, every edit and nothing else: a change
+/// to what a decision does, made in core, reaches the module without an edit here.
+#[test]
+fn the_request_leaves_as_cores_plan_says() {
+    use skewgate_core::decision::{RequestHead, decide};
+    use skewgate_core::edits::{Carrier, request_edits};
+    use skewgate_core::table::RoutingTable;
+    use skewgate_core::testing::{SPOOFED_WATCH, apply_edits};
+
+    let mut stream = Fake::request(SPOOFED_WATCH);
+    assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));
+    let table = RoutingTable::from_json(sealed(&sample()).to_string().as_bytes()).expect("the sample");
+    let head = RequestHead { method: "GET", target: SPOOFED_WATCH[1].1, token: true, ..Default::default() };
+    let decision = decide(&table, &head);
+    let plan = request_edits(&decision, SPOOFED_WATCH.iter().map(|(n, _)| *n), Carrier::Module, None);
+    let mut sent: Vec<(String, String)> = stream
+        .request
+        .iter()
+        .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    sent.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(sent, apply_edits(&plan, SPOOFED_WATCH));
+    assert!(sent.iter().any(|(n, v)| n == ROUTE_HEADER && v == NATIVE_LONG_RUNNING), "{sent:?}");
+}
+
 /// A certificate client: its identity from the subject Envoy renders, once the certificate's
 /// names pass as kube-apiserver reads them; the certificate header is not passed on.
 #[test]

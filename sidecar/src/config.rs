@@ -982,11 +982,9 @@ mod tests {
         }
     }
 
-    /// What `--check` prints is a configuration of its own that loads to the same one, for a
-    /// static cluster and for one that is asked for its members and extensions.
-    #[test]
-    fn the_effective_configuration_loads_to_itself() {
-        let f = files("effective");
+    /// [`EXAMPLE_TOML`] loaded, next to the files it names.
+    fn example(name: &str) -> (Files, SyncConfig) {
+        let f = files(name);
         for file in ["pki/peer-ca.crt", "pki/front-proxy.crt", "pki/front-proxy.key", "skewgate_filter.wasm"]
         {
             std::fs::create_dir_all(f.dir.join(file).parent().unwrap()).unwrap();
@@ -994,7 +992,15 @@ mod tests {
         }
         let path = f.dir.join("example.toml");
         std::fs::write(&path, EXAMPLE_TOML).unwrap();
-        let example = SyncConfig::load(&path, &Overrides::default()).unwrap();
+        let config = SyncConfig::load(&path, &Overrides::default()).unwrap();
+        (f, config)
+    }
+
+    /// What `--check` prints is a configuration of its own that loads to the same one, for a
+    /// static cluster and for one that is asked for its members and extensions.
+    #[test]
+    fn the_effective_configuration_loads_to_itself() {
+        let (_, example) = example("effective");
         let mut asked = example.clone();
         asked.cluster.members = crate::peers::Members::Leases;
         asked.cluster.extensions = true;
@@ -1011,15 +1017,7 @@ mod tests {
 
     #[test]
     fn the_example_is_valid_and_spells_out_the_defaults() {
-        let f = files("example");
-        for file in ["pki/peer-ca.crt", "pki/front-proxy.crt", "pki/front-proxy.key", "skewgate_filter.wasm"]
-        {
-            std::fs::create_dir_all(f.dir.join(file).parent().unwrap()).unwrap();
-            std::fs::write(f.dir.join(file), "x").unwrap();
-        }
-        let path = f.dir.join("example.toml");
-        std::fs::write(&path, EXAMPLE_TOML).unwrap();
-        let c = SyncConfig::load(&path, &Overrides::default()).unwrap();
+        let (f, c) = example("example");
         assert_eq!(c.apiservers.len(), 2);
         assert_eq!(c.envoy.admin_url.as_deref(), Some("http://127.0.0.1:9901"));
         let mut minimal = c.clone();

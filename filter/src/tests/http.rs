@@ -69,6 +69,33 @@ fn long_running_requests_get_the_route_without_timeout() {
     }
 }
 
+/// The filter carries out core's plan for the request, every edit and nothing else: a change to
+/// what a decision does, made in core, reaches the filter without an edit here.
+#[test]
+fn the_request_leaves_as_cores_plan_says() {
+    use skewgate_core::decision::{RequestHead, decide};
+    use skewgate_core::edits::{Carrier, request_edits};
+    use skewgate_core::table::RoutingTable;
+    use skewgate_core::testing::{SPOOFED_WATCH, apply_edits};
+
+    let (fake, root) = configured(&sample());
+    let mut http = stream(&fake, &root, SPOOFED_WATCH);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    let table = RoutingTable::from_json(&sealed(&sample())).expect("the sample");
+    let head = RequestHead { method: "GET", target: SPOOFED_WATCH[1].1, token: true, ..Default::default() };
+    let decision = decide(&table, &head);
+    let plan = request_edits(&decision, SPOOFED_WATCH.iter().map(|(n, _)| *n), Carrier::Filter, None);
+    let mut sent: Vec<(String, String)> = fake
+        .state()
+        .request_headers
+        .iter()
+        .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    sent.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(sent, apply_edits(&plan, SPOOFED_WATCH));
+    assert!(sent.iter().any(|(n, v)| n == "x-skewgate-route" && v == "long-running"), "{sent:?}");
+}
+
 /// A client's own steering headers never reach Envoy's routing or the apiserver.
 #[test]
 fn client_steering_headers_are_stripped() {

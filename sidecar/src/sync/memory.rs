@@ -126,14 +126,14 @@ impl Memory {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use skewgate_core::discovery::ApiGroupDiscoveryList;
 
     use super::*;
 
-    fn docs(version: &str) -> Documents {
+    pub(in crate::sync) fn docs(version: &str) -> Documents {
         Documents {
             version: version.into(),
             core: ApiGroupDiscoveryList::v2(Vec::new()),

@@ -1107,20 +1107,9 @@ impl<T> Drop for AbortOnDrop<T> {
 
 #[cfg(test)]
 mod tests {
+    use super::memory::tests::docs;
     use super::*;
-    use skewgate_core::discovery::ApiGroupDiscoveryList;
     use skewgate_core::table::TableError;
-
-    fn docs(version: &str) -> Documents {
-        Documents {
-            version: version.into(),
-            core: ApiGroupDiscoveryList::v2(Vec::new()),
-            apis: ApiGroupDiscoveryList::v2(Vec::new()),
-            legacy: false,
-            etags: Etags::default(),
-            legacy_documents: None,
-        }
-    }
 
     #[test]
     fn error_labels() {
