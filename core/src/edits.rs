@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use crate::decision::{Action, Decision};
+use crate::decision::{Action, Decision, Reason, RequestHead};
 use crate::identity::{CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use crate::request_info::{RequestInfo, decode_path, split_target};
 use crate::status::{self, Unavailable};
@@ -88,31 +88,141 @@ pub fn refusal(decision: &Decision<'_, '_>) -> Option<(u32, String)> {
     }
 }
 
-/// Envoy's own failure (no healthy upstream, a reset, a timeout) for a request skewgate routed,
-/// as the 503 `Status` body the filter and the module answer with: the GVR (the table's entry
-/// `gvr_id`, or, for one the table does not know, what `unlisted_target` asks for, parsed again
-/// on this rare path rather than kept for every request), the cluster and its apiservers, and
-/// Envoy's detail.
-pub fn unavailable_reply(
-    table: &RoutingTable,
-    serving: Option<Serving>,
-    gvr_id: Option<usize>,
-    unlisted_target: Option<&str>,
-    envoy_detail: &str,
-) -> String {
-    let serving = serving.unwrap_or(Serving::All);
-    let members: Vec<&str> = table.members(serving).collect();
-    let cluster = table.cluster(serving);
-    if let Some(g) = gvr_id.and_then(|id| table.gvrs().get(id)) {
-        let gvr = Some((g.group.as_str(), g.version.as_str(), g.resource.as_str()));
-        return status::service_unavailable(&Unavailable { gvr, cluster, members: &members, envoy_detail })
-            .to_json();
+/// How long a client is told to wait before it sends again a request Envoy could not get to an
+/// apiserver (`Retry-After`, and `details.retryAfterSeconds` in the `Status`): one second, as
+/// kube-apiserver's own 429s say. client-go (kubectl, controllers, the kubelet) retries any 5xx
+/// that carries `Retry-After`, up to 10 times, waiting that long in between: ten seconds in all,
+/// where a real kube-apiserver restart is refused for 0.9–2.2 s and ready 2.0–4.2 s after it
+/// starts.
+pub const RETRY_AFTER_SECONDS: u32 = 1;
+pub const RETRY_AFTER_HEADER: &str = "retry-after";
+
+/// Whether a request Envoy failed with `envoy_detail` (its `response.code_details`) is safe
+/// to send again: a read always (GET, HEAD, OPTIONS; a watch is a GET), anything else only
+/// when the detail shows it never reached an apiserver. client-go resends any verb on a
+/// `Retry-After`, so a write that may have been applied (a reset or a timeout after it was sent)
+/// must not carry one, or it could be applied twice.
+pub fn resend_is_safe(method: &str, envoy_detail: &str) -> bool {
+    matches!(method, "GET" | "HEAD" | "OPTIONS") || never_reached_an_apiserver(envoy_detail)
+}
+
+fn never_reached_an_apiserver(envoy_detail: &str) -> bool {
+    if matches!(
+        envoy_detail,
+        "no_healthy_upstream" | "cluster_not_found" | "route_not_found" | "maintenance_mode"
+    ) {
+        return true;
     }
-    let (raw, query) = split_target(unlisted_target.unwrap_or(""));
-    let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
-    let info = RequestInfo::parse("GET", &path, query);
-    let gvr = info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
-    status::service_unavailable(&Unavailable { gvr, cluster, members: &members, envoy_detail }).to_json()
+    // `upstream_reset_before_response_started{<reason>[|<transport detail>]}`: the reasons in
+    // which no byte of the request reached an apiserver (a refused or failed connection, TLS
+    // included; a circuit breaker; a stream the apiserver refused before reading it).
+    let Some(reason) = envoy_detail.strip_prefix("upstream_reset_before_response_started{") else {
+        return false;
+    };
+    let reason = reason.split(['|', '}']).next().unwrap_or("");
+    matches!(
+        reason,
+        "connection_failure"
+            | "local_connection_failure"
+            | "remote_connection_failure"
+            | "connection_timeout"
+            | "overflow"
+            | "local_refused_stream_reset"
+            | "remote_refused_stream_reset"
+    )
+}
+
+/// What answering Envoy's own failure of a routed request needs, kept by the filter and the
+/// module from the request to its response.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routed {
+    /// Who serves what the request asked for, when the table knows.
+    pub serving: Option<Serving>,
+    gvr_id: Option<usize>,
+    /// The target of a request for a GVR the table does not list, to name it: Envoy's
+    /// `request.path` attribute is empty once a retried request has failed.
+    unlisted_target: Option<String>,
+    method: String,
+}
+
+impl Routed {
+    pub fn of(decision: &Decision<'_, '_>, head: &RequestHead<'_>) -> Routed {
+        let unlisted = decision.reason == Reason::ServedByNone;
+        Routed {
+            serving: decision.serving,
+            gvr_id: decision.gvr.map(|g| g.id),
+            unlisted_target: unlisted.then(|| head.target.to_owned()),
+            method: head.method.to_owned(),
+        }
+    }
+
+    /// Envoy's own failure (no healthy upstream, a reset, a timeout) of this request, as the
+    /// 503 `Status` the filter and the module answer with: the GVR (the table's entry, or, for
+    /// one the table does not know, what the target asks for, parsed again on this rare path
+    /// rather than kept for every request), the cluster and its apiservers, Envoy's detail, and
+    /// when to send it again where that is safe ([`resend_is_safe`]).
+    pub fn unavailable(&self, table: &RoutingTable, envoy_detail: &str) -> Reply {
+        let serving = self.serving.unwrap_or(Serving::All);
+        let members: Vec<&str> = table.members(serving).collect();
+        let cluster = table.cluster(serving);
+        let retry_after = resend_is_safe(&self.method, envoy_detail).then_some(RETRY_AFTER_SECONDS);
+        let unavailable = |gvr| Unavailable { gvr, cluster, members: &members, envoy_detail, retry_after };
+        let body = match self.gvr_id.and_then(|id| table.gvrs().get(id)) {
+            Some(g) => {
+                let gvr = Some((g.group.as_str(), g.version.as_str(), g.resource.as_str()));
+                status::service_unavailable(&unavailable(gvr)).to_json()
+            }
+            None => {
+                let (raw, query) = split_target(self.unlisted_target.as_deref().unwrap_or(""));
+                let path = decode_path(raw).unwrap_or(Cow::Borrowed(""));
+                let info = RequestInfo::parse("GET", &path, query);
+                let gvr =
+                    info.is_resource_request.then_some((info.api_group, info.api_version, info.resource));
+                status::service_unavailable(&unavailable(gvr)).to_json()
+            }
+        };
+        Reply { status: 503, body, retry_after }
+    }
+}
+
+/// Every request, before the filter has a routing table: nothing reached an apiserver.
+pub fn unconfigured() -> Reply {
+    let retry_after = Some(RETRY_AFTER_SECONDS);
+    let unconfigured = Unavailable {
+        gvr: None,
+        cluster: "skewgate-unconfigured",
+        members: &[],
+        envoy_detail: "skewgate has no routing table",
+        retry_after,
+    };
+    Reply { status: 503, body: status::service_unavailable(&unconfigured).to_json(), retry_after }
+}
+
+/// An OpenAPI document the edge composes when the composer (the sidecar) cannot answer: never
+/// an incomplete document from a single apiserver instead. A read: always safe to ask again.
+pub fn composer_unavailable(cluster: &str, detail: &str) -> Reply {
+    let body = status::composer_unavailable(cluster, detail, RETRY_AFTER_SECONDS).to_json();
+    Reply { status: 503, body, retry_after: Some(RETRY_AFTER_SECONDS) }
+}
+
+/// A local reply with a `Status` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u32,
+    pub body: String,
+    /// `Retry-After`, when the request may be sent again.
+    pub retry_after: Option<u32>,
+}
+
+impl Reply {
+    /// Its headers: a JSON body, and when to send the request again.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![("content-type", "application/json".to_owned())];
+        if let Some(seconds) = self.retry_after {
+            headers.push((RETRY_AFTER_HEADER, seconds.to_string()));
+        }
+        headers
+    }
 }
 
 #[cfg(test)]
@@ -190,18 +300,70 @@ mod tests {
     #[test]
     fn envoys_failure_names_the_gvr_and_the_apiservers() {
         let t = table();
-        let known = t.gvrs().iter().position(|g| g.resource == "resourceclaims");
-        let body = unavailable_reply(&t, None, known, None, "no_healthy_upstream");
-        assert!(body.contains("resourceclaims") && body.contains("no_healthy_upstream"), "{body}");
-        let unknown = unavailable_reply(
-            &t,
-            None,
-            None,
-            Some("/apis/x.example/v1/namespaces/n/widgets?watch=1"),
-            "reset",
+        let routed = |method, target| {
+            let head = RequestHead { method, target, token: true, ..Default::default() };
+            Routed::of(&decide(&t, &head), &head)
+        };
+        let known = routed("GET", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims");
+        let reply = known.unavailable(&t, "no_healthy_upstream");
+        assert!(
+            reply.body.contains("resourceclaims") && reply.body.contains("no_healthy_upstream"),
+            "{reply:?}"
         );
-        assert!(unknown.contains("widgets.v1.x.example is served by"), "{unknown}");
-        assert!(unknown.contains("pool"), "{unknown}");
+        assert!(reply.body.contains("is served by [c]"), "{reply:?}");
+        let unknown =
+            routed("GET", "/apis/x.example/v1/namespaces/n/widgets?watch=1").unavailable(&t, "reset");
+        assert!(unknown.body.contains("widgets.v1.x.example is served by"), "{unknown:?}");
+        assert!(unknown.body.contains("pool"), "{unknown:?}");
+    }
+
+    /// A read may always be sent again, a write only when Envoy's detail shows it never reached
+    /// an apiserver; the reply says so in its header and its `Status` alike.
+    #[test]
+    fn retry_after_only_where_sending_again_is_safe() {
+        let never_sent = [
+            "no_healthy_upstream",
+            "cluster_not_found",
+            "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+            "upstream_reset_before_response_started{connection_failure|TLS_error:_268435581:SSL_routines}",
+            "upstream_reset_before_response_started{overflow}",
+            "upstream_reset_before_response_started{remote_refused_stream_reset}",
+        ];
+        let maybe_sent = [
+            "upstream_reset_before_response_started{connection_termination}",
+            "upstream_reset_before_response_started{remote_reset}",
+            "upstream_response_timeout",
+            "upstream_per_try_timeout",
+            "upstream_reset_after_response_started{remote_reset}",
+            "",
+        ];
+        for detail in never_sent {
+            assert!(resend_is_safe("POST", detail), "{detail}");
+        }
+        for detail in maybe_sent {
+            assert!(!resend_is_safe("POST", detail) && !resend_is_safe("PATCH", detail), "{detail}");
+            assert!(resend_is_safe("GET", detail), "a read: {detail}");
+        }
+        let t = table();
+        let head = RequestHead {
+            method: "POST",
+            target: "/api/v1/namespaces/ns/pods",
+            token: true,
+            ..Default::default()
+        };
+        let routed = Routed::of(&decide(&t, &head), &head);
+        let safe = routed.unavailable(&t, "no_healthy_upstream");
+        assert_eq!(safe.retry_after, Some(RETRY_AFTER_SECONDS));
+        assert!(safe.headers().contains(&(RETRY_AFTER_HEADER, "1".to_owned())));
+        let status: serde_json::Value = serde_json::from_str(&safe.body).unwrap();
+        assert_eq!(status["details"]["retryAfterSeconds"], 1, "{status}");
+        let unsafe_ = routed.unavailable(&t, "upstream_reset_before_response_started{remote_reset}");
+        assert_eq!(unsafe_.retry_after, None);
+        assert!(!unsafe_.headers().iter().any(|(name, _)| *name == RETRY_AFTER_HEADER));
+        let status: serde_json::Value = serde_json::from_str(&unsafe_.body).unwrap();
+        assert!(status.get("details").is_none(), "{status}");
+        assert!(status["message"].as_str().unwrap().contains("may have reached an apiserver"), "{status}");
+        assert_eq!(unconfigured().retry_after, Some(RETRY_AFTER_SECONDS));
     }
 
     /// A refused request loses its reserved headers and gets a 401 `Status` instead of any

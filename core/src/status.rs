@@ -38,6 +38,13 @@ pub struct StatusDetails {
     pub uid: String,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub causes: Vec<StatusCause>,
+    /// When the client may send the request again (the response's `Retry-After` too).
+    #[serde(rename = "retryAfterSeconds", skip_serializing_if = "is_zero")]
+    pub retry_after_seconds: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -84,6 +91,9 @@ pub struct Unavailable<'a> {
     pub members: &'a [&'a str],
     /// Envoy's `response.code_details`, e.g. `no_healthy_upstream`.
     pub envoy_detail: &'a str,
+    /// Seconds after which the client may send the request again; `None` when it may have
+    /// reached an apiserver and is not safe to send twice.
+    pub retry_after: Option<u32>,
 }
 
 /// 503 ServiceUnavailable naming what could not be reached, so `kubectl` prints something an
@@ -102,19 +112,29 @@ pub fn service_unavailable(u: &Unavailable<'_>) -> Status {
         None => format!("no apiserver of [{servers}] answered"),
     };
     let detail: String = u.envoy_detail.chars().take(200).collect();
-    Status::failure(
+    let resend = match u.retry_after {
+        Some(_) => "",
+        None => "; the request may have reached an apiserver: check before sending it again",
+    };
+    let status = Status::failure(
         503,
         "ServiceUnavailable",
         format!(
-            "the server is currently unable to handle the request: skewgate: {what} (cluster {}; {detail})",
+            "the server is currently unable to handle the request: skewgate: {what} (cluster {}; {detail}){resend}",
             u.cluster
         ),
-    )
+    );
+    match u.retry_after {
+        Some(seconds) => {
+            status.with_details(StatusDetails { retry_after_seconds: seconds, ..StatusDetails::default() })
+        }
+        None => status,
+    }
 }
 
 /// 503 for an OpenAPI document the edge composes when the composer (the sidecar) cannot answer:
 /// never an incomplete document from a single apiserver instead.
-pub fn composer_unavailable(cluster: &str, detail: &str) -> Status {
+pub fn composer_unavailable(cluster: &str, detail: &str, retry_after: u32) -> Status {
     let detail: String = detail.chars().take(200).collect();
     Status::failure(
         503,
@@ -123,6 +143,7 @@ pub fn composer_unavailable(cluster: &str, detail: &str) -> Status {
             "the server is currently unable to handle the request: skewgate: the composed OpenAPI document is unavailable (cluster {cluster}; {detail})"
         ),
     )
+    .with_details(StatusDetails { retry_after_seconds: retry_after, ..StatusDetails::default() })
 }
 
 /// 401 Unauthorized, as kube-apiserver words it, with why skewgate refused the credential.
@@ -146,6 +167,7 @@ mod tests {
             cluster: "skewgate-set-c",
             members: &["c"],
             envoy_detail: "no_healthy_upstream",
+            retry_after: Some(1),
         });
         let v: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(v["kind"], "Status");
@@ -157,6 +179,7 @@ mod tests {
             v["message"],
             "the server is currently unable to handle the request: skewgate: resourceclaims.v1.resource.k8s.io is served by [c] and none of them answered (cluster skewgate-set-c; no_healthy_upstream)"
         );
+        assert_eq!(v["details"], serde_json::json!({"retryAfterSeconds": 1}));
         assert!(s.to_json().starts_with(
             r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"#
         ));
@@ -169,6 +192,7 @@ mod tests {
             cluster: "pool",
             members: &["a", "b"],
             envoy_detail: "x",
+            retry_after: None,
         });
         assert!(core.message.contains("pods.v1 is served by [a,b]"));
         let nr = service_unavailable(&Unavailable {
@@ -176,6 +200,7 @@ mod tests {
             cluster: "pool",
             members: &["a"],
             envoy_detail: &"y".repeat(1000),
+            retry_after: None,
         });
         assert!(nr.message.contains("no apiserver of [a] answered"));
         assert!(nr.message.len() < 400);

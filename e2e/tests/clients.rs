@@ -324,3 +324,70 @@ async fn helm_real() -> Result<()> {
     let _one = ONE_CLUSTER.lock().await;
     helm_loop("real", REAL).await
 }
+
+// ---------------------------------------------------------------------------------------------
+// A restart
+
+/// The only apiserver of resource.k8s.io/v1 (c) stops and comes back 3 s later while kubectl
+/// lists its ResourceClaims in a loop: the edge answers 503 meanwhile (Envoy has no healthy
+/// host for them), with `Retry-After: 1`, and client-go sends the request again a second later,
+/// up to ten times: not one kubectl run fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_rides_out_a_restart_of_the_only_server_of_its_api() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
+    let mut c = start("restart", ERA).await?;
+    let k = Kubectl::new(&c.kubeconfig, &fresh_dir(&c, "restart")?)?;
+    let args = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
+    k.ok(&args).await?;
+    let unavailable_before = unavailable_replies(&c).await?;
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let looping = {
+        let (k, running) = (k.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut runs = Vec::new();
+            while running.load(std::sync::atomic::Ordering::SeqCst) {
+                runs.push(k.run(&args).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            runs
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.stop_apiserver("c").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.start_apiserver("c", "1.36").await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    running.store(false, std::sync::atomic::Ordering::SeqCst);
+    let runs = looping.await?;
+    let answered = unavailable_replies(&c).await? - unavailable_before;
+    let failed: Vec<String> = runs
+        .iter()
+        .filter_map(|r| match r {
+            Ok(out) if out.ok => None,
+            Ok(out) => Some(failure_detail(out)),
+            Err(e) => Some(format!("{e:#}")),
+        })
+        .collect();
+    let slowest = runs.iter().flatten().map(|r| r.took).max().unwrap_or_default();
+    println!(
+        "restart of c: {} kubectl runs, {} failed, slowest {:.1}s; the edge answered {answered} × 503 meanwhile",
+        runs.len(),
+        failed.len(),
+        slowest.as_secs_f64()
+    );
+    ensure!(
+        failed.is_empty(),
+        "{} of {} kubectl runs failed:\n{}",
+        failed.len(),
+        runs.len(),
+        failed.join("\n")
+    );
+    ensure!(answered > 0, "the edge answered no 503: the restart was not felt, the test proves nothing");
+    ensure!(runs.len() >= 10, "only {} runs", runs.len());
+    finish(c).await
+}
+
+/// 5xx answers at the listener: the edge's own 503s (the stand-ins answer none here).
+async fn unavailable_replies(c: &Cluster) -> Result<u64> {
+    c.envoy()?.stat("http.apiserver.downstream_rq_5xx").await
+}

@@ -685,12 +685,15 @@ async fn bypass_route_failures_are_a_503_status() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(headers.get("content-type").and_then(|v| v.to_str().ok()), Some("application/json"));
+    // A read, safe to send again: client-go does, one second later, up to 10 times.
+    assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "{headers:?}");
     let status: Value = serde_json::from_str(&body)?;
     assert_eq!(
         (status["kind"].as_str(), status["apiVersion"].as_str()),
         (Some("Status"), Some("v1")),
         "{body}"
     );
+    assert_eq!(status["details"]["retryAfterSeconds"], 1, "{body}");
     assert_eq!((status["reason"].as_str(), status["code"].as_u64()), (Some("ServiceUnavailable"), Some(503)));
     let message = status["message"].as_str().unwrap_or("");
     assert!(
@@ -934,6 +937,21 @@ async fn failures_become_503(native: bool) -> Result<()> {
             "{message}"
         );
         assert!(detail.split('|').any(|d| message.contains(d)), "{resource}: {message}");
+        // A read: sent again by client-go, whatever Envoy's failure.
+        assert_eq!(h.get("retry-after").map(|v| v.to_str().unwrap_or("")), Some("1"), "{resource}");
+        assert_eq!(s["details"]["retryAfterSeconds"], 1, "{body}");
+    }
+    // A write: sent again only when it provably never reached an apiserver. A reset after it
+    // was sent may have applied it.
+    for (resource, again) in [("resets", false), ("unready", true)] {
+        let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x");
+        let req = f
+            .anonymous
+            .patch(format!("{}{path}", f.base))
+            .header("content-type", "application/merge-patch+json");
+        let (status, h, body) = f.send(&f.anonymous, req.body("{}")).await?;
+        assert_eq!(status, 503, "{resource}: {body}");
+        assert_eq!(h.get("retry-after").is_some(), again, "{resource}: {h:?} {body}");
     }
     // An apiserver's own error is passed through untouched.
     let (status, h, body) = f.get("/apis/test.skewgate.io/v1/fails").await?;
@@ -957,8 +975,9 @@ async fn failures_become_503(native: bool) -> Result<()> {
     );
     assert_eq!(route_taken(&f, hang).await?, format!("{}/set-c", resources::BYPASS_TOKEN_ROUTE));
     let prom = f.envoy.prometheus().await?;
-    for cluster in ["set-d", "set-e", "set-f", "set-c", "set-a-c"] {
-        let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} 1");
+    // d and f: a GET and a PATCH each.
+    for (cluster, replies) in [("set-d", 2), ("set-e", 1), ("set-f", 2), ("set-c", 1), ("set-a-c", 1)] {
+        let want = format!("skewgate_unavailable_replies_total{{cluster=\"{cluster}\"}} {replies}");
         assert!(prom.lines().any(|l| l == want), "{want} missing:\n{}", grep(&prom, "unavailable"));
     }
     assert_eq!(f.envoy.stat("wasm.skewgate.vm_reload_success").await?, 0);

@@ -8,10 +8,8 @@ use proxy_wasm::types::Action;
 use skewgate_core::bypass::{self, ConnectionIdentity};
 use skewgate_core::certificate;
 use skewgate_core::decision::{self, RequestHead};
-use skewgate_core::edits::{self, Carrier, Edit};
+use skewgate_core::edits::{self, Carrier, Edit, Reply, Routed};
 use skewgate_core::identity::{self, Identity};
-use skewgate_core::status::{self, Unavailable};
-use skewgate_core::table::Serving;
 
 use crate::active::Active;
 use crate::host::Host;
@@ -20,12 +18,8 @@ use crate::openapi::Pending;
 pub struct Http<H: Host> {
     host: H,
     active: Option<Rc<Active<H>>>,
-    /// Where the request went, for the 503 body if Envoy cannot get it there.
-    serving: Option<Serving>,
-    gvr_id: Option<usize>,
-    /// `:path` of a request for a GVR the table does not list, to name it if Envoy fails it
-    /// (Envoy's `request.path` attribute is empty once a retried request has failed).
-    unlisted_target: Option<String>,
+    /// Where the request went, for the 503 if Envoy cannot get it there.
+    routed: Routed,
     /// The response is ours (merged discovery or a rewritten 503): leave it alone.
     replied: bool,
     /// The composed answer (its status and document) that replaces an authorized upstream one.
@@ -41,9 +35,7 @@ impl<H: Host> Http<H> {
         Self {
             host,
             active,
-            serving: None,
-            gvr_id: None,
-            unlisted_target: None,
+            routed: Routed::default(),
             replied: false,
             compose: None,
             replacing: false,
@@ -55,6 +47,12 @@ impl<H: Host> Http<H> {
         self.replied = true;
         self.host.send_response(status, headers, body);
         Action::Pause
+    }
+
+    fn reply_status(&mut self, reply: &Reply) -> Action {
+        let headers = reply.headers();
+        let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        self.reply(reply.status, headers, Some(reply.body.as_bytes()))
     }
 }
 
@@ -70,14 +68,7 @@ impl<H: Host> Context for Http<H> {
 impl<H: Host> HttpContext for Http<H> {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let Some(active) = self.active.clone() else {
-            let unconfigured = Unavailable {
-                gvr: None,
-                cluster: "skewgate-unconfigured",
-                members: &[],
-                envoy_detail: "skewgate has no routing table",
-            };
-            let body = status::service_unavailable(&unconfigured).to_json();
-            return self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()));
+            return self.reply_status(&edits::unconfigured());
         };
         active.metrics.seen();
         let table = &active.table;
@@ -115,11 +106,7 @@ impl<H: Host> HttpContext for Http<H> {
         }
 
         let decision = decision::decide(table, &head);
-        self.serving = decision.serving;
-        self.gvr_id = decision.gvr.map(|g| g.id);
-        if decision.reason == decision::Reason::ServedByNone {
-            self.unlisted_target = Some(head.target.to_owned());
-        }
+        self.routed = Routed::of(&decision, &head);
         // Envoy's digest is the lower-case hex SHA-256 of the certificate's DER, which is what
         // kube-apiserver's x509 authenticator records.
         let credential_id = match (&decision.identity, table.policy().x509_credential_id) {
@@ -151,8 +138,8 @@ impl<H: Host> HttpContext for Http<H> {
             self.openapi =
                 Some(Pending::start(&self.host, cluster, head.target, head.accept, head.if_none_match));
         }
-        if let (true, Some(id)) = (route.rerouted, self.gvr_id) {
-            active.metrics.rerouted(id);
+        if let (true, Some(gvr)) = (route.rerouted, decision.gvr) {
+            active.metrics.rerouted(gvr.id);
         }
         if let (Some(identity), false) = (&decision.identity, head.certificate_checked) {
             self.leave_on_connection(&active, identity, credential_id.as_deref());
@@ -193,9 +180,9 @@ impl<H: Host> HttpContext for Http<H> {
         if let Some(pending) = self.openapi.as_mut().filter(|_| skewgate_core::openapi::authorized(status)) {
             return match pending.dispatch(&self.host) {
                 Ok(()) => Action::Pause,
-                Err(body) => {
+                Err(reply) => {
                     self.openapi = None;
-                    self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+                    self.reply_status(&reply)
                 }
             };
         }
@@ -220,16 +207,9 @@ impl<H: Host> HttpContext for Http<H> {
         }
         let Some(active) = self.active.clone() else { return Action::Continue };
         let table = &active.table;
-        active.metrics.unavailable(self.serving);
-        let details = String::from_utf8_lossy(&details);
-        let body = edits::unavailable_reply(
-            table,
-            self.serving,
-            self.gvr_id,
-            self.unlisted_target.as_deref(),
-            &details,
-        );
-        self.reply(503, vec![("content-type", "application/json")], Some(body.as_bytes()))
+        active.metrics.unavailable(self.routed.serving);
+        let reply = self.routed.unavailable(table, &String::from_utf8_lossy(&details));
+        self.reply_status(&reply)
     }
 }
 

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
+use skewgate_core::edits::{self, Reply};
 use skewgate_core::openapi::{AUTHORIZE_ACCEPT, AUTHORIZE_RANGE, PASSED_HEADERS, authorize_target};
-use skewgate_core::status;
 
 use crate::host::Host;
 
@@ -49,8 +49,8 @@ impl Pending {
         }
     }
 
-    /// Asks the composer; Err carries the 503 body to answer instead.
-    pub fn dispatch(&mut self, host: &impl Host) -> Result<(), String> {
+    /// Asks the composer; Err carries the 503 to answer instead.
+    pub fn dispatch(&mut self, host: &impl Host) -> Result<(), Reply> {
         let mut headers =
             vec![(":method", "GET"), (":path", self.target.as_str()), (":authority", "skewgate-openapi")];
         if let Some(accept) = &self.accept {
@@ -93,11 +93,12 @@ impl Pending {
     }
 
     fn failed(&self, detail: &str) -> (u32, Vec<(String, String)>, Vec<u8>) {
-        let json = vec![("content-type".to_string(), "application/json".to_string())];
-        (503, json, self.unavailable(detail).into_bytes())
+        let reply = self.unavailable(detail);
+        let headers = reply.headers().into_iter().map(|(n, v)| (n.to_owned(), v)).collect();
+        (reply.status, headers, reply.body.into_bytes())
     }
 
-    fn unavailable(&self, detail: &str) -> String {
-        status::composer_unavailable(&self.cluster, detail).to_json()
+    fn unavailable(&self, detail: &str) -> Reply {
+        edits::composer_unavailable(&self.cluster, detail)
     }
 }

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::decision::{self, RequestHead};
-use skewgate_core::edits::{self, Carrier, Edit};
+use skewgate_core::edits::{self, Carrier, Edit, Routed};
 use skewgate_core::identity;
 use skewgate_core::native::module_handles;
-use skewgate_core::table::{RoutingTable, Serving};
+use skewgate_core::table::RoutingTable;
 
 use crate::stream::{Attribute, Body, Stream};
 
@@ -67,30 +67,19 @@ pub enum BodyNext {
 
 pub struct Filter {
     table: Arc<RoutingTable>,
-    /// The module routed the request (else the proxy-wasm filter does, or did not need to).
-    routed: bool,
+    /// The module routed the request (else the proxy-wasm filter does, or did not need to):
+    /// what answering Envoy's failure of it needs.
+    routed: Option<Routed>,
     replied: bool,
     /// The apiserver authorized a composed answer; its body is being replaced.
     replacing: bool,
     /// The composed answer (its status and document) that replaces an authorized upstream one.
     compose: Option<(u16, decision::Composed)>,
-    serving: Option<Serving>,
-    gvr_id: Option<usize>,
-    unlisted_target: Option<String>,
 }
 
 impl Filter {
     pub fn new(config: &Config) -> Filter {
-        Filter {
-            table: config.table.clone(),
-            routed: false,
-            replied: false,
-            replacing: false,
-            compose: None,
-            serving: None,
-            gvr_id: None,
-            unlisted_target: None,
-        }
+        Filter { table: config.table.clone(), routed: None, replied: false, replacing: false, compose: None }
     }
 
     pub fn on_request_headers(&mut self, stream: &mut impl Stream) -> Next {
@@ -166,10 +155,6 @@ impl Filter {
                 .and_then(identity::x509_credential_id),
             _ => None,
         };
-        self.serving = decision.serving;
-        self.gvr_id = decision.gvr.map(|g| g.id);
-        self.unlisted_target =
-            (decision.reason == decision::Reason::ServedByNone).then(|| head.target.to_owned());
         let names = candidates.iter().map(String::as_str);
         for edit in edits::request_edits(&decision, names, Carrier::Module, credential_id.as_deref()) {
             match edit {
@@ -189,7 +174,7 @@ impl Filter {
             return Next::Stop;
         }
         if let Some(route) = decision.route() {
-            self.routed = true;
+            self.routed = Some(Routed::of(&decision, &head));
             self.compose = route.compose.map(|reply| (reply.status, reply.source));
         }
         stream.clear_route_cache();
@@ -199,7 +184,7 @@ impl Filter {
     /// Envoy's own failure (no healthy upstream, connect failure, ...) for a request the module
     /// routed: the same Status document the proxy-wasm filter answers.
     pub fn on_response_headers(&mut self, stream: &mut impl Stream, end_of_stream: bool) -> Next {
-        if !self.routed || self.replied {
+        if self.routed.is_none() || self.replied {
             return Next::Continue;
         }
         let status = stream
@@ -237,21 +222,12 @@ impl Filter {
         if details == b"via_upstream" {
             return Next::Continue;
         }
-        let details = String::from_utf8_lossy(details).into_owned();
-        let body = edits::unavailable_reply(
-            &self.table,
-            self.serving,
-            self.gvr_id,
-            self.unlisted_target.as_deref(),
-            &details,
-        );
+        let Some(routed) = &self.routed else { return Next::Continue };
+        let reply = routed.unavailable(&self.table, &String::from_utf8_lossy(details));
+        let headers = reply.headers();
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         self.replied = true;
-        stream.send_response(
-            503,
-            &[("content-type", "application/json")],
-            body.as_bytes(),
-            "skewgate_unavailable",
-        );
+        stream.send_response(reply.status, &headers, reply.body.as_bytes(), "skewgate_unavailable");
         Next::Stop
     }
 }

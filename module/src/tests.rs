@@ -16,6 +16,7 @@ struct Fake {
     response: Vec<(Vec<u8>, Vec<u8>)>,
     attributes: Vec<(Attribute, Vec<u8>)>,
     reply: Option<(u32, Vec<u8>, String)>,
+    reply_headers: Vec<(String, String)>,
     route_cleared: usize,
 }
 
@@ -72,8 +73,9 @@ impl Stream for Fake {
     fn clear_route_cache(&mut self) {
         self.route_cleared += 1;
     }
-    fn send_response(&mut self, status: u32, _headers: &[(&str, &str)], body: &[u8], details: &str) {
+    fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8], details: &str) {
         self.reply = Some((status, body.to_vec(), details.to_owned()));
+        self.reply_headers = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
     }
 }
 
@@ -193,6 +195,24 @@ fn envoys_own_failure_names_the_serving_apiservers() {
     assert_eq!(status, 503);
     let message = body["message"].as_str().unwrap_or("");
     assert!(message.contains("resourceclaims") && message.contains("set-c"), "{body}");
+    // Nothing reached an apiserver: client-go sends it again after a second.
+    assert!(stream.reply_headers.contains(&("retry-after".into(), "1".into())), "{:?}", stream.reply_headers);
+    assert_eq!(body["details"]["retryAfterSeconds"], 1);
+
+    // A write that may have reached the apiserver before the reset: not to be sent again.
+    let mut f = filter();
+    let mut write = Fake::request(&[
+        (":method", "PATCH"),
+        (":path", "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/x"),
+        ("authorization", "Bearer t"),
+    ]);
+    f.on_request_headers(&mut write);
+    write.response.push((b":status".to_vec(), b"503".to_vec()));
+    let reset = b"upstream_reset_before_response_started{remote_reset}".to_vec();
+    write.attributes.push((Attribute::ResponseCodeDetails, reset));
+    assert!(matches!(f.on_response_headers(&mut write, true), Next::Stop));
+    assert!(!write.reply_headers.iter().any(|(n, _)| n == "retry-after"), "{:?}", write.reply_headers);
+    assert!(write.reply_json().1.get("details").is_none());
 
     let mut passed =
         Fake::request(&[(":method", "GET"), (":path", "/api/v1/pods"), ("authorization", "Bearer t")]);

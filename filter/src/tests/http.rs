@@ -201,6 +201,8 @@ fn without_a_table_every_request_gets_503_unconfigured() {
     let message = body["message"].as_str().unwrap_or("");
     assert!(message.contains("skewgate-unconfigured") && message.contains("no routing table"), "{message}");
     assert!(fake.header("x-skewgate-cluster").is_empty());
+    let (_, headers, _) = fake.reply().expect("a reply");
+    assert!(headers.contains(&("retry-after".to_owned(), "1".to_owned())), "{headers:?}");
 }
 
 #[test]
@@ -222,6 +224,40 @@ fn envoy_failure_for_a_gvr_not_in_the_table_names_it() {
         "{message}"
     );
     assert_eq!(fake.counter("skewgate.unavailable_replies_total.cluster=pool;"), 1);
+    // Nothing reached an apiserver: client-go sends it again after a second.
+    let (_, headers, _) = fake.reply().expect("a reply");
+    assert!(headers.contains(&("retry-after".to_owned(), "1".to_owned())), "{headers:?}");
+    assert_eq!(body["details"]["retryAfterSeconds"], 1);
+}
+
+/// A write Envoy may have got to an apiserver before it failed (a reset, a timeout) is not
+/// to be sent again: no `Retry-After`, which client-go would follow; one that never left Envoy
+/// is.
+#[test]
+fn a_write_that_may_have_been_applied_gets_no_retry_after() {
+    let (fake, root) = configured(&sample());
+    let post = [(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")];
+    for (detail, again) in [
+        ("upstream_reset_before_response_started{remote_reset}", false),
+        ("upstream_response_timeout", false),
+        (
+            "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+            true,
+        ),
+        ("no_healthy_upstream", true),
+    ] {
+        fake.state().replies.clear();
+        let mut http = stream(&fake, &root, &post);
+        http.on_http_request_headers(0, true);
+        fake.respond(&[(":status", "503")]);
+        fake.set_property(&["response", "code_details"], detail);
+        assert_eq!(http.on_http_response_headers(0, true), Action::Pause);
+        let (status, headers, body) = fake.reply().expect("a reply");
+        assert_eq!(status, 503);
+        assert_eq!(headers.iter().any(|(n, _)| n == "retry-after"), again, "{detail}: {headers:?}");
+        let body: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(body["details"]["retryAfterSeconds"].as_u64().is_some(), again, "{detail}: {body}");
+    }
 }
 
 #[test]
@@ -488,6 +524,10 @@ fn openapi_composer_unreachable_is_a_503_never_one_apiservers_document() {
     let (status, body) = reply_json(&fake);
     assert_eq!(status, 503);
     assert!(body["message"].as_str().unwrap_or("").contains("no answer"), "{body}");
+    // A read of a document: asked again after a second.
+    let (_, headers, _) = fake.reply().expect("a reply");
+    assert!(headers.contains(&("retry-after".to_owned(), "1".to_owned())), "{headers:?}");
+    assert_eq!(body["details"]["retryAfterSeconds"], 1);
 }
 
 /// A certificate client's request for `path` on the current connection.
