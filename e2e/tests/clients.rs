@@ -387,6 +387,67 @@ async fn kubectl_rides_out_a_restart_of_the_only_server_of_its_api() -> Result<(
     finish(c).await
 }
 
+/// An upgrade's restart as it happens: c, the only apiserver of resource.k8s.io/v1, gets SIGTERM
+/// and serves out a 2 s shutdown delay with its `/readyz` failing (`shutdown`), stops, and is back
+/// 3 s later, while kubectl lists its ResourceClaims in a loop. During the delay the edge keeps
+/// sending them to c, which still serves them: not one 503 then. Stopped, the 503s carry
+/// `Retry-After` and client-go waits it out: not one kubectl run fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_rides_out_a_drain_and_restart_of_the_only_server_of_its_api() -> Result<()> {
+    let _one = ONE_CLUSTER.lock().await;
+    let mut c = start("drain-restart", ERA).await?;
+    let k = Kubectl::new(&c.kubeconfig, &fresh_dir(&c, "drain-restart")?)?;
+    let args = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
+    k.ok(&args).await?;
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let looping = {
+        let (k, running) = (k.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut runs = Vec::new();
+            while running.load(std::sync::atomic::Ordering::SeqCst) {
+                runs.push(k.run(&args).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            runs
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before_drain = unavailable_replies(&c).await?;
+    c.standin("c")?.set_ready(false);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during_drain = unavailable_replies(&c).await? - before_drain;
+    c.stop_apiserver("c").await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.start_apiserver("c", "1.36").await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    running.store(false, std::sync::atomic::Ordering::SeqCst);
+    let runs = looping.await?;
+    let answered = unavailable_replies(&c).await? - before_drain;
+    let failed: Vec<String> = runs
+        .iter()
+        .filter_map(|r| match r {
+            Ok(out) if out.ok => None,
+            Ok(out) => Some(failure_detail(out)),
+            Err(e) => Some(format!("{e:#}")),
+        })
+        .collect();
+    println!(
+        "drain and restart of c: {} kubectl runs, {} failed; the edge answered {during_drain} × 503 during the 2 s drain, {answered} in all",
+        runs.len(),
+        failed.len()
+    );
+    ensure!(
+        failed.is_empty(),
+        "{} of {} kubectl runs failed:\n{}",
+        failed.len(),
+        runs.len(),
+        failed.join("\n")
+    );
+    ensure!(during_drain == 0, "{during_drain} × 503 while c still served");
+    ensure!(answered > 0, "the edge answered no 503: the restart was not felt, the test proves nothing");
+    finish(c).await
+}
+
 /// 5xx answers at the listener: the edge's own 503s (the stand-ins answer none here).
 async fn unavailable_replies(c: &Cluster) -> Result<u64> {
     c.envoy()?.stat("http.apiserver.downstream_rq_5xx").await

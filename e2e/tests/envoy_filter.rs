@@ -112,7 +112,7 @@ impl Fixture {
             false => Config::Skewgate,
         };
         let settings = edit(Settings::new(config, dir.join("envoy"), &pki)?);
-        let cds = test_cds(&t, &endpoints, &tls)?;
+        let cds = test_cds(&t, &endpoints, &tls, &[])?;
         let ecds = sealed_ecds(&t, &wasm)?;
         let base = format!("https://127.0.0.1:{}", settings.listen_port);
         let envoy = Envoy::start(settings, &cds, &ecds).await?;
@@ -228,7 +228,9 @@ fn listener_client(pki: &Pki, identity: Option<&Pair>, timeout: Duration) -> Res
 
 /// CDS for the test table, with two deliberate defects: `set-e` has no health check (so Envoy
 /// really connects to the closed port) and `set-a-c` is missing (unknown cluster).
-fn test_cds(t: &TableConfig, endpoints: &[Endpoint], tls: &UpstreamTls) -> Result<Value> {
+/// The fixture's clusters, `draining` marked `DRAINING` besides f (unready and not stopping:
+/// what the sidecar marks).
+fn test_cds(t: &TableConfig, endpoints: &[Endpoint], tls: &UpstreamTls, draining: &[&str]) -> Result<Value> {
     // A generous check timeout: on a busy 2-core machine a 500 ms one flapped hosts out of the spread.
     let health = Health { interval_ms: 500, timeout_ms: 2000, connect_timeout_ms: 500 };
     let mut cds = resources::cds(t, endpoints, tls, health)?;
@@ -237,7 +239,29 @@ fn test_cds(t: &TableConfig, endpoints: &[Endpoint], tls: &UpstreamTls) -> Resul
     for c in clusters.iter_mut().filter(|c| c["name"] == "set-e") {
         c.as_object_mut().context("cluster")?.remove("health_checks");
     }
-    Ok(cds)
+    let draining = draining.iter().chain(&["f"]).map(|id| id.to_string()).collect();
+    Ok(resources::with_draining(&cds, &resources::Overlay::draining(draining)))
+}
+
+/// Replaces the fixture's `cds.json` with `draining` marked, and waits until Envoy has it.
+async fn mark_draining(f: &Fixture, draining: &[&str]) -> Result<()> {
+    let cds = test_cds(&table(&["c"]), &f.endpoints, &f.tls, draining)?;
+    let before = f.envoy.stat("cluster_manager.cds.update_success").await?;
+    f.envoy.write_cds(&cds)?;
+    f.envoy.wait_stat("cluster_manager.cds.update_success", before + 1, Duration::from_secs(10)).await?;
+    Ok(())
+}
+
+/// Replaces the fixture's `cds.json` with `stopping` marked where others take their requests.
+async fn mark_stopping(f: &Fixture, stopping: &[&str]) -> Result<()> {
+    let cds = test_cds(&table(&["c"]), &f.endpoints, &f.tls, &[])?;
+    let overlay = resources::draining_in(&cds);
+    let stopping = stopping.iter().map(|id| id.to_string()).collect();
+    let cds = resources::with_draining(&cds, &resources::Overlay { stopping, ..overlay });
+    let before = f.envoy.stat("cluster_manager.cds.update_success").await?;
+    f.envoy.write_cds(&cds)?;
+    f.envoy.wait_stat("cluster_manager.cds.update_success", before + 1, Duration::from_secs(10)).await?;
+    Ok(())
 }
 
 fn header_values(echo: &Value, name: &str) -> Vec<String> {
@@ -406,7 +430,7 @@ async fn push_table(
 ) -> Result<(skewgate_envoy::Resources, Vec<skewgate::envoy::Step>)> {
     seal_as_named(&mut next);
     let ecds = resources::ecds(&serde_json::to_string(&next)?, &f.wasm);
-    let cds = test_cds(&next, &f.endpoints, &f.tls)?;
+    let cds = test_cds(&next, &f.endpoints, &f.tls, &[])?;
     let rds = f.envoy.settings.rds_for(&ecds);
     let pushed =
         skewgate_envoy::Resources { generation: next.generation.clone(), table: next, cds, rds, ecds };
@@ -661,16 +685,54 @@ async fn certificate_clients_skip_the_filter_after_their_first_request() -> Resu
     Ok(())
 }
 
+/// The last apiserver of an API is stopping: its `/readyz` fails its `shutdown` check alone, as
+/// kube-apiserver's does from SIGTERM on while it serves out its shutdown delay. Envoy's checks
+/// leave that check out, and the sidecar marks it only where others take its requests: its
+/// API's requests still reach it, on the filter's routes and the bypass routes alike, while the
+/// pool's go to the others. Once the sidecar marks it `DRAINING` (it stopped answering), they
+/// get the 503 `Status`, to be sent again a second later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_server_of_an_api_keeps_its_requests_while_it_stops() -> Result<()> {
+    let f = Fixture::start("stopping").await?;
+    f._echoes.iter().find(|e| e.id == "c").context("c")?.set_stopping(true);
+    // Envoy's checks leave the shutdown check out: c stays healthy everywhere; the sidecar marks
+    // it in the clusters where others take its requests (the pool).
+    mark_stopping(&f, &["c"]).await?;
+    let token =
+        |path: &str| f.anonymous.get(format!("{}{path}", f.base)).header("Authorization", "Bearer token-1");
+    for _ in 0..10 {
+        // The filter's route (no credential: its anonymous twin) and the bypass route (a token).
+        for req in [f.anonymous.get(format!("{}{CLAIMS_V1}", f.base)), token(CLAIMS_V1)] {
+            let (status, h, body) = f.send(&f.anonymous, req).await?;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(h.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
+        }
+        let (status, h, body) = f.send(&f.anonymous, token(PODS)).await?;
+        assert_eq!(status, 200, "{body}");
+        assert_ne!(h.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"), "the pool has healthy hosts");
+    }
+    mark_draining(&f, &["c"]).await?;
+    for req in [f.anonymous.get(format!("{}{CLAIMS_V1}", f.base)), token(CLAIMS_V1)] {
+        let (status, h, body) = f.send(&f.anonymous, req).await?;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(h.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "{body}");
+        assert!(body.contains("no_healthy_upstream"), "{body}");
+    }
+    Ok(())
+}
+
 /// Envoy's own failure on a bypass route (every apiserver gone), the pool's or a rerouted GVR's,
 /// reaches the client as a Kubernetes `Status`, as the filter's 503 does on its routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bypass_route_failures_are_a_503_status() -> Result<()> {
     let f = Fixture::start("bypass-503").await?;
     log_every_request(&f).await?;
-    // Every apiserver fails its health checks: the pool has no healthy host (no panic mode).
+    // Every apiserver fails its health checks and the sidecar has marked them all (down or
+    // starting): the pool has no host to send to.
     for echo in &f._echoes {
         echo.set_ready(false);
     }
+    mark_draining(&f, &["a", "b", "c", "d", "e"]).await?;
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut attempt = 0;
     let (path, headers, body) = loop {
@@ -1327,7 +1389,7 @@ async fn reloads(native: bool) -> Result<()> {
     // A new table where b serves resourceclaims too: its set cluster lands first, then the table.
     let next = table(&["b", "c"]);
     let cds_updates = f.envoy.stat("cluster_manager.cds.update_success").await?;
-    f.envoy.write_cds(&test_cds(&next, &f.endpoints, &f.tls)?)?;
+    f.envoy.write_cds(&test_cds(&next, &f.endpoints, &f.tls, &[])?)?;
     f.envoy.wait_stat("cluster_manager.cds.update_success", cds_updates + 1, Duration::from_secs(5)).await?;
     // The new set's first health check must pass before the table points at it.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -311,10 +311,12 @@ async fn each_gvr_goes_to_the_apiservers_that_serve_it() -> Result<()> {
     Ok(())
 }
 
-/// Which apiservers `cds.json` marks DRAINING (Envoy sends them no new request).
+/// Which apiservers `cds.json` marks DRAINING (Envoy sends them no new request), stopping ones
+/// (where another apiserver takes their requests) included.
 fn draining(envoy_dir: &Path) -> Result<BTreeSet<String>> {
     let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
-    Ok(skewgate_envoy::draining_in(&cds))
+    let overlay = skewgate_envoy::draining_in(&cds);
+    Ok(overlay.draining.into_iter().chain(overlay.stopping).collect())
 }
 
 /// No timer turns "served, unavailable" into "not served" (a wrong 404 for a GVR its only apiserver

@@ -23,7 +23,7 @@ pub use render::{RenderError, Resources, render};
 pub use resources::{
     BYPASS_CERTIFICATE_ROUTE, BYPASS_CERTIFICATE_WATCH_ROUTE, BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE,
     CdsError, DEFAULT_ROUTE_TIMEOUT, DYNAMIC_MODULE_FILTER_TYPE, Endpoint, FILTER_NAME, Health,
-    MODULE_FILTER_NAME, MODULE_NAME, REROUTED_STAT_PREFIX, ROUTE_CONFIG_NAME, UpstreamTls, cds,
-    cluster_names, draining_in, ecds, envoy_duration, module_ecds, rds, rds_version, route_configuration,
-    table_from_ecds, table_of_filter, union_cds, with_draining,
+    MODULE_FILTER_NAME, MODULE_NAME, Overlay, READINESS_PATH, REROUTED_STAT_PREFIX, ROUTE_CONFIG_NAME,
+    UpstreamTls, cds, cluster_names, draining_in, ecds, envoy_duration, module_ecds, rds, rds_version,
+    route_configuration, table_from_ecds, table_of_filter, union_cds, with_draining,
 };

@@ -174,13 +174,13 @@ fn cluster(
                 .chain(tls.health_groups.iter().map(|g| ("X-Remote-Group", g)))
                 .map(|(key, value)| add_header(key, value, "APPEND_IF_EXISTS_OR_ADD"))
                 .collect::<Vec<_>>();
-            json!({"path": "/readyz", "request_headers_to_add": identity})
+            json!({"path": READINESS_PATH, "request_headers_to_add": identity})
         }
         // Without credentials `/readyz` is the apiserver's to allow: 200 or 500 where anonymous
         // access is on, 401 always where it is off. Either way the apiserver is up and answers
         // anonymous requests as it would directly.
         Upstream::Anonymous => json!({
-            "path": "/readyz",
+            "path": READINESS_PATH,
             "expected_statuses": [{"start": 200, "end": 201}, {"start": 401, "end": 402}]
         }),
     };
@@ -258,6 +258,13 @@ pub fn rds(table: Option<&RoutingTable>, timeout: &str) -> Value {
 /// kube-apiserver's own `--request-timeout` (60s), so that the apiserver's answer wins when it
 /// has one.
 pub const DEFAULT_ROUTE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(65);
+
+/// What Envoy's health checks ask each apiserver: whether it serves requests. kube-apiserver
+/// fails its `shutdown` check from SIGTERM on, yet serves every request for its shutdown
+/// delay; whether a stopping apiserver gets new requests is the sidecar's call, per cluster
+/// ([`Overlay::stopping`]), so that the last server of an API keeps them. Starting, or with a
+/// failing dependency, it fails this too. Servers without the check ignore the exclusion.
+pub const READINESS_PATH: &str = "/readyz?exclude=shutdown";
 
 /// The `version_info` of an `rds.json` (the one Envoy reports back for it).
 pub fn rds_version(rds: &Value) -> Option<&str> {
@@ -549,22 +556,52 @@ pub fn module_ecds(table_json: &str) -> Value {
     }]})
 }
 
-/// `cds` with every endpoint of the apiservers in `draining` marked `DRAINING` (and left out of
-/// active health checks) and every other endpoint without a health status of its own (Envoy's
-/// active health checks decide alone).
-/// Envoy sends no new request to a `DRAINING` host, whatever its health checks say; requests
-/// under way (watches included) go on. STATIC and STRICT_DNS clusters both honour it.
-pub fn with_draining(cds: &Value, draining: &BTreeSet<String>) -> Value {
+/// Which apiservers Envoy may send new requests to, beyond its own health checks: the sidecar's
+/// verdict, laid over `cds.json`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Overlay {
+    /// No new request, in any cluster: down, starting, or no longer serving what the live table
+    /// sends it.
+    pub draining: BTreeSet<String>,
+    /// Stopping (kube-apiserver after SIGTERM, serving out its shutdown delay): new requests
+    /// only in the clusters where nobody else can take them, so that the last server of an API
+    /// keeps that API's requests until it stops answering.
+    pub stopping: BTreeSet<String>,
+}
+
+impl Overlay {
+    pub fn draining(draining: BTreeSet<String>) -> Overlay {
+        Overlay { draining, stopping: BTreeSet::new() }
+    }
+
+    /// Whether `id`'s endpoint is marked in a cluster whose apiservers are `members`.
+    fn marks(&self, id: &str, members: &[Option<&str>]) -> bool {
+        if self.draining.contains(id) {
+            return true;
+        }
+        let takes =
+            |m: &Option<&str>| m.is_some_and(|m| !self.draining.contains(m) && !self.stopping.contains(m));
+        self.stopping.contains(id) && members.iter().any(takes)
+    }
+}
+
+/// `cds` with the endpoints `overlay` marks `DRAINING` (and left out of active health checks)
+/// and every other endpoint without a health status of its own (Envoy's active health checks
+/// decide alone). Envoy sends no new request to a `DRAINING` host, whatever its health checks
+/// say; requests under way (watches included) go on. STATIC and STRICT_DNS clusters both honour
+/// it.
+pub fn with_draining(cds: &Value, overlay: &Overlay) -> Value {
     let mut cds = cds.clone();
     let clusters = cds.get_mut("resources").and_then(Value::as_array_mut);
     for cluster in clusters.into_iter().flatten() {
+        let members: Vec<Option<String>> =
+            endpoints_of(cluster).map(|e| apiserver_of(e).map(str::to_owned)).collect();
+        let members: Vec<Option<&str>> = members.iter().map(Option::as_deref).collect();
         let localities = cluster.pointer_mut("/load_assignment/endpoints").and_then(Value::as_array_mut);
         for locality in localities.into_iter().flatten() {
             let endpoints = locality.get_mut("lb_endpoints").and_then(Value::as_array_mut);
             for endpoint in endpoints.into_iter().flatten() {
-                let id =
-                    endpoint.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str);
-                let drain = id.is_some_and(|id| draining.contains(id));
+                let drain = apiserver_of(endpoint).is_some_and(|id| overlay.marks(id, &members));
                 if let Some(lb_endpoint) = endpoint.as_object_mut() {
                     match drain {
                         true => lb_endpoint.insert("health_status".into(), json!("DRAINING")),
@@ -589,18 +626,37 @@ pub fn with_draining(cds: &Value, draining: &BTreeSet<String>) -> Value {
     cds
 }
 
-/// The apiservers `cds` marks `DRAINING` (what [`with_draining`] wrote).
-pub fn draining_in(cds: &Value) -> BTreeSet<String> {
-    let clusters = cds.get("resources").and_then(Value::as_array).into_iter().flatten();
+fn endpoints_of(cluster: &Value) -> impl Iterator<Item = &Value> {
     let localities =
-        clusters.filter_map(|c| c.pointer("/load_assignment/endpoints").and_then(Value::as_array)).flatten();
-    localities
-        .filter_map(|l| l.get("lb_endpoints").and_then(Value::as_array))
-        .flatten()
-        .filter(|e| e.get("health_status").and_then(Value::as_str) == Some("DRAINING"))
-        .filter_map(|e| e.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str))
-        .map(str::to_owned)
-        .collect()
+        cluster.pointer("/load_assignment/endpoints").and_then(Value::as_array).into_iter().flatten();
+    localities.filter_map(|l| l.get("lb_endpoints").and_then(Value::as_array)).flatten()
+}
+
+fn apiserver_of(endpoint: &Value) -> Option<&str> {
+    endpoint.pointer("/metadata/filter_metadata/skewgate/apiserver").and_then(Value::as_str)
+}
+
+/// The overlay `cds` carries (what [`with_draining`] wrote): an apiserver marked in every
+/// cluster it is in is draining, one marked in some of them stopping.
+pub fn draining_in(cds: &Value) -> Overlay {
+    let mut marked: BTreeMap<&str, (bool, bool)> = BTreeMap::new();
+    let clusters = cds.get("resources").and_then(Value::as_array).into_iter().flatten();
+    for endpoint in clusters.flat_map(endpoints_of) {
+        let Some(id) = apiserver_of(endpoint) else { continue };
+        let drained = endpoint.get("health_status").and_then(Value::as_str) == Some("DRAINING");
+        let (some, all) = marked.entry(id).or_insert((false, true));
+        *some |= drained;
+        *all &= drained;
+    }
+    let mut overlay = Overlay::default();
+    for (id, (some, all)) in marked {
+        match (some, all) {
+            (true, true) => overlay.draining.insert(id.to_owned()),
+            (true, false) => overlay.stopping.insert(id.to_owned()),
+            _ => false,
+        };
+    }
+    overlay
 }
 
 /// The routing table inside an `ecds.json` (the filter's or the module's), so tools accept any
@@ -733,15 +789,10 @@ mod tests {
             Endpoint { id: "b".into(), address: "apiserver-b".into(), port: 6443 },
         ];
         let v = cds(&table(), &endpoints, &tls(), Health::default()).unwrap();
-        assert!(draining_in(&v).is_empty());
-        let b = BTreeSet::from(["b".to_string()]);
+        assert_eq!(draining_in(&v), Overlay::default());
+        let b = Overlay::draining(BTreeSet::from(["b".to_string()]));
         let drained = with_draining(&v, &b);
         assert_eq!(draining_in(&drained), b);
-        let status = |v: &Value, cluster: usize, endpoint: usize| {
-            v["resources"][cluster]["load_assignment"]["endpoints"][0]["lb_endpoints"][endpoint]
-                .get("health_status")
-                .cloned()
-        };
         // pool: a then b; ap-b; set-b (STRICT_DNS: b has a host name).
         assert_eq!((status(&drained, 0, 0), status(&drained, 0, 1)), (None, Some(json!("DRAINING"))));
         assert_eq!(status(&drained, 1, 0), None);
@@ -750,7 +801,39 @@ mod tests {
         let b_endpoint =
             &drained["resources"][3]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"];
         assert_eq!(b_endpoint["health_check_config"], json!({"disable_active_health_check": true}));
-        assert_eq!(with_draining(&drained, &BTreeSet::new()), v, "undraining restores the clusters exactly");
+        assert_eq!(
+            with_draining(&drained, &Overlay::default()),
+            v,
+            "undraining restores the clusters exactly"
+        );
+    }
+
+    /// A stopping apiserver is marked only where another apiserver takes the requests: in the
+    /// pool (a is there), not in its own clusters nor in a set of stopping or draining ones.
+    #[test]
+    fn a_stopping_apiserver_keeps_the_clusters_nobody_else_takes() {
+        let endpoints = [
+            Endpoint { id: "a".into(), address: "127.0.0.1".into(), port: 7001 },
+            Endpoint { id: "b".into(), address: "apiserver-b".into(), port: 6443 },
+        ];
+        let v = cds(&table(), &endpoints, &tls(), Health::default()).unwrap();
+        let stopping = Overlay { stopping: BTreeSet::from(["b".to_string()]), ..Overlay::default() };
+        let marked = with_draining(&v, &stopping);
+        assert_eq!((status(&marked, 0, 0), status(&marked, 0, 1)), (None, Some(json!("DRAINING"))), "pool");
+        assert_eq!(status(&marked, 2, 0), None, "b's own cluster");
+        assert_eq!(status(&marked, 3, 0), None, "set-b: b alone serves it");
+        assert_eq!(draining_in(&marked), stopping, "read back as stopping: marked in some clusters only");
+        // a draining too: nobody else takes the pool's requests either.
+        let both = Overlay { draining: BTreeSet::from(["a".to_string()]), ..stopping };
+        let marked = with_draining(&v, &both);
+        assert_eq!((status(&marked, 0, 0), status(&marked, 0, 1)), (Some(json!("DRAINING")), None), "pool");
+        assert_eq!(draining_in(&marked), Overlay::draining(both.draining.clone()), "b marked nowhere");
+    }
+
+    fn status(v: &Value, cluster: usize, endpoint: usize) -> Option<Value> {
+        v["resources"][cluster]["load_assignment"]["endpoints"][0]["lb_endpoints"][endpoint]
+            .get("health_status")
+            .cloned()
     }
 
     #[test]

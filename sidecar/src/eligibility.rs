@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use skewgate_core::table::TableConfig;
 
 use crate::fetch::Documents;
+use crate::tether::Readiness;
 
 /// Why an apiserver must not get new requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +31,9 @@ pub enum Exclusion {
     Changed,
     /// The cluster no longer publishes it (EndpointSlice or identity Lease gone): it leaves.
     Departed,
+    /// Its `/readyz` fails its `shutdown` check alone (SIGTERM): it serves out its shutdown
+    /// delay, and gets new requests only where no other apiserver takes them.
+    Stopping,
 }
 
 impl Exclusion {
@@ -41,6 +45,7 @@ impl Exclusion {
             Exclusion::Unready => "unready",
             Exclusion::Changed => "changed",
             Exclusion::Departed => "departed",
+            Exclusion::Stopping => "stopping",
         }
     }
 }
@@ -53,6 +58,7 @@ impl std::fmt::Display for Exclusion {
             Exclusion::Unready => "its /readyz fails",
             Exclusion::Changed => "it stopped serving APIs the live table sends it",
             Exclusion::Departed => "the cluster no longer publishes it",
+            Exclusion::Stopping => "it is stopping (/readyz: shutdown); it keeps what nobody else serves",
         })
     }
 }
@@ -136,7 +142,7 @@ pub struct Now<'a> {
     /// Its latest look reached its discovery.
     pub reachable: bool,
     /// `/readyz` at the latest probe; `None` before the first (Envoy's own checks still apply).
-    pub ready: Option<bool>,
+    pub ready: Option<Readiness>,
 }
 
 /// One verdict per apiserver, in `now`'s order: `None` = eligible.
@@ -152,7 +158,7 @@ pub fn verdicts(live: &Live, now: &[Now<'_>]) -> Vec<Option<Exclusion>> {
             if !n.reachable {
                 return Some(Exclusion::Unreachable);
             }
-            if n.ready == Some(false) {
+            if n.ready == Some(Readiness::Unready) {
                 return Some(Exclusion::Unready);
             }
             let (Some(attributed), Some(served)) = (live.attributed.get(n.id), n.served) else {
@@ -166,7 +172,12 @@ pub fn verdicts(live: &Live, now: &[Now<'_>]) -> Vec<Option<Exclusion>> {
                 .resources
                 .difference(&served.resources)
                 .any(|gvr| served_by_anyone(n.id, &|s: &Served| s.resources.contains(gvr)));
-            (lost_gv || lost_gvr).then_some(Exclusion::Changed)
+            let stopping = n.ready == Some(Readiness::Stopping);
+            match (lost_gv || lost_gvr, stopping) {
+                (true, _) => Some(Exclusion::Changed),
+                (false, true) => Some(Exclusion::Stopping),
+                (false, false) => None,
+            }
         })
         .collect()
 }
@@ -208,7 +219,7 @@ mod tests {
     }
 
     fn now<'a>(id: &'a str, served: &'a Served) -> Now<'a> {
-        Now { id, served: Some(served), reachable: true, ready: Some(true) }
+        Now { id, served: Some(served), reachable: true, ready: Some(Readiness::Ready) }
     }
 
     #[test]
@@ -226,12 +237,19 @@ mod tests {
         let mut all = vec![now("a", &old), now("b", &old), now("c", &new), now("d", &new)];
         assert_eq!(verdicts(&live, &all), [None, None, None, Some(Exclusion::Undescribed)]);
         all[0].reachable = false;
-        all[1].ready = Some(false);
+        all[1].ready = Some(Readiness::Unready);
         all[2].ready = None;
         assert_eq!(
             verdicts(&live, &all),
             [Some(Exclusion::Unreachable), Some(Exclusion::Unready), None, Some(Exclusion::Undescribed)]
         );
+        // Stopping: kept where nobody else serves; changed and stopping: changed.
+        all[2].ready = Some(Readiness::Stopping);
+        assert_eq!(verdicts(&live, &all)[2], Some(Exclusion::Stopping));
+        let shrunk = served(&[PODS, CRD]);
+        let stopping_changed = Now { ready: Some(Readiness::Stopping), ..now("c", &shrunk) };
+        let others = [now("a", &old), now("b", &new), stopping_changed];
+        assert_eq!(verdicts(&live, &others)[2], Some(Exclusion::Changed));
     }
 
     /// b restarted as the new release: it lost the old claims, which a still serves.

@@ -28,12 +28,58 @@ use skewgate_envoy::Endpoint;
 /// connection usable.
 const MAX_BODY: usize = 64 << 20;
 
+/// How much of an answer is kept: a failing `/readyz` of kube-apiserver 1.36 lists ~40 checks
+/// in ~1.5 KiB.
+const KEPT: usize = 16 << 10;
+
+/// What `/readyz` says of an apiserver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// 200.
+    Ready,
+    /// It fails its `shutdown` check and nothing else: kube-apiserver after SIGTERM, serving
+    /// every request for its `--shutdown-delay-duration` while its load balancers take it out.
+    /// The last server of an API keeps that API's requests until it stops answering.
+    Stopping,
+    /// Anything else: starting (post-start hooks, informers), or a failing dependency.
+    Unready,
+}
+
+impl Readiness {
+    /// From `/readyz`'s status and body: on a failure kube-apiserver lists every check, `[-]`
+    /// before each failing one (`[-]shutdown failed: reason withheld`).
+    pub fn of(status: u16, body: &[u8]) -> Readiness {
+        if status == 200 {
+            return Readiness::Ready;
+        }
+        let text = String::from_utf8_lossy(body);
+        let mut failing = text.lines().filter_map(|l| l.strip_prefix("[-]"));
+        let stopping = failing.next().is_some_and(|check| check.starts_with("shutdown "));
+        match stopping && failing.next().is_none() {
+            true => Readiness::Stopping,
+            false => Readiness::Unready,
+        }
+    }
+
+    /// Whether it takes requests: a stopping apiserver still does.
+    pub fn serves(self) -> bool {
+        self != Readiness::Unready
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Readiness::Ready => "ready",
+            Readiness::Stopping => "stopping",
+            Readiness::Unready => "unready",
+        }
+    }
+}
+
 /// What a probe found: whether the apiserver is ready and still serves the documents whose
 /// ETags it was asked about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Probe {
-    /// `/readyz` answered 200.
-    pub ready: bool,
+    pub readiness: Readiness,
     /// `Some(true)`: both documents unchanged (304); `Some(false)`: at least one changed;
     /// `None`: no ETags to ask with (legacy discovery).
     pub unchanged: Option<bool>,
@@ -150,12 +196,12 @@ impl Link {
     /// `/readyz`, then `/api` and `/apis` asked with `etags` (if it has both). Any failure
     /// leaves the link unusable.
     pub async fn probe(&mut self, etags: &Etags) -> Result<Probe, FetchError> {
-        let (status, _) = self.get("/readyz", None, None).await?;
-        let ready = status == hyper::StatusCode::OK;
-        let Some((api, apis)) = etags.both() else { return Ok(Probe { ready, unchanged: None }) };
+        let (status, _, body) = self.get("/readyz", None, None).await?;
+        let readiness = Readiness::of(status.as_u16(), &body);
+        let Some((api, apis)) = etags.both() else { return Ok(Probe { readiness, unchanged: None }) };
         let mut unchanged = true;
         for (path, tag) in [("/api", api), ("/apis", apis)] {
-            let (status, etag) = self.get(path, Some(ACCEPT_NOPEER), Some(tag)).await?;
+            let (status, etag, _) = self.get(path, Some(ACCEPT_NOPEER), Some(tag)).await?;
             let same = match status {
                 hyper::StatusCode::NOT_MODIFIED => true,
                 // A server that ignores If-None-Match but sends the same ETag has not changed.
@@ -166,16 +212,17 @@ impl Link {
             };
             unchanged &= same;
         }
-        Ok(Probe { ready, unchanged: Some(unchanged) })
+        Ok(Probe { readiness, unchanged: Some(unchanged) })
     }
 
-    /// One GET; the body is read (and dropped) so that the connection can carry the next.
+    /// One GET; the body is read so that the connection can carry the next, and its first
+    /// `KEPT` bytes kept (what `/readyz` says; a changed document is never held whole).
     async fn get(
         &mut self,
         path: &str,
         accept: Option<&'static str>,
         if_none_match: Option<&str>,
-    ) -> Result<(hyper::StatusCode, Option<String>), FetchError> {
+    ) -> Result<(hyper::StatusCode, Option<String>, Vec<u8>), FetchError> {
         let failed = |kind: ErrorKind, e: &dyn std::fmt::Display| FetchError::new(path, kind, e.to_string());
         let mut request = hyper::Request::get(path)
             .body(Empty::<Bytes>::new())
@@ -194,12 +241,15 @@ impl Link {
         let response = self.sender.send_request(request).await.map_err(|e| failed(ErrorKind::Closed, &e))?;
         let status = response.status();
         let etag = response.headers().get(ETAG).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        // Drained frame by frame: a changed document is never held whole.
         let mut body = Limited::new(response.into_body(), MAX_BODY);
+        let mut kept = Vec::new();
         while let Some(frame) = body.frame().await {
-            frame.map_err(|e| failed(ErrorKind::Truncated, &e))?;
+            let frame = frame.map_err(|e| failed(ErrorKind::Truncated, &e))?;
+            if let Some(data) = frame.data_ref() {
+                kept.extend_from_slice(&data[..data.len().min(KEPT.saturating_sub(kept.len()))]);
+            }
         }
-        Ok((status, etag))
+        Ok((status, etag, kept))
     }
 }
 
@@ -212,6 +262,26 @@ pub fn probe_timeout(health_timeout_ms: u64) -> Duration {
 mod tests {
     use super::*;
     use crate::testing::{Answer, Certs, json, serve};
+
+    /// kube-apiserver after SIGTERM fails its `shutdown` check alone and still serves; one that
+    /// starts fails others (the stand-ins answer both as v1.36 does).
+    #[test]
+    fn readiness_tells_stopping_from_starting() {
+        assert_eq!(Readiness::of(200, b"ok"), Readiness::Ready);
+        let stopping = b"[+]ping ok\n[+]etcd ok\n[-]shutdown failed: reason withheld\nreadyz check failed\n";
+        assert_eq!(Readiness::of(500, stopping), Readiness::Stopping);
+        assert_eq!(
+            Readiness::of(500, b"[-]shutdown failed: reason withheld\nreadyz check failed\n"),
+            Readiness::Stopping
+        );
+        let starting = skewgate_standin::startup::STARTING_READYZ;
+        assert_eq!(Readiness::of(500, starting.as_bytes()), Readiness::Unready);
+        let both = b"[-]etcd failed: reason withheld\n[-]shutdown failed: reason withheld\n";
+        assert_eq!(Readiness::of(500, both), Readiness::Unready);
+        assert_eq!(Readiness::of(500, b""), Readiness::Unready);
+        assert_eq!(Readiness::of(503, b"[-]shutdownx failed\n"), Readiness::Unready);
+        assert!(Readiness::Stopping.serves() && !Readiness::Unready.serves());
+    }
 
     const APIS_133: &str =
         include_str!("../../testdata/discovery/k8s-1.33-era_resource-v1beta2/aggregated_v2.json");
@@ -247,7 +317,10 @@ mod tests {
         let (addr, seen, _task) = serve(&certs.serving, true, handler).await;
         let mut link = tether(&certs, addr).connect().await.unwrap();
         let etags = Etags { api: Some("\"CORE\"".into()), apis: Some("\"APIS1\"".into()) };
-        assert_eq!(link.probe(&etags).await.unwrap(), Probe { ready: true, unchanged: Some(true) });
+        assert_eq!(
+            link.probe(&etags).await.unwrap(),
+            Probe { readiness: Readiness::Ready, unchanged: Some(true) }
+        );
         {
             let seen = seen.lock().unwrap();
             assert_eq!(
@@ -263,9 +336,15 @@ mod tests {
             assert_eq!(h["x-remote-group"], "g1|g2");
         }
         phase.store(2, Ordering::SeqCst);
-        assert_eq!(link.probe(&etags).await.unwrap(), Probe { ready: false, unchanged: Some(false) });
+        assert_eq!(
+            link.probe(&etags).await.unwrap(),
+            Probe { readiness: Readiness::Unready, unchanged: Some(false) }
+        );
         // Without ETags (legacy discovery) only readiness is asked about.
-        assert_eq!(link.probe(&Etags::default()).await.unwrap(), Probe { ready: false, unchanged: None });
+        assert_eq!(
+            link.probe(&Etags::default()).await.unwrap(),
+            Probe { readiness: Readiness::Unready, unchanged: None }
+        );
         // All of that on one connection, which the server's hanging up ends.
         phase.store(3, Ordering::SeqCst);
         let error = link.probe(&etags).await.unwrap_err();

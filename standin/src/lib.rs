@@ -28,7 +28,7 @@ mod reply;
 mod resources;
 mod reviews;
 mod selector;
-mod startup;
+pub mod startup;
 mod status;
 mod store;
 mod store_handle;

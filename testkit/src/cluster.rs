@@ -477,16 +477,35 @@ impl Cluster {
     }
 
     /// What a real apiserver does before it stops (`--shutdown-delay-duration`): `/readyz`
-    /// fails, and the load balancer (Envoy's health checks) stops sending it new requests.
-    /// Returns once Envoy sees it unhealthy in every cluster; the stand-in still serves. A real
-    /// apiserver gets SIGTERM: it serves for its shutdown delay ([`real::SHUTDOWN_DELAY`]),
-    /// then exits; [`Cluster::stop_apiserver`] waits for that.
+    /// fails its `shutdown` check, and the load balancer stops sending it new requests: a
+    /// plain one everywhere (its health checks fail), skewgate wherever another apiserver takes
+    /// them (the last server of an API keeps that API's requests while it still serves).
+    /// Returns once Envoy sends it none where another host could take them; the stand-in still
+    /// serves. A real apiserver gets SIGTERM: it serves for its shutdown delay
+    /// ([`real::SHUTDOWN_DELAY`]), then exits; [`Cluster::stop_apiserver`] waits for that.
     pub async fn drain_apiserver(&mut self, id: &str, timeout: Duration) -> Result<Duration> {
         match &mut self.real {
             Some(real) => real.apiserver_mut(id)?.terminate()?,
             None => self.standin(id)?.set_ready(false),
         }
-        self.wait_envoy_sees(id, false, timeout).await
+        let started = Instant::now();
+        let port = self.listen(id)?.port();
+        loop {
+            let hosts = self.envoy_hosts().await?;
+            // A cluster where it is healthy and another host is too: it still gets new requests.
+            let shared = hosts.iter().any(|((cluster, p), healthy)| {
+                *p == port
+                    && *healthy
+                    && hosts.iter().any(|((other, q), up)| other == cluster && *q != port && *up)
+            });
+            if !shared {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() > timeout {
+                bail!("Envoy still sends {id} new requests that others could take after {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Stops the sidecar (SIGTERM); Envoy keeps the files (and the table) it has.
@@ -750,6 +769,14 @@ pub async fn start(o: &Options) -> Result<Cluster> {
             rendered.table
         }
     };
+    if o.plain_lb {
+        // A plain load balancer takes an apiserver out on any `/readyz` failure, its shutdown
+        // included: it knows nothing of who else serves what.
+        let cds_path = Files::new(&envoy_dir).cds_path();
+        let cds = std::fs::read_to_string(&cds_path)?;
+        let plain = cds.replace(&serde_json::to_string(resources::READINESS_PATH)?, "\"/readyz\"");
+        resources::write_atomic(&cds_path, plain.as_bytes())?;
+    }
 
     let envoy = if o.envoy {
         let config = match o.plain_lb {

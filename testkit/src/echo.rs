@@ -30,6 +30,7 @@ pub struct Echo {
     pub addr: SocketAddr,
     pub requests: Arc<AtomicU64>,
     ready: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -43,6 +44,12 @@ impl Echo {
     /// Makes `/readyz` fail (500) or pass.
     pub fn set_ready(&self, ready: bool) {
         self.ready.store(ready, Ordering::SeqCst);
+    }
+
+    /// Makes `/readyz` fail as kube-apiserver's does after SIGTERM, its `shutdown` check alone:
+    /// `/readyz?exclude=shutdown` passes.
+    pub fn set_stopping(&self, stopping: bool) {
+        self.stopping.store(stopping, Ordering::SeqCst);
     }
 }
 
@@ -67,7 +74,13 @@ pub async fn start(id: &str, tls: Arc<rustls::ServerConfig>) -> Result<Echo> {
     let acceptor = TlsAcceptor::from(tls);
     let requests = Arc::new(AtomicU64::new(0));
     let ready = Arc::new(AtomicBool::new(true));
-    let state = Arc::new(State { id: id.to_string(), requests: requests.clone(), ready: ready.clone() });
+    let stopping = Arc::new(AtomicBool::new(false));
+    let state = Arc::new(State {
+        id: id.to_string(),
+        requests: requests.clone(),
+        ready: ready.clone(),
+        stopping: stopping.clone(),
+    });
     let task = tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else { continue };
@@ -85,7 +98,7 @@ pub async fn start(id: &str, tls: Arc<rustls::ServerConfig>) -> Result<Echo> {
             });
         }
     });
-    Ok(Echo { id: id.to_string(), addr, requests, ready, task })
+    Ok(Echo { id: id.to_string(), addr, requests, ready, stopping, task })
 }
 
 /// `/apis/test.skewgate.io/v1/[namespaces/<ns>/]<resource>...`
@@ -100,6 +113,7 @@ struct State {
     id: String,
     requests: Arc<AtomicU64>,
     ready: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -117,7 +131,10 @@ impl State {
     async fn handle(&self, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Reset> {
         let path = req.uri().path().to_string();
         if path == "/readyz" {
-            let ok = self.ready.load(Ordering::SeqCst);
+            let shutdown_excluded =
+                req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "exclude=shutdown"));
+            let stopping = self.stopping.load(Ordering::SeqCst) && !shutdown_excluded;
+            let ok = self.ready.load(Ordering::SeqCst) && !stopping;
             let status = if ok { StatusCode::OK } else { StatusCode::INTERNAL_SERVER_ERROR };
             return Ok(self.respond(status, Value::String(if ok { "ok" } else { "not ready" }.into())));
         }

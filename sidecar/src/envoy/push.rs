@@ -35,8 +35,8 @@ use tokio::time::Instant;
 
 use super::admin::{AdminError, EnvoyAdmin, LiveTable};
 use skewgate_envoy::{
-    Files, Resources, cluster_names, draining_in, module_ecds, rds_version, table_from_ecds, union_cds,
-    with_draining, write_atomic,
+    Files, Overlay, Resources, cluster_names, draining_in, module_ecds, rds_version, table_from_ecds,
+    union_cds, with_draining, write_atomic,
 };
 
 /// How often the admin API is asked while waiting.
@@ -143,7 +143,7 @@ pub struct Pusher<A> {
     confirm_timeout: Duration,
     settle_delay: Duration,
     /// Apiservers marked `DRAINING` in every `cds.json` written; the lock of every CDS write.
-    draining: Arc<Mutex<BTreeSet<String>>>,
+    draining: Arc<Mutex<Overlay>>,
     /// What this sidecar last wrote to each file, for [`Pusher::restore_replaced_files`]; the
     /// lock of every file write.
     written: Arc<Mutex<Written>>,
@@ -210,7 +210,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
 
     /// Takes over the overlay of the `cds.json` on disk without writing anything: a restarted
     /// sidecar keeps what the previous one decided until it knows better.
-    pub fn adopt_draining_from_disk(&self) -> Result<BTreeSet<String>, PushError> {
+    pub fn adopt_draining_from_disk(&self) -> Result<Overlay, PushError> {
         let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(bytes) = read_optional(&self.cds_path)? {
             if let Ok(cds) = serde_json::from_slice::<Value>(&bytes) {
@@ -220,13 +220,13 @@ impl<A: EnvoyAdmin> Pusher<A> {
         Ok(draining.clone())
     }
 
-    pub fn draining(&self) -> BTreeSet<String> {
+    pub fn draining(&self) -> Overlay {
         self.draining.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    /// Marks exactly `draining` as `DRAINING` in the `cds.json` on disk (if there is one), now.
-    /// Returns whether the overlay changed.
-    pub fn set_draining(&self, draining: &BTreeSet<String>) -> Result<bool, PushError> {
+    /// Lays exactly `draining` over the `cds.json` on disk (if there is one), now. Returns
+    /// whether the overlay changed.
+    pub fn set_draining(&self, draining: &Overlay) -> Result<bool, PushError> {
         let mut current = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
         if *current == *draining {
             return Ok(false);
@@ -1233,7 +1233,7 @@ mod tests {
         let d = dir("overlay");
         let envoy = FakeEnvoy::new(&d);
         let p = pusher(&d, Some(envoy.clone()));
-        let b = BTreeSet::from(["b".to_string()]);
+        let b = Overlay::draining(BTreeSet::from(["b".to_string()]));
         assert!(p.set_draining(&b).unwrap(), "nothing on disk yet: only the overlay changes");
         assert!(!d.join("cds/cds.json").exists());
         p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
@@ -1253,11 +1253,11 @@ mod tests {
 
         // Re-admitted: the clusters stay exactly as they are, only the overlay goes.
         let before = cds_on_disk(&d);
-        assert!(p.set_draining(&BTreeSet::new()).unwrap());
+        assert!(p.set_draining(&Overlay::default()).unwrap());
         let after = cds_on_disk(&d);
-        assert!(draining_in(&after).is_empty());
-        assert_eq!(with_draining(&before, &BTreeSet::new()), after);
-        assert!(!p.set_draining(&BTreeSet::new()).unwrap(), "unchanged overlay: no write");
+        assert_eq!(draining_in(&after), Overlay::default());
+        assert_eq!(with_draining(&before, &Overlay::default()), after);
+        assert!(!p.set_draining(&Overlay::default()).unwrap(), "unchanged overlay: no write");
         assert_eq!(p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap(), PushOutcome::Unchanged);
 
         p.set_draining(&b).unwrap();

@@ -6,6 +6,7 @@ use super::Standing;
 use crate::eligibility::{Exclusion, Served};
 use crate::fetch::{Documents, ErrorKind, Etags, FetchError};
 use crate::peers::Source;
+use crate::tether::Readiness;
 
 /// What is remembered of one apiserver.
 #[derive(Debug, Default)]
@@ -18,7 +19,7 @@ pub(super) struct Memory {
     /// The latest look reached its discovery.
     pub(super) reachable: bool,
     /// `/readyz` at the latest probe.
-    pub(super) ready: Option<bool>,
+    pub(super) ready: Option<Readiness>,
     /// When the look behind what is remembered started: a slower, older look that finishes
     /// later must not undo what a newer one found.
     pub(super) seen: Option<Instant>,
@@ -110,11 +111,17 @@ impl Memory {
         self.error = Some(error);
     }
 
-    pub(super) fn readiness(&mut self, id: &str, ready: bool) {
+    pub(super) fn readiness(&mut self, id: &str, ready: Readiness) {
         if self.ready != Some(ready) {
             match ready {
-                true => tracing::info!(apiserver = id, "ready"),
-                false => tracing::info!(apiserver = id, "not ready (/readyz)"),
+                Readiness::Ready => tracing::info!(apiserver = id, "ready"),
+                Readiness::Stopping => {
+                    tracing::info!(
+                        apiserver = id,
+                        "stopping (/readyz: shutdown): it serves until it stops answering"
+                    )
+                }
+                Readiness::Unready => tracing::info!(apiserver = id, "not ready (/readyz)"),
             }
         }
         self.ready = Some(ready);

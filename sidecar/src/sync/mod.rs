@@ -30,7 +30,7 @@
 //! [`schedule::Scheduler`], which holds every rule of when to fetch, ask, save and push and
 //! answers with commands; the loop carries them out and waits for the next event.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,11 +49,11 @@ use crate::envoy::{HttpAdmin, PushError, PushOutcome, Pusher, Step};
 use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
 use crate::peers::{self, Asker, Published, Source};
 use crate::serve::{self, Shared};
-use crate::tether::{self, Probe, Tether};
+use crate::tether::{self, Probe, Readiness, Tether};
 use memory::Memory;
 use schedule::{Command, Event, Membership, Scheduler};
 use skewgate_core::extensions::Extensions;
-use skewgate_envoy::{Endpoint, RenderError, Resources, UpstreamTls, table_from_ecds, write_atomic};
+use skewgate_envoy::{Endpoint, Overlay, RenderError, Resources, UpstreamTls, table_from_ecds, write_atomic};
 
 pub use crate::config::SyncConfig;
 
@@ -87,6 +87,8 @@ pub struct ApiserverReport {
     pub legacy: bool,
     /// Why Envoy may not send it new requests (`None`: it may, or nothing is known yet).
     pub excluded: Option<Exclusion>,
+    /// What its `/readyz` said at the latest probe.
+    pub readiness: Option<Readiness>,
     /// Where it came from ([`crate::peers`]).
     pub source: Source,
 }
@@ -122,6 +124,7 @@ impl SyncReport {
                     "legacy": a.legacy,
                     "source": a.source.to_string(),
                     "excluded": a.excluded.map(Exclusion::label),
+                    "readiness": a.readiness.map(Readiness::label),
                     "error": a.error.as_ref().map(ToString::to_string),
                     "errorKind": a.error.as_ref().map(|e| e.kind.label()),
                 })
@@ -173,15 +176,15 @@ impl SyncError {
 pub enum Look {
     /// Ready or not, still serving the documents it was asked about.
     Unchanged {
-        ready: bool,
+        ready: Readiness,
     },
     /// No ETags to ask with (legacy discovery): only readiness is known.
     Ready {
-        ready: bool,
+        ready: Readiness,
     },
     /// Its documents changed, and this is what a fetch found then.
     Changed {
-        ready: bool,
+        ready: Readiness,
         fetched: Box<Result<Documents, FetchError>>,
     },
     Failed(FetchError),
@@ -251,7 +254,7 @@ impl Sidecar {
             .apiservers
             .iter()
             .map(|e| {
-                let excluded = draining.contains(&e.id);
+                let excluded = draining.draining.contains(&e.id) || draining.stopping.contains(&e.id);
                 // Until a look says otherwise, what the previous sidecar last saw of it.
                 let good = saved.remove(&e.id).map(|d| {
                     let served = Served::of(&d);
@@ -544,6 +547,7 @@ impl Sidecar {
                     error: m.error.clone(),
                     legacy,
                     excluded: m.excluded,
+                    readiness: m.ready,
                     source: m.source,
                 }
             })
@@ -610,14 +614,16 @@ impl Sidecar {
                 *verdict = Some(Exclusion::Departed);
             }
         }
-        let draining: BTreeSet<String> = self
-            .members
-            .iter()
-            .zip(&verdicts)
-            .filter(|(_, v)| v.is_some())
-            .map(|(m, _)| m.endpoint.id.clone())
-            .collect();
-        if let Err(error) = self.pusher.set_draining(&draining) {
+        let mut overlay = Overlay::default();
+        for (member, verdict) in self.members.iter().zip(&verdicts) {
+            let id = member.endpoint.id.clone();
+            match verdict {
+                Some(Exclusion::Stopping) => overlay.stopping.insert(id),
+                Some(_) => overlay.draining.insert(id),
+                None => false,
+            };
+        }
+        if let Err(error) = self.pusher.set_draining(&overlay) {
             // The overlay on disk is unchanged; the next look tries again.
             self.shared.metrics.push_error(error.label());
             tracing::error!(%error, "cannot mark apiservers DRAINING in cds.json");
@@ -810,9 +816,9 @@ async fn tether_task(
             let look = match tokio::time::timeout(timeout, link.probe(&asked)).await {
                 Err(_) => Look::Failed(timed_out("/readyz")),
                 Ok(Err(error)) => Look::Failed(error),
-                Ok(Ok(Probe { ready, unchanged: Some(true) })) => Look::Unchanged { ready },
-                Ok(Ok(Probe { ready, unchanged: None })) => Look::Ready { ready },
-                Ok(Ok(Probe { ready, unchanged: Some(false) })) => {
+                Ok(Ok(Probe { readiness: ready, unchanged: Some(true) })) => Look::Unchanged { ready },
+                Ok(Ok(Probe { readiness: ready, unchanged: None })) => Look::Ready { ready },
+                Ok(Ok(Probe { readiness: ready, unchanged: Some(false) })) => {
                     Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
                 }
             };
