@@ -591,6 +591,98 @@ async fn crash_restart() -> Result<Row> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 10. An upgrade's restarts of the only server of an API, as kubectl lives through them
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r10_kubectl_rides_out_restarts() -> Result<()> {
+    scenario("R10", "kubectl through restarts of the sole server (real)", kubectl_through_restarts()).await
+}
+
+/// c, the only apiserver of resource.k8s.io/v1, restarts twice as an upgrade restarts it:
+/// SIGTERM (`/readyz` fails its `shutdown` check; it serves out its shutdown delay), exit, the
+/// same binary and flags again, ready once its post-start hooks are done. A real kubectl lists
+/// ResourceClaims in a loop meanwhile: the edge keeps sending them to c while it serves, and its
+/// 503s while c is away say `Retry-After`, which client-go waits out. Not one kubectl run fails.
+async fn kubectl_through_restarts() -> Result<Row> {
+    let mut row = Row::default();
+    let mut c = start("r10", |_| {}).await?;
+    let k = Kubectl::new(&c.kubeconfig, &c.out.join("kubectl-cache"))?;
+    let args = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
+    until_ok(&k, &args).await?;
+    let before = edge_5xx(&c).await?;
+    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let looping = {
+        let (k, running) = (k.clone(), running.clone());
+        tokio::spawn(async move {
+            let mut runs = Vec::new();
+            while running.load(std::sync::atomic::Ordering::SeqCst) {
+                runs.push(k.run(&args).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            runs
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut restarts = Vec::new();
+    for _ in 0..2 {
+        let started = Instant::now();
+        c.drain_apiserver("c", Duration::from_secs(30)).await?;
+        c.stop_apiserver("c").await?;
+        c.start_apiserver("c", REAL_NEW).await?;
+        restarts.push(started.elapsed());
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    running.store(false, std::sync::atomic::Ordering::SeqCst);
+    let runs = looping.await?;
+    let answered = edge_5xx(&c).await? - before;
+    let failed: Vec<String> = runs
+        .iter()
+        .filter_map(|r| match r {
+            Ok(out) if out.ok => None,
+            Ok(out) => Some(clients::failure_detail(out)),
+            Err(e) => Some(format!("{e:#}")),
+        })
+        .collect();
+    let slowest = runs.iter().flatten().map(|r| r.took).max().unwrap_or_default();
+    row.requests += runs.len();
+    row.failures = failed.len();
+    row.figure(format!(
+        "2 restarts of c ({:?}): {} kubectl runs, {} failed, slowest {:.1}s; the edge answered {answered} × 5xx",
+        restarts.iter().map(|d| format!("{:.1}s", d.as_secs_f64())).collect::<Vec<_>>(),
+        runs.len(),
+        failed.len(),
+        slowest.as_secs_f64()
+    ));
+    ensure!(
+        failed.is_empty(),
+        "{} of {} kubectl runs failed:\n{}",
+        failed.len(),
+        runs.len(),
+        failed.join("\n")
+    );
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
+/// 5xx answers at Envoy's listener.
+async fn edge_5xx(c: &Cluster) -> Result<u64> {
+    c.envoy()?.stat("http.apiserver.downstream_rq_5xx").await
+}
+
+/// Until `kubectl ARGS` succeeds (the edge answers once every apiserver is ready).
+async fn until_ok(k: &Kubectl, args: &[&str]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = k.run(args).await?;
+        if out.ok {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "kubectl {args:?} still fails: {}", out.stderr);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // 9. OpenAPI through Envoy: kubectl explain and validation against the composed documents
 //    (docs/openapi.md)
 

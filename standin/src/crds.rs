@@ -176,9 +176,9 @@ pub(super) async fn follow(instance: Arc<Instance>, address: String) {
     let mut first = true;
     let mut shown: Vec<Arc<Value>> = Vec::new();
     loop {
-        let revision = instance.store.revision().unwrap_or(seen);
+        let revision = instance.store.revision_async().await.unwrap_or(seen);
         let touched = first
-            || match instance.store.events_after(seen, usize::MAX) {
+            || match instance.store.events_after_async(seen, usize::MAX).await {
                 Ok(events) => events.iter().any(|e| e.key.group == GROUP && e.key.resource == RESOURCE),
                 // Compacted past what was seen: look at the list itself.
                 Err(_) => true,
@@ -188,7 +188,8 @@ pub(super) async fn follow(instance: Arc<Instance>, address: String) {
         if touched {
             let crds = instance
                 .store
-                .list(&ListQuery::new(GROUP, RESOURCE, None, None))
+                .list_async(&ListQuery::new(GROUP, RESOURCE, None, None))
+                .await
                 .map(|(c, _)| c)
                 .unwrap_or_default();
             let key = |list: &[Arc<Value>]| -> Vec<Value> {

@@ -9,8 +9,18 @@
 //!
 //! The stand-in's request handlers are synchronous (the in-process store is a mutex), so each
 //! call blocks its worker thread with `block_in_place`: this needs tokio's multi-threaded
-//! runtime, which [`RemoteStore::connect`] checks.
+//! runtime, which [`RemoteStore::connect`] checks. Async tasks (watches, the CRD follower) await
+//! the same calls instead of blocking.
+//!
+//! Every call runs on the client's own runtime (one thread), never on the caller's. A worker
+//! blocked on a future that the caller's runtime drives can wait forever: while that runtime
+//! shuts down, its blocking pool refuses the thread `block_in_place` hands the worker's core
+//! to, so the blocked thread keeps the core, and the runtime turns its I/O and timer drivers
+//! (the call's socket and its timeout) only once every core is back: nothing ever wakes the
+//! call, and dropping the runtime waits for that thread forever. On a runtime of its own a
+//! call always ends, answered or timed out.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +28,7 @@ use anyhow::{Context, Result, bail};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tokio::runtime::{Handle, RuntimeFlavor};
+use tokio::runtime::{Handle, Runtime, RuntimeFlavor};
 use tokio::sync::watch;
 
 use super::status::{Errors, Status, Target};
@@ -175,10 +185,39 @@ pub struct RemoteStore {
 
 struct Inner {
     base: String,
+    /// Used only on `io`: its pooled connections are tasks of that runtime.
     http: reqwest::Client,
-    runtime: Handle,
+    io: Io,
     /// Fed by the long poll; every watcher subscribes to a clone.
     revisions: watch::Receiver<u64>,
+}
+
+/// The runtime every store call runs on (see the module docs).
+struct Io {
+    handle: Handle,
+    runtime: Option<Runtime>,
+}
+
+impl Io {
+    fn new() -> Result<Io> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("remote-store")
+            .enable_all()
+            .build()
+            .context("starting the object store client's runtime")?;
+        Ok(Io { handle: runtime.handle().clone(), runtime: Some(runtime) })
+    }
+}
+
+impl Drop for Io {
+    fn drop(&mut self) {
+        // The last clone of a store may go in an async task, where dropping a runtime (which
+        // waits for its threads) panics. Nobody is left to wait for a call still in flight.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 impl RemoteStore {
@@ -191,38 +230,80 @@ impl RemoteStore {
         }
         let base = url.trim_end_matches('/').to_string();
         let http = reqwest::Client::builder().timeout(CALL_TIMEOUT).build()?;
-        let deadline = tokio::time::Instant::now() + patience;
-        let first = loop {
-            let attempt = async {
-                let resp =
-                    http.post(format!("{base}/v1/revision")).json(&serde_json::json!({})).send().await?;
-                resp.error_for_status()?.json::<RevisionReply>().await
-            };
-            match attempt.await {
-                Ok(reply) => break reply,
-                Err(e) if tokio::time::Instant::now() >= deadline => {
-                    return Err(e).with_context(|| format!("object store {base} does not answer"));
+        let io = Io::new()?;
+        let probe = {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                let deadline = tokio::time::Instant::now() + patience;
+                loop {
+                    let attempt = async {
+                        let resp = http
+                            .post(format!("{base}/v1/revision"))
+                            .json(&serde_json::json!({}))
+                            .send()
+                            .await?;
+                        resp.error_for_status()?.json::<RevisionReply>().await
+                    };
+                    match attempt.await {
+                        Ok(reply) => return Ok(reply),
+                        Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+                        Err(_) => tokio::time::sleep(RETRY).await,
+                    }
                 }
-                Err(_) => tokio::time::sleep(RETRY).await,
             }
         };
+        let first =
+            io.handle.spawn(probe).await?.with_context(|| format!("object store {base} does not answer"))?;
         let (tx, revisions) = watch::channel(first.revision);
+        // The long poll is async all the way, so it may run on the caller's runtime.
         let poller = reqwest::Client::builder().timeout(WAIT + CALL_TIMEOUT).build()?;
         tokio::spawn(follow(poller, base.clone(), tx));
-        Ok(RemoteStore { inner: Arc::new(Inner { base, http, runtime, revisions }) })
+        Ok(RemoteStore { inner: Arc::new(Inner { base, http, io, revisions }) })
     }
 
     pub fn url(&self) -> &str {
         &self.inner.base
     }
 
-    /// One request, blocking this worker until the answer (see the module docs).
-    fn call<T: DeserializeOwned>(&self, path: &str, body: &impl Serialize) -> Result<T, Status> {
+    /// One request, to run on `io` only. It holds no clone of the store, so the last one is
+    /// never dropped on `io`'s own thread.
+    fn request<T: DeserializeOwned + Send + 'static>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> impl Future<Output = Result<T, Status>> + Send + 'static {
         let request = self.inner.http.post(format!("{}{path}", self.inner.base)).json(body);
-        let answer = async move { request.send().await?.error_for_status()?.json::<T>().await };
-        tokio::task::block_in_place(|| self.inner.runtime.block_on(answer)).map_err(|e| {
-            Status::internal(format!("the object store at {} did not answer: {e}", self.inner.base))
-        })
+        let base = self.inner.base.clone();
+        async move {
+            let answer = async { request.send().await?.error_for_status()?.json::<T>().await };
+            answer
+                .await
+                .map_err(|e| Status::internal(format!("the object store at {base} did not answer: {e}")))
+        }
+    }
+
+    /// One request, blocking this worker until the answer (see the module docs).
+    fn call<T: DeserializeOwned + Send + 'static>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, Status> {
+        let answer = self.request(path, body);
+        tokio::task::block_in_place(|| self.inner.io.handle.block_on(answer))
+    }
+
+    /// One request from an async task, awaited instead of blocking a worker.
+    async fn call_async<T: DeserializeOwned + Send + 'static>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, Status> {
+        match self.inner.io.handle.spawn(self.request(path, body)).await {
+            Ok(answer) => answer,
+            Err(e) => {
+                Err(Status::internal(format!("the object store at {} did not answer: {e}", self.inner.base)))
+            }
+        }
     }
 
     fn revisions(&self) -> Result<RevisionReply, Status> {
@@ -231,6 +312,12 @@ impl RemoteStore {
 
     pub fn revision(&self) -> Result<u64, Status> {
         Ok(self.revisions()?.revision)
+    }
+
+    /// [`Self::revision`] for async tasks.
+    pub async fn revision_async(&self) -> Result<u64, Status> {
+        let reply: RevisionReply = self.call_async("/v1/revision", &serde_json::json!({})).await?;
+        Ok(reply.revision)
     }
 
     pub fn compacted(&self) -> Result<u64, Status> {
@@ -243,20 +330,21 @@ impl RemoteStore {
     }
 
     pub fn list(&self, query: &ListQuery) -> Result<(Vec<Arc<Value>>, u64), Status> {
-        match self.call("/v1/list", query)? {
-            ListReply::Objects { objects, revision } => {
-                Ok((objects.into_iter().map(Arc::new).collect(), revision))
-            }
-            ListReply::Error { code: 410, message } => Err(Status::failure(410, "Expired", message)),
-            ListReply::Error { message, .. } => Err(Status::internal(message)),
-        }
+        listed(self.call("/v1/list", query)?)
+    }
+
+    /// [`Self::list`] for async tasks.
+    pub async fn list_async(&self, query: &ListQuery) -> Result<(Vec<Arc<Value>>, u64), Status> {
+        listed(self.call_async("/v1/list", query).await?)
     }
 
     pub fn events_after(&self, revision: u64, max: usize) -> Result<Vec<Event>, Status> {
-        match self.call("/v1/events", &EventsRequest { after: revision, max })? {
-            EventsReply::Events { events } => Ok(events.into_iter().map(WireEvent::into_event).collect()),
-            EventsReply::Compacted { compacted } => Err(Status::expired(revision, compacted)),
-        }
+        events_read(revision, self.call("/v1/events", &EventsRequest { after: revision, max })?)
+    }
+
+    /// [`Self::events_after`] for async tasks.
+    pub async fn events_after_async(&self, revision: u64, max: usize) -> Result<Vec<Event>, Status> {
+        events_read(revision, self.call_async("/v1/events", &EventsRequest { after: revision, max }).await?)
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -307,6 +395,23 @@ impl RemoteStore {
             "gave up writing {}/{} {}/{} after {MAX_ATTEMPTS} conflicting attempts",
             key.group, key.resource, key.namespace, key.name
         )))
+    }
+}
+
+fn listed(reply: ListReply) -> Result<(Vec<Arc<Value>>, u64), Status> {
+    match reply {
+        ListReply::Objects { objects, revision } => {
+            Ok((objects.into_iter().map(Arc::new).collect(), revision))
+        }
+        ListReply::Error { code: 410, message } => Err(Status::failure(410, "Expired", message)),
+        ListReply::Error { message, .. } => Err(Status::internal(message)),
+    }
+}
+
+fn events_read(revision: u64, reply: EventsReply) -> Result<Vec<Event>, Status> {
+    match reply {
+        EventsReply::Events { events } => Ok(events.into_iter().map(WireEvent::into_event).collect()),
+        EventsReply::Compacted { compacted } => Err(Status::expired(revision, compacted)),
     }
 }
 

@@ -244,9 +244,11 @@ impl Store {
                 state.delete(self, key)
             }
         };
-        let revision = state.revision;
+        // Published under the lock: two writers publishing after it could do so in the wrong
+        // order, and the ticker would go back to an older revision and stay there; a long poll
+        // waiting for a change from that revision would then miss the newer write.
+        self.revision.send_replace(state.revision);
         drop(state);
-        self.revision.send_replace(revision);
         Ok(result)
     }
 }

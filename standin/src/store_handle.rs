@@ -78,6 +78,33 @@ impl StoreHandle {
         }
     }
 
+    /// [`Self::revision`] for async tasks: a remote store is awaited, not blocked on, so the
+    /// task never holds a worker.
+    pub async fn revision_async(&self) -> Result<u64, Status> {
+        match self {
+            StoreHandle::Local(store) => Ok(store.revision()),
+            StoreHandle::Remote(remote) => remote.revision_async().await,
+        }
+    }
+
+    /// [`Self::list`] for async tasks.
+    pub async fn list_async(&self, query: &ListQuery) -> Result<(Vec<Arc<Value>>, u64), Status> {
+        match self {
+            StoreHandle::Local(store) => store.list(query),
+            StoreHandle::Remote(remote) => remote.list_async(query).await,
+        }
+    }
+
+    /// [`Self::events_after`] for async tasks.
+    pub async fn events_after_async(&self, revision: u64, max: usize) -> Result<Vec<Event>, Status> {
+        match self {
+            StoreHandle::Local(store) => {
+                store.events_after(revision, max).map_err(|compacted| Status::expired(revision, compacted))
+            }
+            StoreHandle::Remote(remote) => remote.events_after_async(revision, max).await,
+        }
+    }
+
     /// Ticks with the latest revision after every write (remote: as soon as the store's
     /// long poll reports it).
     pub fn subscribe(&self) -> watch::Receiver<u64> {

@@ -69,8 +69,9 @@ impl Watcher {
             Start::After(revision) => revision,
             Start::Current { end_bookmark } => {
                 let r = &self.spec.resource;
-                let Ok((objects, revision)) =
-                    store.list(&ListQuery::new(&r.group, &r.name, self.spec.namespace.as_deref(), None))
+                let Ok((objects, revision)) = store
+                    .list_async(&ListQuery::new(&r.group, &r.name, self.spec.namespace.as_deref(), None))
+                    .await
                 else {
                     return;
                 };
@@ -100,7 +101,7 @@ impl Watcher {
         loop {
             revisions.borrow_and_update();
             loop {
-                let events = match store.events_after(position, BATCH) {
+                let events = match store.events_after_async(position, BATCH).await {
                     Ok(events) => events,
                     Err(status) => {
                         self.send_line("ERROR", &status.to_json()).await;
