@@ -340,50 +340,24 @@ async fn kubectl_rides_out_a_restart_of_the_only_server_of_its_api() -> Result<(
     let args = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
     k.ok(&args).await?;
     let unavailable_before = unavailable_replies(&c).await?;
-    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let looping = {
-        let (k, running) = (k.clone(), running.clone());
-        tokio::spawn(async move {
-            let mut runs = Vec::new();
-            while running.load(std::sync::atomic::Ordering::SeqCst) {
-                runs.push(k.run(&args).await);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            runs
-        })
-    };
+    let looping = clients::Looping::start(&k, &args);
     tokio::time::sleep(Duration::from_secs(2)).await;
     c.stop_apiserver("c").await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.start_apiserver("c", "1.36").await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    running.store(false, std::sync::atomic::Ordering::SeqCst);
-    let runs = looping.await?;
+    let runs = looping.stop().await?;
     let answered = unavailable_replies(&c).await? - unavailable_before;
-    let failed: Vec<String> = runs
-        .iter()
-        .filter_map(|r| match r {
-            Ok(out) if out.ok => None,
-            Ok(out) => Some(failure_detail(out)),
-            Err(e) => Some(format!("{e:#}")),
-        })
-        .collect();
-    let slowest = runs.iter().flatten().map(|r| r.took).max().unwrap_or_default();
+    let slowest = runs.slowest();
     println!(
         "restart of c: {} kubectl runs, {} failed, slowest {:.1}s; the edge answered {answered} × 503 meanwhile",
-        runs.len(),
-        failed.len(),
+        runs.0.len(),
+        runs.failures().len(),
         slowest.as_secs_f64()
     );
-    ensure!(
-        failed.is_empty(),
-        "{} of {} kubectl runs failed:\n{}",
-        failed.len(),
-        runs.len(),
-        failed.join("\n")
-    );
+    runs.ensure_none_failed()?;
     ensure!(answered > 0, "the edge answered no 503: the restart was not felt, the test proves nothing");
-    ensure!(runs.len() >= 10, "only {} runs", runs.len());
+    ensure!(runs.0.len() >= 10, "only {} runs", runs.0.len());
     finish(c).await
 }
 
@@ -399,18 +373,7 @@ async fn kubectl_rides_out_a_drain_and_restart_of_the_only_server_of_its_api() -
     let k = Kubectl::new(&c.kubeconfig, &fresh_dir(&c, "drain-restart")?)?;
     let args = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
     k.ok(&args).await?;
-    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let looping = {
-        let (k, running) = (k.clone(), running.clone());
-        tokio::spawn(async move {
-            let mut runs = Vec::new();
-            while running.load(std::sync::atomic::Ordering::SeqCst) {
-                runs.push(k.run(&args).await);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            runs
-        })
-    };
+    let looping = clients::Looping::start(&k, &args);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let before_drain = unavailable_replies(&c).await?;
     c.standin("c")?.set_ready(false);
@@ -420,29 +383,14 @@ async fn kubectl_rides_out_a_drain_and_restart_of_the_only_server_of_its_api() -
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.start_apiserver("c", "1.36").await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    running.store(false, std::sync::atomic::Ordering::SeqCst);
-    let runs = looping.await?;
+    let runs = looping.stop().await?;
     let answered = unavailable_replies(&c).await? - before_drain;
-    let failed: Vec<String> = runs
-        .iter()
-        .filter_map(|r| match r {
-            Ok(out) if out.ok => None,
-            Ok(out) => Some(failure_detail(out)),
-            Err(e) => Some(format!("{e:#}")),
-        })
-        .collect();
     println!(
         "drain and restart of c: {} kubectl runs, {} failed; the edge answered {during_drain} × 503 during the 2 s drain, {answered} in all",
-        runs.len(),
-        failed.len()
+        runs.0.len(),
+        runs.failures().len()
     );
-    ensure!(
-        failed.is_empty(),
-        "{} of {} kubectl runs failed:\n{}",
-        failed.len(),
-        runs.len(),
-        failed.join("\n")
-    );
+    runs.ensure_none_failed()?;
     ensure!(during_drain == 0, "{during_drain} × 503 while c still served");
     ensure!(answered > 0, "the edge answered no 503: the restart was not felt, the test proves nothing");
     finish(c).await

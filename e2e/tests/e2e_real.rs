@@ -610,18 +610,7 @@ async fn kubectl_through_restarts() -> Result<Row> {
     let args = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
     until_ok(&k, &args).await?;
     let before = edge_5xx(&c).await?;
-    let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let looping = {
-        let (k, running) = (k.clone(), running.clone());
-        tokio::spawn(async move {
-            let mut runs = Vec::new();
-            while running.load(std::sync::atomic::Ordering::SeqCst) {
-                runs.push(k.run(&args).await);
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            runs
-        })
-    };
+    let looping = clients::Looping::start(&k, &args);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut restarts = Vec::new();
     for _ in 0..2 {
@@ -632,34 +621,19 @@ async fn kubectl_through_restarts() -> Result<Row> {
         restarts.push(started.elapsed());
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    running.store(false, std::sync::atomic::Ordering::SeqCst);
-    let runs = looping.await?;
+    let runs = looping.stop().await?;
     let answered = edge_5xx(&c).await? - before;
-    let failed: Vec<String> = runs
-        .iter()
-        .filter_map(|r| match r {
-            Ok(out) if out.ok => None,
-            Ok(out) => Some(clients::failure_detail(out)),
-            Err(e) => Some(format!("{e:#}")),
-        })
-        .collect();
-    let slowest = runs.iter().flatten().map(|r| r.took).max().unwrap_or_default();
-    row.requests += runs.len();
-    row.failures = failed.len();
+    let slowest = runs.slowest();
+    row.requests += runs.0.len();
+    row.failures = runs.failures().len();
     row.figure(format!(
         "2 restarts of c ({:?}): {} kubectl runs, {} failed, slowest {:.1}s; the edge answered {answered} × 5xx",
         restarts.iter().map(|d| format!("{:.1}s", d.as_secs_f64())).collect::<Vec<_>>(),
-        runs.len(),
-        failed.len(),
+        runs.0.len(),
+        runs.failures().len(),
         slowest.as_secs_f64()
     ));
-    ensure!(
-        failed.is_empty(),
-        "{} of {} kubectl runs failed:\n{}",
-        failed.len(),
-        runs.len(),
-        failed.join("\n")
-    );
+    runs.ensure_none_failed()?;
     finish(c, &mut row).await?;
     Ok(row)
 }

@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 use tokio::io::AsyncWriteExt;
 
 use crate::cluster::{self, Cluster, Options};
-use crate::kubectl::Output;
+use crate::kubectl::{Kubectl, Output};
 use crate::paths;
 use crate::scenario::fresh_dir;
 
@@ -280,6 +280,71 @@ pub async fn run_process(
         });
     };
     Ok(Output::finished(&out?, started))
+}
+
+/// `kubectl ARGS` run again and again, 100 ms apart, in a task of its own until stopped: what a
+/// user polling a resource sees while the control plane changes under it.
+pub struct Looping {
+    running: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Vec<Result<Output>>>,
+}
+
+impl Looping {
+    pub fn start(kubectl: &Kubectl, args: &[&str]) -> Looping {
+        let running = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let (kubectl, flag) = (kubectl.clone(), running.clone());
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let task = tokio::spawn(async move {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut runs = Vec::new();
+            while flag.load(std::sync::atomic::Ordering::SeqCst) {
+                runs.push(kubectl.run(&args).await);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            runs
+        });
+        Looping { running, task }
+    }
+
+    /// Stops after the run under way; every run.
+    pub async fn stop(self) -> Result<Runs> {
+        self.running.store(false, std::sync::atomic::Ordering::SeqCst);
+        Ok(Runs(self.task.await?))
+    }
+}
+
+/// The runs of a [`Looping`].
+pub struct Runs(pub Vec<Result<Output>>);
+
+impl Runs {
+    /// What each failed run said.
+    pub fn failures(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter_map(|r| match r {
+                Ok(out) if out.ok => None,
+                Ok(out) => Some(failure_detail(out)),
+                Err(e) => Some(format!("{e:#}")),
+            })
+            .collect()
+    }
+
+    pub fn slowest(&self) -> Duration {
+        self.0.iter().flatten().map(|r| r.took).max().unwrap_or_default()
+    }
+
+    /// Fails naming every failed run.
+    pub fn ensure_none_failed(&self) -> Result<()> {
+        let failed = self.failures();
+        ensure!(
+            failed.is_empty(),
+            "{} of {} kubectl runs failed:\n{}",
+            failed.len(),
+            self.0.len(),
+            failed.join("\n")
+        );
+        Ok(())
+    }
 }
 
 /// What a failed run said: its exit status and stderr (the first 40 lines), or its stdout when
