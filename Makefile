@@ -77,7 +77,10 @@ test: setup fmt-check
 ## them both run on stand-ins. The project never builds or downloads them.
 KUBE_APISERVER ?=
 ETCD ?=
-REAL_ENV = SKEWGATE_KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" SKEWGATE_ETCD="$(abspath $(ETCD))"
+## KUBE_CONTROLLER_MANAGER=PATH (yours, too): the real-binary scenarios run it against the edge.
+KUBE_CONTROLLER_MANAGER ?=
+REAL_ENV = SKEWGATE_KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" SKEWGATE_ETCD="$(abspath $(ETCD))" \
+  SKEWGATE_KUBE_CONTROLLER_MANAGER="$(if $(KUBE_CONTROLLER_MANAGER),$(abspath $(KUBE_CONTROLLER_MANAGER)))"
 
 ## End-to-end scenarios on local skewed clusters (real Envoy + filter, sidecar, stand-ins, the pinned
 ## kubectl), the real-client loops at full counts (see `clients`), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).

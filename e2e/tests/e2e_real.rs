@@ -657,6 +657,77 @@ async fn until_ok(k: &Kubectl, args: &[&str]) -> Result<()> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 11. A real kube-controller-manager through the edge: garbage collection and namespace deletion
+//     of an API only c serves
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r11_controllers() -> Result<()> {
+    scenario("R11", "garbage collector and namespace controller through the edge (real)", controllers()).await
+}
+
+/// A real kube-controller-manager (`KUBE_CONTROLLER_MANAGER=PATH`, garbage collector and
+/// namespace controller) talks to the cluster through the edge, as a control plane's talks to
+/// its load balancer. ResourceClaims (resource.k8s.io/v1: only c serves it) own ConfigMaps: the
+/// dependent of a deleted claim goes, the dependent of a live one stays; a deleted namespace
+/// that holds claims is finalized with none left in etcd (read straight from c).
+async fn controllers() -> Result<Row> {
+    let mut row = Row::default();
+    let mut c = start("r11", |_| {}).await?;
+    ensure!(
+        c.controller_manager.is_some(),
+        "R11 runs a real kube-controller-manager: make e2e KUBE_CONTROLLER_MANAGER=PATH (or set {})",
+        real::KUBE_CONTROLLER_MANAGER_ENV
+    );
+    let k = Kubectl::new(&c.kubeconfig, &c.out.join("kubectl-cache"))?.with_context("skewgate-admin");
+    let direct = Kubectl::new(&c.kubeconfig, &c.out.join("kubectl-cache-c"))?.with_context("direct-c");
+    let ns = "r11";
+    k.ok(&["create", "namespace", ns]).await?;
+    for name in ["owner-gone", "owner-stays"] {
+        k.ok_with_stdin(&["apply", "-f", "-"], &claim_yaml(name, ns, "gpu")).await?;
+        let uid = k.ok(&["-n", ns, "get", CLAIMS, name, "-o", "jsonpath={.metadata.uid}"]).await?;
+        let dependent = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("of-{name}"), "namespace": ns, "ownerReferences": [{
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": name, "uid": uid.trim()
+            }]},
+            "data": {"k": "v"}
+        });
+        k.ok_with_stdin(&["apply", "-f", "-"], &dependent.to_string()).await?;
+    }
+    let deleted = Instant::now();
+    k.ok(&["-n", ns, "delete", CLAIMS, "owner-gone", "--wait=false"]).await?;
+    let collected = until(
+        "the garbage collector deletes the dependent of the deleted claim",
+        Duration::from_secs(60),
+        || {
+            let out = std::process::Command::new(paths::kubectl_binary()?)
+                .args(["--kubeconfig", &c.kubeconfig.display().to_string(), "--context", "skewgate-admin"])
+                .args(["-n", ns, "get", "configmap", "of-owner-gone", "--ignore-not-found", "-o", "name"])
+                .output()?;
+            Ok(String::from_utf8_lossy(&out.stdout).trim().is_empty().then(|| deleted.elapsed()))
+        },
+    )
+    .await?;
+    k.ok(&["-n", ns, "get", "configmap", "of-owner-stays"])
+        .await
+        .context("the dependent of a live claim was deleted")?;
+    let deleting = Instant::now();
+    k.ok(&["delete", "namespace", ns, "--wait=true", "--timeout=60s"]).await?;
+    let namespace_gone = deleting.elapsed();
+    let left = direct.ok(&["get", CLAIMS, "-A", "-o", "name"]).await?;
+    ensure!(left.trim().is_empty(), "claims left in etcd after their namespace was deleted: {left}");
+    let manager = c.controller_manager.as_mut().context("controller-manager")?;
+    ensure!(manager.running(), "kube-controller-manager exited:\n{}", manager.log_tail(30));
+    row.figure(format!(
+        "dependent of a deleted claim collected in {:.1}s; namespace with claims deleted in {:.1}s (the namespace controller waits 5 s first); 0 claims left",
+        collected.as_secs_f64(),
+        namespace_gone.as_secs_f64()
+    ));
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
+// ---------------------------------------------------------------------------------------------
 // 9. OpenAPI through Envoy: kubectl explain and validation against the composed documents
 //    (docs/openapi.md)
 

@@ -160,6 +160,8 @@ pub struct Cluster {
     pub standins: Vec<Standin>,
     /// etcd and the real kube-apiservers (`None` with stand-ins).
     pub real: Option<ControlPlane>,
+    /// A real kube-controller-manager against the front door, when one was given.
+    pub controller_manager: Option<real::ControllerManager>,
     pub envoy: Option<Envoy>,
     /// The table Envoy started with.
     pub table: TableConfig,
@@ -193,6 +195,7 @@ impl Cluster {
     /// Stops the sidecar, then Envoy, then the stand-ins (closing their watches) or the real
     /// apiservers and etcd.
     pub async fn shutdown(mut self) -> Result<()> {
+        drop(self.controller_manager.take());
         if let Some(sidecar) = self.sidecar.take() {
             sidecar.stop().await?;
         }
@@ -803,8 +806,24 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     };
     std::fs::write(out.join("table.json"), serde_json::to_string_pretty(&table)?)?;
     let kubeconfig = out.join("kubeconfig");
-    std::fs::write(&kubeconfig, kubeconfig_yaml(&pki, &admin_token, envoy.as_ref(), &running))?;
+    let kubeconfig_text = kubeconfig_yaml(&pki, &admin_token, envoy.as_ref(), &running);
+    std::fs::write(&kubeconfig, &kubeconfig_text)?;
+    // Through the front door (Envoy: skewgate or the plain load balancer), as the admin.
+    let controller_manager = match o.real.as_ref().and_then(|b| b.kube_controller_manager.as_deref()) {
+        Some(binary) => {
+            let config = out.join("kube-controller-manager.kubeconfig");
+            let admin = kubeconfig_text.replacen(
+                "current-context: skewgate\n",
+                "current-context: skewgate-admin\n",
+                1,
+            );
+            std::fs::write(&config, admin)?;
+            Some(real::ControllerManager::start(binary, &config, &out)?)
+        }
+        None => None,
+    };
     Ok(Cluster {
+        controller_manager,
         sidecar,
         pki,
         store,

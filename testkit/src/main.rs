@@ -51,6 +51,11 @@ enum Command {
         /// etcd's client port (real binaries); 0: any free port.
         #[arg(long, default_value_t = 0)]
         etcd_port: u16,
+        /// Your kube-controller-manager binary: run against Envoy's listener (skewgate or the
+        /// plain load balancer) as a control plane's runs against its load balancer, with its
+        /// garbage collector and namespace controller; log in OUT/kube-controller-manager.log.
+        #[arg(long, requires = "etcd")]
+        kube_controller_manager: Option<PathBuf>,
         /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
         /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
         /// the peer CA, peer address and proxy-client flags. Combine with --plain-lb for the
@@ -178,6 +183,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             kube_apiserver,
             etcd,
             etcd_port,
+            kube_controller_manager,
             mvp,
             plain_lb,
             no_envoy,
@@ -204,7 +210,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 rogue: Default::default(),
                 anonymous_auth: true,
                 plain_lb,
-                real: etcd.as_deref().map(|e| Binaries::new(kube_apiserver.as_deref(), e)).transpose()?,
+                real: etcd
+                    .as_deref()
+                    .map(|e| {
+                        Binaries::new(kube_apiserver.as_deref(), e)?
+                            .with_controller_manager(kube_controller_manager.as_deref())
+                    })
+                    .transpose()?,
                 etcd_port,
                 from_cluster,
                 from_leases: false,

@@ -31,6 +31,10 @@ pub const KUBE_APISERVER: &str = "kube-apiserver";
 /// Where `make drill` and `make e2e` pass the binaries' paths.
 pub const KUBE_APISERVER_ENV: &str = "SKEWGATE_KUBE_APISERVER";
 pub const ETCD_ENV: &str = "SKEWGATE_ETCD";
+pub const KUBE_CONTROLLER_MANAGER_ENV: &str = "SKEWGATE_KUBE_CONTROLLER_MANAGER";
+/// What the controller-manager runs: the controllers that act on what a wrong 404 tells them
+/// (an owner gone, a resource type not served).
+pub const CONTROLLERS: &str = "garbagecollector,namespace";
 
 /// `--shutdown-delay-duration` of every real apiserver: after SIGTERM its `/readyz` fails at once
 /// while it keeps serving this long, so that Envoy's health checks (1 s interval, 2 failures)
@@ -71,6 +75,9 @@ const RESERVED_FLAGS: [&str; 7] = [
 pub struct Binaries {
     pub kube_apiserver: Option<PathBuf>,
     pub etcd: PathBuf,
+    /// A kube-controller-manager to run against the cluster's front door, as a real control
+    /// plane's runs against its load balancer ([`ControllerManager`]).
+    pub kube_controller_manager: Option<PathBuf>,
 }
 
 fn check_binary(path: &Path, what: &str) -> Result<PathBuf> {
@@ -104,7 +111,14 @@ impl Binaries {
         Ok(Self {
             kube_apiserver: kube_apiserver.map(|k| check_binary(k, "kube-apiserver")).transpose()?,
             etcd: check_binary(etcd, "etcd")?,
+            kube_controller_manager: None,
         })
+    }
+
+    /// With a kube-controller-manager binary to run.
+    pub fn with_controller_manager(self, path: Option<&Path>) -> Result<Self> {
+        let kube_controller_manager = path.map(|p| check_binary(p, "kube-controller-manager")).transpose()?;
+        Ok(Self { kube_controller_manager, ..self })
     }
 
     /// `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`: both, or neither (stand-ins).
@@ -112,7 +126,10 @@ impl Binaries {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         match (var(KUBE_APISERVER_ENV), var(ETCD_ENV)) {
             (None, None) => Ok(None),
-            (Some(k), Some(e)) => Ok(Some(Self::new(Some(&k), &e)?)),
+            (Some(k), Some(e)) => Ok(Some(
+                Self::new(Some(&k), &e)?
+                    .with_controller_manager(var(KUBE_CONTROLLER_MANAGER_ENV).as_deref())?,
+            )),
             _ => {
                 bail!("set both {KUBE_APISERVER_ENV} and {ETCD_ENV} (real binaries), or neither (stand-ins)")
             }
@@ -214,6 +231,48 @@ impl fmt::Display for Spec {
             write!(f, ":{flag}")?;
         }
         Ok(())
+    }
+}
+
+/// A real kube-controller-manager (its garbage collector and namespace controller) talking to the
+/// cluster through `kubeconfig`, as a control plane's does through its load balancer. With the
+/// admin identity: with `--use-service-account-credentials=false` every controller acts as the
+/// manager itself, and the bootstrap role of `system:kube-controller-manager` covers only its
+/// own loops.
+pub struct ControllerManager {
+    process: Process,
+    pub log: PathBuf,
+}
+
+impl ControllerManager {
+    pub fn start(binary: &Path, kubeconfig: &Path, dir: &Path) -> Result<Self> {
+        let port = free_port()?;
+        let mut command = Command::new(binary);
+        command
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--authentication-kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--authorization-kubeconfig={}", kubeconfig.display()))
+            .arg(format!("--controllers={CONTROLLERS}"))
+            .args([
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--bind-address=127.0.0.1",
+            ])
+            .arg(format!("--secure-port={port}"))
+            .arg(format!("--cert-dir={}", dir.join("kcm-certs").display()))
+            .arg("-v=2");
+        let log = dir.join("kube-controller-manager.log");
+        let process =
+            Process::spawn(command, &log, &format!("kube-controller-manager on {}", kubeconfig.display()))?;
+        Ok(Self { process, log })
+    }
+
+    pub fn running(&mut self) -> bool {
+        self.process.running()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.process.log_tail(lines)
     }
 }
 
