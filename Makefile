@@ -125,7 +125,8 @@ release: wasm module
 ## The test harness, the drill and the benchmark drivers in target/tools/ (profile tools: optimised,
 ## no LTO): `skewgate-harness`, `drill`, `bench`, `limits`.
 tools:
-	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench -p skewgate --bin skewgate
+	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench
+	cargo build --profile tools -p skewgate --bin skewgate
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
 ## The filter is built as shipped (it runs on every request); the harness, which hosts the
@@ -158,7 +159,8 @@ explain-example:
 ## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
 ## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N.
 ## With KUBE_APISERVER=PATH ETCD=PATH: real kube-apiservers (@1.33 with betas → native), results in
-## drill/results/real-*, README untouched.
+## drill/results/real-*, README untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
+## controller-manager runs through the front door in each run.
 drill:
 	$(MAKE) wasm tools
 	$(REAL_ENV) target/tools/drill $(DRILL_ARGS)

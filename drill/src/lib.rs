@@ -1224,8 +1224,14 @@ pub fn settings(o: &Options) -> String {
             o.down.as_secs_f64()
         ),
     };
+    let controllers = match o.real.as_ref().and_then(|b| b.kube_controller_manager.as_ref()) {
+        Some(_) => {
+            "; a kube-controller-manager (garbage collector, namespace controller) through the front door"
+        }
+        None => "",
+    };
     format!(
-        "{what}; apiservers {ready}; sidecar poll {} s; {} operations/s (seed {})",
+        "{what}; apiservers {ready}{controllers}; sidecar poll {} s; {} operations/s (seed {})",
         o.poll.as_secs_f64(),
         o.rate,
         o.seed

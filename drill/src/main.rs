@@ -25,7 +25,8 @@ use skewgate_testkit::real::Binaries;
 
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
                      [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \
-                     [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH]";
+                     [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH \
+                     [--kube-controller-manager PATH]]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -42,6 +43,7 @@ fn main() -> Result<()> {
     let mut variant = Variant::Upgrade;
     let (mut restarts, mut down, mut sole_away) = (None, None, None);
     let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
+    let mut controller_manager: Option<PathBuf> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -60,6 +62,9 @@ fn main() -> Result<()> {
             "--sole-away" => sole_away = Some(seconds("--sole-away", args.next(), true)?),
             "--kube-apiserver" => kube_apiserver = Some(args.next().context("--kube-apiserver PATH")?.into()),
             "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
+            "--kube-controller-manager" => {
+                controller_manager = Some(args.next().context("--kube-controller-manager PATH")?.into())
+            }
             "-h" | "--help" => {
                 println!("{USAGE}");
                 return Ok(());
@@ -100,11 +105,22 @@ fn main() -> Result<()> {
     if let Some(d) = down {
         o.down = d;
     }
+    // A controller-manager runs against the front door in every run (plain LB, MVP, skewgate).
     o.real = match (kube_apiserver, etcd) {
-        (Some(k), Some(e)) => Some(Binaries::new(Some(&k), &e)?),
-        (None, None) => Binaries::from_env()?,
+        (Some(k), Some(e)) => {
+            Some(Binaries::new(Some(&k), &e)?.with_controller_manager(controller_manager.as_deref())?)
+        }
+        (None, None) => match Binaries::from_env()? {
+            Some(b) if controller_manager.is_some() => {
+                Some(b.with_controller_manager(controller_manager.as_deref())?)
+            }
+            found => found,
+        },
         _ => bail!("--kube-apiserver and --etcd go together; {USAGE}"),
     };
+    if controller_manager.is_some() && o.real.is_none() {
+        bail!("--kube-controller-manager needs real apiservers (--kube-apiserver and --etcd); {USAGE}");
+    }
     if sole_away.is_some() && variant != Variant::Upgrade {
         bail!("--sole-away goes with the upgrade (the first upgraded apiserver is the sole new one)");
     }
