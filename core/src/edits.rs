@@ -103,7 +103,11 @@ pub const RETRY_AFTER_HEADER: &str = "retry-after";
 /// `Retry-After`, so a write that may have been applied (a reset or a timeout after it was sent)
 /// must not carry one, or it could be applied twice.
 pub fn resend_is_safe(method: &str, envoy_detail: &str) -> bool {
-    matches!(method, "GET" | "HEAD" | "OPTIONS") || never_reached_an_apiserver(envoy_detail)
+    is_read(method) || never_reached_an_apiserver(envoy_detail)
+}
+
+fn is_read(method: &str) -> bool {
+    matches!(method, "GET" | "HEAD" | "OPTIONS")
 }
 
 fn never_reached_an_apiserver(envoy_detail: &str) -> bool {
@@ -142,7 +146,9 @@ pub struct Routed {
     /// The target of a request for a GVR the table does not list, to name it: Envoy's
     /// `request.path` attribute is empty once a retried request has failed.
     unlisted_target: Option<String>,
-    method: String,
+    /// A read (any failure of it may be sent again), kept rather than the method: no
+    /// allocation on every request for a rare path.
+    read: bool,
 }
 
 impl Routed {
@@ -152,7 +158,7 @@ impl Routed {
             serving: decision.serving,
             gvr_id: decision.gvr.map(|g| g.id),
             unlisted_target: unlisted.then(|| head.target.to_owned()),
-            method: head.method.to_owned(),
+            read: is_read(head.method),
         }
     }
 
@@ -165,7 +171,8 @@ impl Routed {
         let serving = self.serving.unwrap_or(Serving::All);
         let members: Vec<&str> = table.members(serving).collect();
         let cluster = table.cluster(serving);
-        let retry_after = resend_is_safe(&self.method, envoy_detail).then_some(RETRY_AFTER_SECONDS);
+        let resend = self.read || never_reached_an_apiserver(envoy_detail);
+        let retry_after = resend.then_some(RETRY_AFTER_SECONDS);
         let unavailable = |gvr| Unavailable { gvr, cluster, members: &members, envoy_detail, retry_after };
         let body = match self.gvr_id.and_then(|id| table.gvrs().get(id)) {
             Some(g) => {
