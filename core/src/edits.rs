@@ -102,8 +102,8 @@ pub const RETRY_AFTER_HEADER: &str = "retry-after";
 /// when the detail shows it never reached an apiserver. client-go resends any verb on a
 /// `Retry-After`, so a write that may have been applied (a reset or a timeout after it was sent)
 /// must not carry one, or it could be applied twice.
-pub fn resend_is_safe(method: &str, envoy_detail: &str) -> bool {
-    is_read(method) || never_reached_an_apiserver(envoy_detail)
+fn resend_is_safe(read: bool, envoy_detail: &str) -> bool {
+    read || never_reached_an_apiserver(envoy_detail)
 }
 
 fn is_read(method: &str) -> bool {
@@ -166,13 +166,12 @@ impl Routed {
     /// 503 `Status` the filter and the module answer with: the GVR (the table's entry, or, for
     /// one the table does not know, what the target asks for, parsed again on this rare path
     /// rather than kept for every request), the cluster and its apiservers, Envoy's detail, and
-    /// when to send it again where that is safe ([`resend_is_safe`]).
+    /// when to send it again where that is safe (a read, or a write that never reached an apiserver).
     pub fn unavailable(&self, table: &RoutingTable, envoy_detail: &str) -> Reply {
         let serving = self.serving.unwrap_or(Serving::All);
         let members: Vec<&str> = table.members(serving).collect();
         let cluster = table.cluster(serving);
-        let resend = self.read || never_reached_an_apiserver(envoy_detail);
-        let retry_after = resend.then_some(RETRY_AFTER_SECONDS);
+        let retry_after = resend_is_safe(self.read, envoy_detail).then_some(RETRY_AFTER_SECONDS);
         let unavailable = |gvr| Unavailable { gvr, cluster, members: &members, envoy_detail, retry_after };
         let body = match self.gvr_id.and_then(|id| table.gvrs().get(id)) {
             Some(g) => {
@@ -345,11 +344,14 @@ mod tests {
             "",
         ];
         for detail in never_sent {
-            assert!(resend_is_safe("POST", detail), "{detail}");
+            assert!(resend_is_safe(is_read("POST"), detail), "{detail}");
         }
         for detail in maybe_sent {
-            assert!(!resend_is_safe("POST", detail) && !resend_is_safe("PATCH", detail), "{detail}");
-            assert!(resend_is_safe("GET", detail), "a read: {detail}");
+            assert!(
+                !resend_is_safe(is_read("POST"), detail) && !resend_is_safe(is_read("PATCH"), detail),
+                "{detail}"
+            );
+            assert!(resend_is_safe(is_read("GET"), detail), "a read: {detail}");
         }
         let t = table();
         let head = RequestHead {

@@ -61,11 +61,6 @@ impl Readiness {
         }
     }
 
-    /// Whether it takes requests: a stopping apiserver still does.
-    pub fn serves(self) -> bool {
-        self != Readiness::Unready
-    }
-
     pub fn label(self) -> &'static str {
         match self {
             Readiness::Ready => "ready",
@@ -280,7 +275,6 @@ mod tests {
         assert_eq!(Readiness::of(500, both), Readiness::Unready);
         assert_eq!(Readiness::of(500, b""), Readiness::Unready);
         assert_eq!(Readiness::of(503, b"[-]shutdownx failed\n"), Readiness::Unready);
-        assert!(Readiness::Stopping.serves() && !Readiness::Unready.serves());
     }
 
     const APIS_133: &str =
