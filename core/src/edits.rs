@@ -117,23 +117,35 @@ fn never_reached_an_apiserver(envoy_detail: &str) -> bool {
     ) {
         return true;
     }
-    // `upstream_reset_before_response_started{<reason>[|<transport detail>]}`: the reasons in
-    // which no byte of the request reached an apiserver (a refused or failed connection, TLS
-    // included; a circuit breaker; a stream the apiserver refused before reading it).
-    let Some(reason) = envoy_detail.strip_prefix("upstream_reset_before_response_started{") else {
-        return false;
-    };
-    let reason = reason.split(['|', '}']).next().unwrap_or("");
+    // The reasons in which no byte of the request reached an apiserver (a refused or failed
+    // connection, TLS included; a circuit breaker; a stream the apiserver refused before reading
+    // it).
     matches!(
-        reason,
-        "connection_failure"
-            | "local_connection_failure"
-            | "remote_connection_failure"
-            | "connection_timeout"
-            | "overflow"
-            | "local_refused_stream_reset"
-            | "remote_refused_stream_reset"
+        reset_reason(envoy_detail),
+        Some(
+            "connection_failure"
+                | "local_connection_failure"
+                | "remote_connection_failure"
+                | "connection_timeout"
+                | "overflow"
+                | "local_refused_stream_reset"
+                | "remote_refused_stream_reset"
+        )
     )
+}
+
+/// `<reason>` of `upstream_reset_before_response_started{<reason>[|<transport detail>]}`.
+fn reset_reason(envoy_detail: &str) -> Option<&str> {
+    let reason = envoy_detail.strip_prefix("upstream_reset_before_response_started{")?;
+    reason.split(['|', '}']).next()
+}
+
+/// Envoy had no apiserver of the cluster to take the request: none healthy, by its own checks
+/// (and the sidecar's marks). What marks a cluster down for the requests that follow
+/// ([`crate::hold`]). A refused connection does not: it names one apiserver, and Envoy tries
+/// another of the cluster, if any, or ejects it and then finds none healthy.
+pub fn no_apiserver_took_it(envoy_detail: &str) -> bool {
+    envoy_detail == "no_healthy_upstream"
 }
 
 /// What answering Envoy's own failure of a routed request needs, kept by the filter and the
@@ -168,10 +180,45 @@ impl Routed {
     /// rather than kept for every request), the cluster and its apiservers, Envoy's detail, and
     /// when to send it again where that is safe (a read, or a write that never reached an apiserver).
     pub fn unavailable(&self, table: &RoutingTable, envoy_detail: &str) -> Reply {
+        let retry_after = resend_is_safe(self.read, envoy_detail).then_some(RETRY_AFTER_SECONDS);
+        self.reply(table, envoy_detail, retry_after)
+    }
+
+    /// A request held at the edge ([`crate::hold`]) for `waited` while no apiserver of its
+    /// cluster came back: it reached none, so it may always be sent again.
+    pub fn held_too_long(&self, table: &RoutingTable, waited: std::time::Duration) -> Reply {
+        let detail = format!("no_healthy_upstream; held {:.1}s at the edge", waited.as_secs_f64());
+        self.reply(table, &detail, Some(RETRY_AFTER_SECONDS))
+    }
+
+    /// Whether `new`, a table that replaced `old` (the one this request was decided on), sends
+    /// it to the same cluster. A request that waited at the edge ([`crate::hold`]) goes on only
+    /// then: an apiserver may have come back serving other APIs, and only the live table says
+    /// which cluster may have it.
+    pub fn routed_alike(&self, old: &RoutingTable, new: &RoutingTable) -> bool {
+        let was = self.serving.unwrap_or(Serving::All);
+        let now = match self.gvr_id.and_then(|id| old.gvrs().get(id)) {
+            Some(g) => match new.gvr(&g.group, &g.version, &g.resource) {
+                Some(n) => n.serving,
+                None => return false,
+            },
+            None => was,
+        };
+        old.cluster(was) == new.cluster(now)
+    }
+
+    /// The answer to a request that waited at the edge while the table changed under it so that
+    /// it would now go elsewhere: it reached no apiserver, so it may be sent again (and decided
+    /// anew).
+    pub fn table_changed(&self, table: &RoutingTable) -> Reply {
+        let detail = "no_healthy_upstream; the routing table changed while it waited at the edge";
+        self.reply(table, detail, Some(RETRY_AFTER_SECONDS))
+    }
+
+    fn reply(&self, table: &RoutingTable, envoy_detail: &str, retry_after: Option<u32>) -> Reply {
         let serving = self.serving.unwrap_or(Serving::All);
         let members: Vec<&str> = table.members(serving).collect();
         let cluster = table.cluster(serving);
-        let retry_after = resend_is_safe(self.read, envoy_detail).then_some(RETRY_AFTER_SECONDS);
         let unavailable = |gvr| Unavailable { gvr, cluster, members: &members, envoy_detail, retry_after };
         let body = match self.gvr_id.and_then(|id| table.gvrs().get(id)) {
             Some(g) => {

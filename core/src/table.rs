@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use crate::hold::HoldPolicy;
 use serde::{Deserialize, Serialize};
 
 pub use crate::legacy_documents::{LegacyDocument, LegacyDocumentConfig, LegacyDocuments, LegacyPath};
@@ -164,15 +165,54 @@ pub struct PolicyConfig {
     /// which audit logs record.
     #[serde(default = "yes")]
     pub x509_credential_id: bool,
+    /// The longest a request waits at the edge while every apiserver that serves it is away
+    /// ([`crate::hold`]); 0 answers it at once.
+    #[serde(default = "default_max_hold_ms", skip_serializing_if = "is_default_max_hold_ms")]
+    pub max_hold_ms: u64,
+    /// Requests waiting at once, per Envoy worker.
+    #[serde(default = "default_max_held", skip_serializing_if = "is_default_max_held")]
+    pub max_held: u32,
 }
 
 fn yes() -> bool {
     true
 }
 
+fn default_max_hold_ms() -> u64 {
+    u64::try_from(HoldPolicy::default().max_wait.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn is_default_max_hold_ms(ms: &u64) -> bool {
+    *ms == default_max_hold_ms()
+}
+
+fn default_max_held() -> u32 {
+    u32::try_from(HoldPolicy::default().max_held).unwrap_or(u32::MAX)
+}
+
+fn is_default_max_held(n: &u32) -> bool {
+    *n == default_max_held()
+}
+
 impl Default for PolicyConfig {
     fn default() -> Self {
-        Self { strip_downstream_peer_proxied: true, client_cert_identity: true, x509_credential_id: true }
+        Self {
+            strip_downstream_peer_proxied: true,
+            client_cert_identity: true,
+            x509_credential_id: true,
+            max_hold_ms: default_max_hold_ms(),
+            max_held: default_max_held(),
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// How requests wait at the edge.
+    pub fn hold(&self) -> HoldPolicy {
+        HoldPolicy {
+            max_wait: std::time::Duration::from_millis(self.max_hold_ms),
+            max_held: usize::try_from(self.max_held).unwrap_or(usize::MAX),
+        }
     }
 }
 

@@ -1024,7 +1024,9 @@ async fn restarts(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &Timing) 
 }
 
 async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &Timing) -> Result<Run> {
-    let client = c.client(Credentials::AdminToken, Duration::from_secs(5))?;
+    // Longer than the edge's hold (10 s): a request that waits there for its apiserver to come
+    // back is a slow request, and the client would otherwise count it a timeout.
+    let client = c.client(Credentials::AdminToken, Duration::from_secs(15))?;
     let (lists, creates) = o.gvrs();
     let shared = Arc::new(Shared {
         lists,

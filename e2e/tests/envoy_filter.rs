@@ -31,7 +31,17 @@ const DEVICECLASSES: &str = "/apis/resource.k8s.io/v1alpha3/deviceclasses";
 const PODS: &str = "/api/v1/namespaces/default/pods";
 
 /// The table the tests start with; `claims_by` serves resourceclaims.v1.resource.k8s.io.
+/// Without the hold: most of these tests are about what Envoy answers when an apiserver fails,
+/// at once; the hold's own tests use [`holding_table`].
 fn table(claims_by: &[&str]) -> TableConfig {
+    let mut t = holding_table(claims_by);
+    t.policy.max_hold_ms = 0;
+    seal_as_named(&mut t);
+    t
+}
+
+/// The table with the shipped hold (10 s).
+fn holding_table(claims_by: &[&str]) -> TableConfig {
     let all = ["a", "b", "c", "d", "e", "f"];
     let mut t: TableConfig = serde_json::from_value(json!({
         "schema": 1,
@@ -87,6 +97,27 @@ impl Fixture {
 
     /// With Envoy's settings as `edit` makes them.
     async fn start_custom(name: &str, native: bool, edit: impl FnOnce(Settings) -> Settings) -> Result<Self> {
+        Self::start_table(name, native, table(&["c"]), edit).await
+    }
+
+    /// With the shipped hold (or, with `max_held`, its wait and that bound) and the routes' idle
+    /// timeout `route_timeout` (longer than the wait).
+    async fn start_holding(name: &str, route_timeout: &str, max_held: Option<u32>) -> Result<Self> {
+        let edit = |s| Settings { route_timeout: route_timeout.into(), ..s };
+        let mut t = holding_table(&["c"]);
+        if let Some(n) = max_held {
+            t.policy.max_held = n;
+            seal_as_named(&mut t);
+        }
+        Self::start_table(name, false, t, edit).await
+    }
+
+    async fn start_table(
+        name: &str,
+        native: bool,
+        t: TableConfig,
+        edit: impl FnOnce(Settings) -> Settings,
+    ) -> Result<Self> {
         let wasm = paths::filter_wasm()?;
         paths::envoy_binary()?;
         let dir = std::env::temp_dir().join(format!("skewgate-it-{name}-{}", std::process::id()));
@@ -104,7 +135,6 @@ impl Fixture {
             .collect();
         endpoints.push(Endpoint { id: "e".into(), address: "127.0.0.1".into(), port: free_port()? });
         let tls = upstream_tls(&pki);
-        let t = table(&["c"]);
         let config = match native {
             true => {
                 Config::Native { module_ecds: native::module_ecds(&serde_json::to_string(&t)?), wasm: true }
@@ -718,6 +748,151 @@ async fn the_last_server_of_an_api_keeps_its_requests_while_it_stops() -> Result
         assert_eq!(h.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "{body}");
         assert!(body.contains("no_healthy_upstream"), "{body}");
     }
+    Ok(())
+}
+
+/// c, the only server of resourceclaims, is away (no healthy host in its cluster). The first
+/// request each Envoy worker sends there finds it so and gets the 503 with `Retry-After`; those
+/// after it wait at the edge, with no client retrying, and go to c once it is back. Away for
+/// longer than the hold (10 s), a waiting request gets its 503, `Retry-After` and all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_wait_at_the_edge_while_the_only_server_of_their_api_is_away() -> Result<()> {
+    // The fixture's 2 s route timeout would end a waiting request first; the shipped one is 65 s.
+    let f = Fixture::start_holding("hold", "30s", None).await?;
+    let workers = 2;
+    // Each its own connection, so that the requests spread over Envoy's workers; 150 ms apart,
+    // so that each worker's first answer comes before its next request.
+    let requests = |n: usize| {
+        let started = Instant::now();
+        (0..n)
+            .map(|i| {
+                let client =
+                    listener_client(&f.pki, None, Duration::from_secs(30)).and_then(|b| Ok(b.build()?));
+                let url = format!("{}{CLAIMS_V1}", f.base);
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(150) * i as u32).await;
+                    let sent = Instant::now();
+                    let resp = client?.get(url).header("Authorization", "Bearer token-1").send().await?;
+                    let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+                    let body = resp.text().await?;
+                    anyhow::Ok((status, headers, body, sent.duration_since(started), sent.elapsed()))
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    mark_draining(&f, &["c"]).await?;
+    let away = Instant::now();
+    let tasks = requests(8);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    mark_draining(&f, &[]).await?;
+    let back = away.elapsed();
+    let mut answered_at_once = 0;
+    for task in tasks {
+        let (status, headers, body, sent, took) = task.await??;
+        match status {
+            503 => {
+                answered_at_once += 1;
+                assert!(took < Duration::from_millis(500), "a 503 after {took:?}: {body}");
+                assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "{body}");
+            }
+            200 => {
+                assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
+                assert!(
+                    sent + took >= back.saturating_sub(Duration::from_millis(100)),
+                    "answered before c was back: {took:?}"
+                );
+            }
+            other => bail!("{other}: {body}"),
+        }
+    }
+    println!(
+        "c away {back:?}: {answered_at_once} of 8 answered 503 at once, the rest waited and were served by c"
+    );
+    ensure!(answered_at_once <= workers, "{answered_at_once} × 503: more than one per worker");
+    let resumed =
+        f.envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=resumed;").await?;
+    ensure!(resumed >= 8 - workers as u64, "{resumed} resumed");
+
+    // Away for good: a waiting request gets its 503 once it has waited 10 s.
+    mark_draining(&f, &["c"]).await?;
+    let tasks = requests(4);
+    let mut held_too_long = 0;
+    for task in tasks {
+        let (status, headers, body, _, took) = task.await??;
+        ensure!(status == 503, "{status}: {body}");
+        assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "{body}");
+        if took >= Duration::from_secs(10) {
+            held_too_long += 1;
+            assert!(took < Duration::from_secs(11), "{took:?}");
+            assert!(body.contains("held 10."), "{body}");
+        }
+    }
+    ensure!(held_too_long >= 4 - workers, "{held_too_long} held until the hold ran out");
+    let expired =
+        f.envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=expired;").await?;
+    ensure!(expired == held_too_long as u64, "{expired} expired");
+    Ok(())
+}
+
+/// The hold is bounded: with at most 100 waiting per worker, 450 requests on three HTTP/2
+/// connections (150 each) while c is away. Two of the connections at least share a worker, so
+/// some requests are refused (the 503 at once); every request held is served once c is back.
+/// Prints what Envoy's heap holds per request waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_bound_a_request_gets_its_503_at_once() -> Result<()> {
+    const BOUND: u64 = 100;
+    let f = Fixture::start_holding("hold-bound", "60s", Some(BOUND as u32)).await?;
+    let clients = (0..3)
+        .map(|_| {
+            Ok(listener_client(&f.pki, None, Duration::from_secs(60))?.http2_prior_knowledge().build()?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let get = |client: &reqwest::Client| {
+        client.get(format!("{}{CLAIMS_V1}", f.base)).header("Authorization", "Bearer token-1").send()
+    };
+    for client in &clients {
+        ensure!(get(client).await?.version() == reqwest::Version::HTTP_2, "not HTTP/2");
+    }
+    mark_draining(&f, &["c"]).await?;
+    let before = f.envoy.memory_allocated().await?;
+    let tasks: Vec<_> = clients.iter().flat_map(|c| (0..150).map(|_| tokio::spawn(get(c)))).collect();
+    let stat =
+        |outcome: &str| format!("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome={outcome};");
+    f.envoy.wait_stat(&stat("refused"), 1, Duration::from_secs(20)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = f.envoy.memory_allocated().await?;
+    let refused = f.envoy.stat(&stat("refused")).await?;
+    mark_draining(&f, &[]).await?;
+    let mut statuses: BTreeMap<u16, u64> = BTreeMap::new();
+    let mut why: BTreeMap<String, u64> = BTreeMap::new();
+    for task in tasks {
+        let resp = task.await??;
+        let status = resp.status().as_u16();
+        *statuses.entry(status).or_default() += 1;
+        if status != 200 {
+            let body: Value = serde_json::from_str(&resp.text().await?).unwrap_or_default();
+            let message = body["message"].as_str().unwrap_or_default();
+            *why.entry(message.rsplit("(cluster ").next().unwrap_or_default().to_owned()).or_default() += 1;
+        }
+    }
+    let resumed = f.envoy.stat(&stat("resumed")).await?;
+    let at_once = statuses.get(&503).copied().unwrap_or(0);
+    println!(
+        "450 requests while c was away: {statuses:?}; {resumed} held and resumed, {refused} refused; Envoy's \
+         heap {:.1} MB before, {:.1} MB with them waiting ({:.1} KB per request held)",
+        before as f64 / 1e6,
+        during as f64 / 1e6,
+        during.saturating_sub(before) as f64 / 1024.0 / resumed.max(1) as f64
+    );
+    ensure!(
+        statuses.get(&200).copied() == Some(resumed),
+        "{statuses:?}, {resumed} resumed; not 200: {why:?}"
+    );
+    ensure!(resumed <= 2 * BOUND, "{resumed} held: over the bound");
+    ensure!(refused >= 300 - 2 * BOUND, "{refused} refused");
+    // The rest: refused, and each worker's first request, which found c away.
+    ensure!(at_once >= refused && at_once <= refused + 2, "{at_once} × 503, {refused} refused");
+    ensure!(resumed + at_once == 450, "{statuses:?}");
     Ok(())
 }
 

@@ -144,7 +144,9 @@ impl Cluster {
         let config = self.config(
             &apiservers,
             &settings.dir,
-            json!({"pollPeriod": poll_period, "envoy": {"adminUrl": admin_url, "wasm": wasm, "routeTimeout": settings.route_timeout}}),
+            // No hold: these tests count what each fault costs at once (the hold's own tests are
+            // in envoy_filter.rs and clients.rs).
+            json!({"pollPeriod": poll_period, "hold": {"maxWait": "0s"}, "envoy": {"adminUrl": admin_url, "wasm": wasm, "routeTimeout": settings.route_timeout}}),
         )?;
         let first = sync::sync_once(config.clone()).await?;
         let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };

@@ -845,8 +845,11 @@ mod tests {
         assert_eq!(v["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"], true);
     }
 
+    /// Core's sample without the hold, so that set-c, c's alone, has bypass routes too (with a
+    /// hold it has none: core::bypass's tests).
     fn routing_table(edit: impl FnOnce(&mut Value)) -> RoutingTable {
         let mut t = skewgate_core::testing::sample();
+        t["policy"] = json!({"maxHoldMs": 0});
         edit(&mut t);
         RoutingTable::from_json(t.to_string().as_bytes()).unwrap()
     }

@@ -1,6 +1,7 @@
 //! One HTTP stream: request → parse → decide → act, then the 503 rewrite of Envoy's own
 //! upstream-failure replies.
 
+use std::cell::Cell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
@@ -12,6 +13,7 @@ use skewgate_core::edits::{self, Carrier, Edit, Reply, Routed};
 use skewgate_core::identity::{self, Identity};
 
 use crate::active::Active;
+use crate::hold::{Holding, Release};
 use crate::host::Host;
 use crate::openapi::Pending;
 
@@ -28,10 +30,15 @@ pub struct Http<H: Host> {
     replacing: bool,
     /// An OpenAPI document composed at the edge, once an apiserver has let the request through.
     openapi: Option<Pending>,
+    /// The stream's context id, which the root context releases a held request by.
+    id: u32,
+    holding: Rc<Holding<H>>,
+    /// Held at the edge while its cluster was down: where it stands.
+    held: Option<Rc<Cell<Release>>>,
 }
 
 impl<H: Host> Http<H> {
-    pub fn new(host: H, active: Option<Rc<Active<H>>>) -> Self {
+    pub fn new(host: H, active: Option<Rc<Active<H>>>, id: u32, holding: Rc<Holding<H>>) -> Self {
         Self {
             host,
             active,
@@ -40,6 +47,9 @@ impl<H: Host> Http<H> {
             compose: None,
             replacing: false,
             openapi: None,
+            id,
+            holding,
+            held: None,
         }
     }
 
@@ -144,6 +154,13 @@ impl<H: Host> HttpContext for Http<H> {
         if let (Some(identity), false) = (&decision.identity, head.certificate_checked) {
             self.leave_on_connection(&active, identity, credential_id.as_deref());
         }
+        // Last: everything the request carries is decided, only when it leaves is not.
+        if decision.openapi.is_none() {
+            self.held = self.holding.admit(route.cluster, self.id, &active, &self.routed);
+            if self.held.is_some() {
+                return Action::Pause;
+            }
+        }
         Action::Continue
     }
 
@@ -169,7 +186,7 @@ impl<H: Host> HttpContext for Http<H> {
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-        if self.replied {
+        if self.replied || self.held.as_ref().is_some_and(|r| r.get() == Release::Answered) {
             return Action::Continue;
         }
         let status = self
@@ -208,8 +225,25 @@ impl<H: Host> HttpContext for Http<H> {
         let Some(active) = self.active.clone() else { return Action::Continue };
         let table = &active.table;
         active.metrics.unavailable(self.routed.serving);
-        let reply = self.routed.unavailable(table, &String::from_utf8_lossy(&details));
+        let details = String::from_utf8_lossy(&details);
+        if edits::no_apiserver_took_it(&details) {
+            // The requests that follow wait for the cluster to come back, this one is answered:
+            // it is under way in Envoy and cannot be sent again from here.
+            if let Some(cluster) = self.host.property(&["xds", "cluster_name"]) {
+                self.holding.failed(&String::from_utf8_lossy(&cluster));
+            }
+        }
+        let reply = self.routed.unavailable(table, &details);
         self.reply_status(&reply)
+    }
+}
+
+impl<H: Host> Drop for Http<H> {
+    /// A held stream Envoy ended (its client left) is no longer waited for.
+    fn drop(&mut self) {
+        if self.held.as_ref().is_some_and(|r| r.get() == Release::Waiting) {
+            self.holding.forget(self.id);
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! the answer with as few host calls as the decision needs.
 
 mod active;
+mod hold;
 mod host;
 mod http;
 mod metrics;

@@ -10,22 +10,29 @@ use skewgate_core::bypass;
 use skewgate_core::table::{self, RoutingTable};
 
 use crate::active::Active;
+use crate::hold::Holding;
 use crate::host::Host;
 use crate::http::Http;
 use crate::metrics::{self, Metrics};
 
-const FLUSH_PERIOD: Duration = Duration::from_secs(1);
+/// Half the probe period of held requests' clusters, so that a probe is never a period late.
+const TICK_PERIOD: Duration = Duration::from_millis(100);
+/// Counts kept in the VM reach Envoy's stats at most this many ticks (1 s) late.
+const FLUSH_TICKS: u32 = 10;
 
 pub struct Root<H: Host> {
     host: H,
     active: Option<Rc<Active<H>>>,
     /// Whether Envoy took the connection properties, once declared (with the first table).
     connection_identity: Option<bool>,
+    holding: Rc<Holding<H>>,
+    ticks: u32,
 }
 
 impl<H: Host> Root<H> {
     pub fn new(host: H) -> Self {
-        Self { host, active: None, connection_identity: None }
+        let holding = Rc::new(Holding::new(host.clone()));
+        Self { host, active: None, connection_identity: None, holding, ticks: 0 }
     }
 
     /// Declares the properties a mapped certificate identity is left in on its connection. If
@@ -47,7 +54,18 @@ impl<H: Host> Root<H> {
     }
 }
 
-impl<H: Host> Context for Root<H> {}
+impl<H: Host> Context for Root<H> {
+    /// The only calls the root context makes are the held requests' probes.
+    fn on_http_call_response(&mut self, token: u32, _headers: usize, _body_size: usize, _trailers: usize) {
+        let status = self
+            .host
+            .call_response_headers()
+            .into_iter()
+            .find(|(name, _)| name == ":status")
+            .and_then(|(_, v)| std::str::from_utf8(&v).ok().and_then(|s| s.parse::<u16>().ok()));
+        self.holding.probed(token, status);
+    }
+}
 
 impl<H: Host> RootContext for Root<H> {
     fn on_configure(&mut self, size: usize) -> bool {
@@ -73,13 +91,12 @@ impl<H: Host> RootContext for Root<H> {
                 );
                 let metrics = Metrics::define(self.host.clone(), &table);
                 let connection_identity = self.declare_connection_identity();
-                if let Some(previous) =
-                    self.active.replace(Rc::new(Active { table, metrics, connection_identity }))
-                {
+                let active = Rc::new(Active { table, metrics, connection_identity });
+                self.holding.set_live(&active);
+                if let Some(previous) = self.active.replace(active) {
                     previous.metrics.flush();
                 }
-                // Counts kept in the VM reach Envoy's stats at most this late.
-                self.host.set_tick_period(FLUSH_PERIOD);
+                self.host.set_tick_period(TICK_PERIOD);
                 metrics::count_config(&self.host, true);
                 true
             }
@@ -92,13 +109,15 @@ impl<H: Host> RootContext for Root<H> {
     }
 
     fn on_tick(&mut self) {
-        if let Some(active) = &self.active {
+        self.holding.tick();
+        self.ticks = (self.ticks + 1) % FLUSH_TICKS;
+        if let (Some(active), 0) = (&self.active, self.ticks) {
             active.metrics.flush();
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Http::new(self.host.clone(), self.active.clone())))
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Http::new(self.host.clone(), self.active.clone(), context_id, self.holding.clone())))
     }
 
     fn get_type(&self) -> Option<ContextType> {

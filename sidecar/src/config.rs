@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
+use skewgate_core::hold::HoldPolicy;
 use skewgate_core::table::{MAX_GROUP_VERSIONS, MAX_GVRS};
 
 use crate::duration;
@@ -65,6 +66,12 @@ interval = "2s"
 timeout = "1s"                         # also bounds each of the sidecar's own probes
 connectTimeout = "1s"
 
+[hold]                                 # requests whose apiservers are all away wait in Envoy
+maxWait = "10s"                        # then get 503 with Retry-After; "0s": at once. Shorter
+                                       # than envoy.routeTimeout. A restart of kube-apiserver is
+                                       # refused 1-2 s and ready 2-4 s after it starts
+maxHeld = 1024                         # waiting at once, per Envoy worker; past it: 503 at once
+
 [cluster]                              # optional: the apiservers are those the cluster publishes
 members = "static"                     # "static": `apiservers` below; "endpointSlice": the
                                        # default/kubernetes EndpointSlice; "leases": the identity
@@ -108,6 +115,9 @@ pub struct SyncConfig {
     pub deprecations: Vec<FieldError>,
     /// Where the apiservers come from, and whether extensions are listed ([`crate::peers`]).
     pub cluster: crate::peers::ClusterConfig,
+    /// How long, and how many, requests wait in Envoy while every apiserver that serves them is
+    /// away (the table's policy, which the filter carries out).
+    pub hold: HoldPolicy,
 }
 
 /// Why `gracePeriod` is ignored.
@@ -202,6 +212,7 @@ impl SyncConfig {
                 "timeout": ms(self.health.timeout_ms),
                 "connectTimeout": ms(self.health.connect_timeout_ms),
             },
+            "hold": {"maxWait": d(self.hold.max_wait), "maxHeld": self.hold.max_held},
             "cluster": {
                 "members": self.cluster.members.label(),
                 "bootstrap": self.cluster.bootstrap.label(),
@@ -425,6 +436,7 @@ const TOP_KEYS: &[&str] = &[
     "health",
     "listen",
     "cluster",
+    "hold",
 ];
 
 impl Reader {
@@ -457,6 +469,19 @@ impl Reader {
         let limits = self.limits(root.get("limits"));
         let health = self.health(root.get("health"));
         let cluster = self.cluster(root.get("cluster"));
+        let hold = self.hold(root.get("hold"));
+        if let Some(envoy) = &envoy {
+            if !hold.max_wait.is_zero() && hold.max_wait >= envoy.route_timeout {
+                // Envoy would end a waiting request with its own timeout first.
+                self.fail(
+                    "hold.maxWait",
+                    format!(
+                        "{:?} is not shorter than envoy.routeTimeout ({:?})",
+                        hold.max_wait, envoy.route_timeout
+                    ),
+                );
+            }
+        }
         let listen = self.string(root.get("listen"), "listen").unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
         let listen = match listen.parse::<SocketAddr>() {
             Ok(addr) => Some(addr),
@@ -478,7 +503,20 @@ impl Reader {
             listen: listen?,
             deprecations,
             cluster,
+            hold,
         })
+    }
+
+    fn hold(&mut self, value: Option<&Value>) -> HoldPolicy {
+        let mut hold = HoldPolicy::default();
+        let Some(map) = self.object(value, "hold", &["maxWait", "maxHeld"]) else {
+            return hold;
+        };
+        hold.max_wait = self.duration(map.get("maxWait"), "hold.maxWait", hold.max_wait, true);
+        if let Some(n) = self.integer(map.get("maxHeld"), "hold.maxHeld", 1, 1 << 20) {
+            hold.max_held = usize::try_from(n).unwrap_or(hold.max_held);
+        }
+        hold
     }
 
     fn object<'v>(
@@ -876,6 +914,7 @@ mod tests {
         assert!(c.deprecations.is_empty());
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.health, Health::default());
+        assert_eq!(c.hold, HoldPolicy::default());
         assert_eq!(c.envoy.admin_url, None);
         assert!(!c.envoy.native_module);
         assert!(c.tls.peer_ca.is_absolute());
@@ -894,7 +933,8 @@ mod tests {
             "pollPeriod": "500ms", "probePeriod": "100ms", "listen": "0.0.0.0:9191",
             "limits": {"requestTimeout": "2s", "maxBodyBytes": 4096, "maxGroups": 10, "maxGroupVersions": 20,
                        "maxResources": 30},
-            "health": {"interval": "1s", "timeout": "250ms", "connectTimeout": "300ms"}
+            "health": {"interval": "1s", "timeout": "250ms", "connectTimeout": "300ms"},
+            "hold": {"maxWait": "5s", "maxHeld": 64}
         });
         for (k, v) in extra.as_object().unwrap() {
             doc[k] = v.clone();
@@ -925,6 +965,7 @@ mod tests {
         assert_eq!(c.envoy.settle_delay, Duration::ZERO);
         assert!(c.envoy.native_module);
         assert_eq!(c.envoy.route_timeout, Duration::from_secs(10));
+        assert_eq!(c.hold, HoldPolicy { max_wait: Duration::from_secs(5), max_held: 64 });
     }
 
     #[test]
@@ -958,6 +999,10 @@ mod tests {
             ("envoy.confirmTimeout", |d| d["envoy"]["confirmTimeout"] = json!("0s")),
             ("envoy.settleDelay", |d| d["envoy"]["settleDelay"] = json!("soon")),
             ("envoy.nativeModule", |d| d["envoy"]["nativeModule"] = json!("yes")),
+            ("hold.maxWait", |d| d["hold"] = json!({"maxWait": "65s"})),
+            ("hold.maxWait", |d| d["hold"] = json!({"maxWait": "soon"})),
+            ("hold.maxHeld", |d| d["hold"] = json!({"maxHeld": 0})),
+            ("hold.forever", |d| d["hold"] = json!({"forever": true})),
             ("pollPeriod", |d| d["pollPeriod"] = json!("5")),
             ("pollPeriod", |d| d["pollPeriod"] = json!("0ms")),
             ("gracePeriod", |d| d["gracePeriod"] = json!(30)),

@@ -96,6 +96,9 @@ pub struct Options {
     pub from_leases: bool,
     /// Real binaries: Kubernetes' own Mixed Version Proxy on every apiserver ([`crate::mvp`]).
     pub mvp: bool,
+    /// The sidecar's `hold.maxWait`: how long a request waits in Envoy while every apiserver
+    /// that serves it is away. `None`: the product's default.
+    pub hold: Option<Duration>,
 }
 
 impl Options {
@@ -124,6 +127,7 @@ impl Options {
             from_cluster: false,
             from_leases: false,
             mvp: false,
+            hold: None,
         }
     }
 }
@@ -909,6 +913,9 @@ fn sidecar_config(
         "health": {"interval": ms(h.interval_ms), "timeout": ms(h.timeout_ms), "connectTimeout": ms(h.connect_timeout_ms)},
         "listen": listen.to_string(),
     });
+    if let Some(wait) = o.hold {
+        doc["hold"] = json!({"maxWait": ms(wait.as_millis() as u64)});
+    }
     if o.from_cluster {
         let members = if o.from_leases { "leases" } else { "endpointSlice" };
         doc["cluster"] =

@@ -452,6 +452,16 @@ impl Envoy {
         bail!("Envoy has no stat {name:?}; similar: {similar:?}")
     }
 
+    /// Bytes Envoy's allocator has handed out, now (admin `/memory`; the `server.memory_*`
+    /// stats are only as fresh as the last stats flush).
+    pub async fn memory_allocated(&self) -> Result<u64> {
+        let memory: Value = self.http.get(self.admin_url("/memory")).send().await?.json().await?;
+        memory["allocated"]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("admin /memory without allocated: {memory}"))
+    }
+
     pub async fn prometheus(&self) -> Result<String> {
         Ok(self.http.get(self.admin_url("/stats/prometheus")).send().await?.text().await?)
     }

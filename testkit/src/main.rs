@@ -221,6 +221,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 from_cluster,
                 from_leases: false,
                 mvp,
+                hold: None,
             };
             let running = cluster::start(&options).await?;
             println!("{}", cluster::ready_line(&running));

@@ -55,6 +55,15 @@ pub struct State {
     pub connection_sets: usize,
     /// Envoy refuses a set of this property.
     pub refuse_set: Option<String>,
+    /// Envoy's clock, moved by the test.
+    pub now: Duration,
+    /// Streams resumed by the root context, in order.
+    pub resumed: Vec<u32>,
+    /// Local replies the root context sent on streams, in order.
+    pub replies_to: Vec<(u32, Reply)>,
+    /// Histogram names in definition order (ids from 1000 on), and the values recorded.
+    pub histograms: Vec<String>,
+    pub recorded: Vec<(u32, u64)>,
 }
 
 impl Fake {
@@ -238,6 +247,35 @@ impl Host for Fake {
 
     fn set_tick_period(&self, period: Duration) {
         self.state().tick_period = Some(period);
+    }
+
+    fn now(&self) -> Duration {
+        self.0.borrow().now
+    }
+
+    fn resume_request(&self, id: u32) {
+        self.state().resumed.push(id);
+    }
+
+    fn send_response_to(&self, id: u32, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) {
+        let headers = headers.into_iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        self.state().replies_to.push((id, (status, headers, body.unwrap_or_default().to_vec())));
+    }
+
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        let mut s = self.state();
+        let id = match s.histograms.iter().position(|c| c == name) {
+            Some(id) => id,
+            None => {
+                s.histograms.push(name.to_string());
+                s.histograms.len() - 1
+            }
+        };
+        Some(1000 + id as u32)
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        self.state().recorded.push((id, value));
     }
 }
 

@@ -63,4 +63,12 @@ pub trait Host: Clone + 'static {
     fn define_counter(&self, name: &str) -> Option<u32>;
     fn increment_metric(&self, id: u32, by: u64);
     fn set_tick_period(&self, period: Duration);
+    /// Envoy's clock (wall time, as proxy-wasm has no other).
+    fn now(&self) -> Duration;
+    /// Lets stream `id`, paused at its request headers, go on (from the root context).
+    fn resume_request(&self, id: u32);
+    /// A local reply on stream `id` (from the root context).
+    fn send_response_to(&self, id: u32, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>);
+    fn define_histogram(&self, name: &str) -> Option<u32>;
+    fn record_metric(&self, id: u32, value: u64);
 }

@@ -124,6 +124,45 @@ impl Host for ProxyWasm {
             log::warn!("skewgate: setting the tick period: {e:?}");
         }
     }
+
+    fn now(&self) -> Duration {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .unwrap_or_default()
+    }
+
+    fn resume_request(&self, id: u32) {
+        // The stream may be gone (its client left): Envoy then knows no such context.
+        let resumed = hostcalls::set_effective_context(id).and_then(|()| hostcalls::resume_http_request());
+        if let Err(e) = resumed {
+            log::debug!("skewgate: resuming held stream {id}: {e:?}");
+        }
+    }
+
+    fn send_response_to(&self, id: u32, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) {
+        let sent = hostcalls::set_effective_context(id)
+            .and_then(|()| hostcalls::send_http_response(status, headers, body));
+        if let Err(e) = sent {
+            log::debug!("skewgate: answering held stream {id}: {e:?}");
+        }
+    }
+
+    fn define_histogram(&self, name: &str) -> Option<u32> {
+        match hostcalls::define_metric(MetricType::Histogram, name) {
+            Ok(id) => Some(id),
+            Err(e) => {
+                log::warn!("skewgate: defining metric {name}: {e:?}");
+                None
+            }
+        }
+    }
+
+    fn record_metric(&self, id: u32, value: u64) {
+        if let Err(e) = hostcalls::record_metric(id, value) {
+            log::warn!("skewgate: recording metric {id}: {e:?}");
+        }
+    }
 }
 
 /// Envoy's `DeclarePropertyArguments` (source/extensions/common/wasm/ext/declare_property.proto),

@@ -40,16 +40,19 @@ fn served_by_a_subset_is_rerouted_marked_and_counted() {
         assert_eq!(fake.header("x-kubernetes-peer-proxied"), ["true"]);
         assert!(fake.header("x-skewgate-route").is_empty());
     }
-    // Counted in the VM, handed to Envoy on the tick.
+    // Counted in the VM, handed to Envoy every tenth tick (every second).
     assert_eq!(fake.counter(name), 0);
     let mut root = root;
+    let tick = |root: &mut Root<Fake>| (0..10).for_each(|_| proxy_wasm::traits::RootContext::on_tick(root));
     proxy_wasm::traits::RootContext::on_tick(&mut root);
+    assert_eq!(fake.counter(name), 0, "not on every tick");
+    tick(&mut root);
     assert_eq!(fake.counter(name), 2);
     // Every request the filter sees is counted, rerouted or not: the rest went by the bypass.
     assert_eq!(fake.counter("skewgate.requests_total"), 2);
     let mut http = stream(&fake, &root, &get("/api/v1/namespaces/ns/pods/p"));
     http.on_http_request_headers(0, true);
-    proxy_wasm::traits::RootContext::on_tick(&mut root);
+    tick(&mut root);
     assert_eq!(fake.counter("skewgate.requests_total"), 3);
     assert_eq!(fake.counter(name), 2);
 
@@ -191,7 +194,8 @@ fn a_certificate_without_a_subject_leaves_the_request_to_its_token() {
 fn without_a_table_every_request_gets_503_unconfigured() {
     let fake = Fake::default();
     fake.request(&get("/api/v1/namespaces/default/pods"));
-    let mut http = Http::new(fake.clone(), None);
+    let holding = std::rc::Rc::new(crate::hold::Holding::new(fake.clone()));
+    let mut http = Http::new(fake.clone(), None, 1, holding);
     assert_eq!(proxy_wasm::traits::HttpContext::on_http_request_headers(&mut http, 0, true), Action::Pause);
     let (status, body) = reply_json(&fake);
     assert_eq!(

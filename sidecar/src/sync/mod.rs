@@ -574,7 +574,11 @@ impl Sidecar {
                 legacy: m.good.as_ref().and_then(|(d, _, _)| d.legacy_documents.as_ref()),
             })
             .collect();
-        Ok(build_table_with(&servers, &ClusterNames::default(), &self.extensions)?)
+        let mut table = build_table_with(&servers, &ClusterNames::default(), &self.extensions)?;
+        let hold = self.config.hold;
+        table.policy.max_hold_ms = u64::try_from(hold.max_wait.as_millis()).unwrap_or(u64::MAX);
+        table.policy.max_held = u32::try_from(hold.max_held).unwrap_or(u32::MAX);
+        Ok(table)
     }
 
     fn prepare(&self) -> Result<Resources, SyncError> {

@@ -1,0 +1,199 @@
+//! The filter's side of [`skewgate_core::hold`]: streams paused at their request headers while
+//! their cluster is down, released by the root context when a probe through that cluster
+//! reaches an apiserver, or answered once they waited too long.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use skewgate_core::edits::Routed;
+use skewgate_core::hold::{self, Held, HoldPolicy, Holds};
+
+use crate::active::Active;
+use crate::host::Host;
+
+/// What became of a request that met a down cluster: released to its apiserver, answered after
+/// the longest wait, answered because the live table now sends it elsewhere, or not held at all
+/// (too many waiting).
+const OUTCOMES: [&str; 4] = ["resumed", "expired", "changed", "refused"];
+
+/// Where a held stream stands: its own callbacks read it, the root context changes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    Waiting,
+    /// Sent on, to whatever Envoy answers.
+    Resumed,
+    /// Answered at the edge (the 503 after the hold): the response is ours.
+    Answered,
+}
+
+/// What answering a held stream needs: the table it was decided on, where it went.
+pub struct Waiter<H: Host> {
+    active: Rc<Active<H>>,
+    routed: Routed,
+    release: Rc<Cell<Release>>,
+}
+
+/// One worker's held streams and the counts of what became of them.
+pub struct Holding<H: Host> {
+    host: H,
+    /// The live table: a request decided on an older one goes on only if this one sends it to
+    /// the same cluster.
+    live: RefCell<Option<Rc<Active<H>>>>,
+    holds: RefCell<Holds<Waiter<H>>>,
+    /// Counter ids by (cluster, outcome), defined when first needed.
+    counters: RefCell<BTreeMap<(String, &'static str), Option<u32>>>,
+    waited: Option<u32>,
+}
+
+impl<H: Host> Holding<H> {
+    pub fn new(host: H) -> Self {
+        let waited = host.define_histogram("skewgate.hold_milliseconds");
+        Self {
+            live: RefCell::default(),
+            holds: RefCell::new(Holds::new(HoldPolicy::default())),
+            counters: RefCell::default(),
+            waited,
+            host,
+        }
+    }
+
+    /// A new table, and its policy: requests already held keep waiting, under its bounds.
+    pub fn set_live(&self, active: &Rc<Active<H>>) {
+        self.holds.borrow_mut().set_policy(active.table.policy().hold());
+        *self.live.borrow_mut() = Some(active.clone());
+    }
+
+    /// Stream `id`'s request for `cluster`: held (what tells the stream it was released), or on
+    /// its way.
+    pub fn admit(
+        &self,
+        cluster: &str,
+        id: u32,
+        active: &Rc<Active<H>>,
+        routed: &Routed,
+    ) -> Option<Rc<Cell<Release>>> {
+        if self.holds.borrow().is_empty() {
+            return None;
+        }
+        let release = Rc::new(Cell::new(Release::Waiting));
+        let waiter = Waiter { active: active.clone(), routed: routed.clone(), release: release.clone() };
+        let admission = self.holds.borrow_mut().admit(cluster, id, waiter, self.now());
+        match admission {
+            hold::Admission::Forward => None,
+            hold::Admission::Held => Some(release),
+            hold::Admission::Full => {
+                self.count(cluster, "refused");
+                None
+            }
+        }
+    }
+
+    /// Envoy answered for `cluster` that no apiserver took a request.
+    pub fn failed(&self, cluster: &str) {
+        self.holds.borrow_mut().failed(cluster, self.now());
+        // Every outcome's series from the first time the cluster is down, zeros included.
+        for outcome in OUTCOMES {
+            self.counter(cluster, outcome);
+        }
+    }
+
+    /// A held stream Envoy ended before it was released.
+    pub fn forget(&self, id: u32) {
+        self.holds.borrow_mut().forget(id);
+    }
+
+    /// Every tick: probes due, and answers for streams that waited their time.
+    pub fn tick(&self) {
+        let now = self.now();
+        let due = self.holds.borrow_mut().probes_due(now);
+        let headers = |cluster: &str| -> Vec<(&str, String)> {
+            vec![
+                (":method", "GET".into()),
+                (":path", hold::PROBE_PATH.into()),
+                (":authority", cluster.to_owned()),
+            ]
+        };
+        for cluster in due {
+            let h = headers(&cluster);
+            let h = h.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            match self.host.dispatch_call(&cluster, h, hold::PROBE_TIMEOUT) {
+                Ok(token) => self.holds.borrow_mut().probing(&cluster, token),
+                Err(e) => log::warn!("skewgate: probing cluster {cluster}: {e:?}"),
+            }
+        }
+        // Taken out before any host call: Envoy may call back into the streams.
+        let released = self.holds.borrow_mut().releases();
+        for (cluster, held) in released {
+            self.resume(&cluster, held);
+        }
+        let expired = self.holds.borrow_mut().expired(now);
+        for (cluster, held) in expired {
+            let waited = now.saturating_sub(held.since);
+            self.record(&cluster, "expired", waited);
+            let Waiter { active, routed, release } = held.payload;
+            release.set(Release::Answered);
+            active.metrics.unavailable(routed.serving);
+            let reply = routed.held_too_long(&active.table, waited);
+            let headers = reply.headers();
+            let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            self.host.send_response_to(held.id, reply.status, headers, Some(reply.body.as_bytes()));
+        }
+    }
+
+    /// The answer to a probe: Envoy's own 503 (or none) says the cluster is still down, any
+    /// other status that an apiserver took it.
+    pub fn probed(&self, token: u32, status: Option<u16>) {
+        let up = status.is_some_and(|s| s != 503);
+        let released = self.holds.borrow_mut().probed(token, up);
+        for (cluster, held) in released {
+            self.resume(&cluster, held);
+        }
+    }
+
+    fn resume(&self, cluster: &str, held: Held<Waiter<H>>) {
+        let waited = self.now().saturating_sub(held.since);
+        let Waiter { active, routed, release } = held.payload;
+        let live = self.live.borrow().clone();
+        let alike = live
+            .as_ref()
+            .is_none_or(|l| Rc::ptr_eq(l, &active) || routed.routed_alike(&active.table, &l.table));
+        if !alike {
+            self.record(cluster, "changed", waited);
+            release.set(Release::Answered);
+            let reply = routed.table_changed(&active.table);
+            let headers = reply.headers();
+            let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+            self.host.send_response_to(held.id, reply.status, headers, Some(reply.body.as_bytes()));
+            return;
+        }
+        self.record(cluster, "resumed", waited);
+        release.set(Release::Resumed);
+        self.host.resume_request(held.id);
+    }
+
+    fn record(&self, cluster: &str, outcome: &'static str, waited: Duration) {
+        self.count(cluster, outcome);
+        if let Some(id) = self.waited {
+            self.host.record_metric(id, u64::try_from(waited.as_millis()).unwrap_or(u64::MAX));
+        }
+    }
+
+    fn count(&self, cluster: &str, outcome: &'static str) {
+        if let Some(id) = self.counter(cluster, outcome) {
+            self.host.increment_metric(id, 1);
+        }
+    }
+
+    fn counter(&self, cluster: &str, outcome: &'static str) -> Option<u32> {
+        *self.counters.borrow_mut().entry((cluster.to_owned(), outcome)).or_insert_with(|| {
+            self.host
+                .define_counter(&format!("skewgate.held_requests_total.cluster={cluster};outcome={outcome};"))
+        })
+    }
+
+    fn now(&self) -> Duration {
+        self.host.now()
+    }
+}

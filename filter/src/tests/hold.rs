@@ -1,0 +1,208 @@
+//! Requests that wait at the edge while their cluster is down: held after Envoy found it down,
+//! released when a probe through it reaches an apiserver, answered (503, `Retry-After`) after
+//! the longest wait, bounded in number.
+
+use std::time::Duration;
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::Action;
+use serde_json::json;
+use skewgate_core::hold::{PROBE_PATH, PROBE_PERIOD};
+
+use super::{configure, configured, get, sample, sealed};
+use crate::host::fake::Fake;
+use crate::root::Root;
+
+const SUBSET: &str = "/apis/resource.k8s.io/v1/resourceclaims";
+const HELD: &str = "skewgate.held_requests_total.cluster=set-c;outcome=";
+
+/// A stream for `path` on `root`, its context id `id`.
+fn open(fake: &Fake, root: &Root<Fake>, id: u32, path: &str) -> Box<dyn HttpContext> {
+    fake.request(&get(path));
+    root.create_http_context(id).expect("an HTTP context")
+}
+
+/// Envoy's answer to a request for `set-c` that found no apiserver there.
+fn fails(fake: &Fake, http: &mut Box<dyn HttpContext>, detail: &str) {
+    fake.respond(&[(":status", "503")]);
+    fake.set_property(&["response", "code_details"], detail);
+    fake.set_property(&["xds", "cluster_name"], "set-c");
+    assert_eq!(http.on_http_response_headers(0, true), Action::Pause, "rewritten to a Status");
+}
+
+fn advance(fake: &Fake, by: Duration) {
+    fake.state().now += by;
+}
+
+/// The probes dispatched so far: (cluster, path).
+fn probes(fake: &Fake) -> Vec<(String, String)> {
+    let s = fake.state();
+    let path = |h: &Vec<(String, String)>| h.iter().find(|(n, _)| n == ":path").map(|(_, v)| v.clone());
+    s.dispatched.iter().map(|(c, h)| (c.clone(), path(h).unwrap_or_default())).collect()
+}
+
+fn probe_answers(fake: &Fake, root: &mut Root<Fake>, token: u32, status: &str) {
+    fake.state().call_response_headers = vec![(":status".into(), status.as_bytes().to_vec())];
+    root.on_http_call_response(token, 1, 0, 0);
+}
+
+#[test]
+fn after_envoy_finds_a_cluster_down_its_requests_wait_and_go_on_once_it_is_back() {
+    let (fake, mut root) = configured(&sample());
+    let mut first = open(&fake, &root, 1, SUBSET);
+    assert_eq!(first.on_http_request_headers(0, true), Action::Continue, "nothing known down yet");
+    fails(&fake, &mut first, "no_healthy_upstream");
+
+    let mut second = open(&fake, &root, 2, SUBSET);
+    assert_eq!(second.on_http_request_headers(0, true), Action::Pause, "held");
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-c"], "decided before it waits");
+    let mut other = open(&fake, &root, 3, "/api/v1/namespaces/ns/pods");
+    assert_eq!(other.on_http_request_headers(0, true), Action::Continue, "other clusters go on");
+
+    fake.state().dispatched.clear();
+    root.on_tick();
+    assert_eq!(probes(&fake), [("set-c".to_string(), PROBE_PATH.to_string())]);
+    probe_answers(&fake, &mut root, 1, "503");
+    assert!(fake.state().resumed.is_empty(), "Envoy's own 503: still down");
+    root.on_tick();
+    assert_eq!(probes(&fake).len(), 1, "not again before the probe period");
+    advance(&fake, PROBE_PERIOD);
+    root.on_tick();
+    assert_eq!(probes(&fake).len(), 2);
+    // The probe carries no identity: the apiserver's 401 is an answer all the same.
+    probe_answers(&fake, &mut root, 2, "401");
+    assert_eq!(fake.state().resumed, [2]);
+    assert!(fake.state().replies_to.is_empty());
+    root.on_tick();
+    assert_eq!(fake.counter(&format!("{HELD}resumed;")), 1);
+    assert_eq!(fake.state().recorded, [(1000, 200)], "waited 200 ms");
+
+    // The stream's own answer, from the apiserver, goes through untouched.
+    fake.respond(&[(":status", "200")]);
+    fake.state().replies.clear();
+    fake.set_property(&["response", "code_details"], "via_upstream");
+    assert_eq!(second.on_http_response_headers(0, true), Action::Continue);
+    let mut third = open(&fake, &root, 4, SUBSET);
+    assert_eq!(third.on_http_request_headers(0, true), Action::Continue, "up again");
+}
+
+#[test]
+fn a_request_waits_at_most_the_tables_hold_then_gets_its_503_with_retry_after() {
+    let mut table = sample();
+    table["policy"] = json!({"maxHoldMs": 1000});
+    let (fake, mut root) = configured(&table);
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+    let mut held = open(&fake, &root, 2, SUBSET);
+    assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
+    advance(&fake, Duration::from_millis(999));
+    root.on_tick();
+    assert!(fake.state().replies_to.is_empty());
+    advance(&fake, Duration::from_millis(1));
+    root.on_tick();
+    let (id, (status, headers, body)) = fake.state().replies_to.first().cloned().expect("answered");
+    assert_eq!((id, status), (2, 503));
+    assert!(headers.contains(&("retry-after".into(), "1".into())), "{headers:?}");
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+    assert_eq!(body["details"]["retryAfterSeconds"], 1);
+    let message = body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("resourceclaims.v1.resource.k8s.io is served by [c]")
+            && message.contains("held 1.0s"),
+        "{message}"
+    );
+    // Envoy then hands the stream its own local reply: left alone.
+    fake.state().replies.clear();
+    fake.respond(&[(":status", "503")]);
+    fake.set_property(&["response", "code_details"], "wasm_fail_stream");
+    assert_eq!(held.on_http_response_headers(0, true), Action::Continue);
+    assert!(fake.state().replies.is_empty());
+    assert_eq!(fake.counter(&format!("{HELD}expired;")), 1);
+}
+
+#[test]
+fn past_the_bound_requests_are_not_held_and_a_client_that_leaves_frees_its_place() {
+    let mut table = sample();
+    table["policy"] = json!({"maxHeld": 1});
+    let (fake, root) = configured(&table);
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+    let mut held = open(&fake, &root, 2, SUBSET);
+    assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
+    let mut over = open(&fake, &root, 3, SUBSET);
+    assert_eq!(over.on_http_request_headers(0, true), Action::Continue, "to Envoy's 503 at once");
+    assert_eq!(fake.counter(&format!("{HELD}refused;")), 1);
+    drop(held);
+    let mut again = open(&fake, &root, 4, SUBSET);
+    assert_eq!(again.on_http_request_headers(0, true), Action::Pause, "the place is free");
+}
+
+#[test]
+fn failures_after_an_apiserver_took_the_request_mark_nothing_down() {
+    let (fake, root) = configured(&sample());
+    for detail in [
+        "upstream_reset_before_response_started{remote_reset}",
+        "upstream_response_timeout",
+        "upstream_reset_before_response_started{overflow}",
+        // One apiserver refused: Envoy tries another, or finds none healthy once it ejected it.
+        "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
+    ] {
+        let mut http = open(&fake, &root, 1, SUBSET);
+        assert_eq!(http.on_http_request_headers(0, true), Action::Continue, "{detail}");
+        fails(&fake, &mut http, detail);
+    }
+    let mut http = open(&fake, &root, 2, SUBSET);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+}
+
+#[test]
+fn a_zero_hold_answers_at_once_as_before() {
+    let mut table = sample();
+    table["policy"] = json!({"maxHoldMs": 0});
+    let (fake, root) = configured(&table);
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+    let mut next = open(&fake, &root, 2, SUBSET);
+    assert_eq!(next.on_http_request_headers(0, true), Action::Continue);
+}
+
+/// A table that arrives while a request waits: the request goes on if the new table sends it to
+/// the same cluster, and is answered (503, `Retry-After`: it reached nothing) if not, since the
+/// apiserver that came back may no longer serve it.
+#[test]
+fn a_request_goes_on_only_where_the_live_table_still_sends_it() {
+    for (claims_by, resumed) in [(json!(["c"]), true), (json!(["a", "b"]), false)] {
+        let (fake, mut root) = configured(&sample());
+        let mut first = open(&fake, &root, 1, SUBSET);
+        first.on_http_request_headers(0, true);
+        fails(&fake, &mut first, "no_healthy_upstream");
+        let mut held = open(&fake, &root, 2, SUBSET);
+        assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
+
+        let mut newer = sample();
+        newer["generation"] = json!("newer");
+        let gvs = newer["groupVersions"].as_array_mut().expect("group/versions");
+        let claims = gvs.iter_mut().find(|gv| gv["group"] == "resource.k8s.io" && gv["version"] == "v1");
+        let claims = claims.expect("resource.k8s.io/v1");
+        claims["servedBy"] = json!(["a", "b", "c"]);
+        claims["resources"]["resourceclaims"] = claims_by.clone();
+        assert!(configure(&fake, &mut root, sealed(&newer)), "{claims_by}");
+
+        root.on_tick();
+        probe_answers(&fake, &mut root, 1, "200");
+        let s = fake.state();
+        match resumed {
+            true => assert_eq!((s.resumed.as_slice(), s.replies_to.len()), (&[2][..], 0)),
+            false => {
+                assert!(s.resumed.is_empty());
+                let (id, (status, headers, body)) = s.replies_to.first().cloned().expect("answered");
+                assert_eq!((id, status), (2, 503));
+                assert!(headers.contains(&("retry-after".into(), "1".into())));
+                assert!(String::from_utf8_lossy(&body).contains("routing table changed"));
+            }
+        }
+    }
+}
