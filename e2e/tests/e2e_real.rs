@@ -603,6 +603,8 @@ async fn r10_kubectl_rides_out_restarts() -> Result<()> {
 /// same binary and flags again, ready once its post-start hooks are done. A real kubectl lists
 /// ResourceClaims in a loop meanwhile: the edge keeps sending them to c while it serves, and its
 /// 503s while c is away say `Retry-After`, which client-go waits out. Not one kubectl run fails.
+/// Beside it a client that never retries lists them too: its requests wait at the edge while c
+/// is away; only each Envoy worker's first one after c went gets the 503 at once.
 async fn kubectl_through_restarts() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("r10", |_| {}).await?;
@@ -611,6 +613,7 @@ async fn kubectl_through_restarts() -> Result<Row> {
     until_ok(&k, &args).await?;
     let before = edge_5xx(&c).await?;
     let looping = clients::Looping::start(&k, &args);
+    let raw = RawLoop::start(c.client(Credentials::AdminToken, Duration::from_secs(30))?, c.envoy_url()?);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut restarts = Vec::new();
     for _ in 0..2 {
@@ -622,20 +625,63 @@ async fn kubectl_through_restarts() -> Result<Row> {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
     let runs = looping.stop().await?;
+    let (statuses, raw_slowest) = raw.stop().await?;
     let answered = edge_5xx(&c).await? - before;
+    let held = c.envoy()?.prometheus().await?;
+    let held: Vec<&str> = held.lines().filter(|l| l.starts_with("skewgate_held_requests_total")).collect();
     let slowest = runs.slowest();
-    row.requests += runs.0.len();
+    row.requests += runs.0.len() + statuses.values().sum::<usize>();
     row.failures = runs.failures().len();
     row.figure(format!(
-        "2 restarts of c ({:?}): {} kubectl runs, {} failed, slowest {:.1}s; the edge answered {answered} × 5xx",
+        "2 restarts of c ({:?}): {} kubectl runs, {} failed, slowest {:.1}s; a client that never retries: \
+         {statuses:?}, slowest {:.1}s; the edge answered {answered} × 5xx; {held:?}",
         restarts.iter().map(|d| format!("{:.1}s", d.as_secs_f64())).collect::<Vec<_>>(),
         runs.0.len(),
         runs.failures().len(),
-        slowest.as_secs_f64()
+        slowest.as_secs_f64(),
+        raw_slowest.as_secs_f64(),
     ));
     runs.ensure_none_failed()?;
+    // At most one per Envoy worker (2) and restart (2).
+    let at_once = statuses.iter().filter(|(s, _)| **s != 200).map(|(_, n)| n).sum::<usize>();
+    ensure!(at_once <= 4, "the client that never retries saw {statuses:?}");
     finish(c, &mut row).await?;
     Ok(row)
+}
+
+/// A client that lists ResourceClaims in a loop and never sends a request again: what each
+/// answer was, and the slowest.
+struct RawLoop {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Result<(BTreeMap<u16, usize>, Duration)>>,
+}
+
+impl RawLoop {
+    fn start(client: reqwest::Client, base: String) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let (mut statuses, mut slowest) = (BTreeMap::new(), Duration::ZERO);
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let sent = Instant::now();
+                let status = client
+                    .get(format!("{base}/apis/resource.k8s.io/v1/resourceclaims"))
+                    .send()
+                    .await?
+                    .status();
+                slowest = slowest.max(sent.elapsed());
+                *statuses.entry(status.as_u16()).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Ok((statuses, slowest))
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Result<(BTreeMap<u16, usize>, Duration)> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await?
+    }
 }
 
 /// 5xx answers at Envoy's listener.
