@@ -50,6 +50,33 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// second per worker.
 pub const RELEASE_PER_TICK: usize = 50;
 
+/// Where one worker tells the others which clusters it found down (Envoy's shared data, one key
+/// for all workers' VMs), so that each does not find it out with a failed request of its own.
+pub const BOARD_KEY: &str = "skewgate.hold.down";
+
+/// The board's entries: `cluster=millis;` each, when a worker found the cluster down (its
+/// clock, in milliseconds). Garbage parses to nothing.
+pub fn board_entries(board: &[u8]) -> Vec<(&str, u64)> {
+    let Ok(text) = std::str::from_utf8(board) else { return Vec::new() };
+    text.split(';')
+        .filter_map(|entry| entry.split_once('='))
+        .filter_map(|(cluster, at)| Some((cluster, at.parse().ok()?)))
+        .filter(|(cluster, _)| !cluster.is_empty())
+        .collect()
+}
+
+/// `board` with `cluster` found down at `now_ms`, and without entries older than `keep_ms`.
+pub fn board_with(board: &[u8], cluster: &str, now_ms: u64, keep_ms: u64) -> Vec<u8> {
+    let mut out = String::new();
+    for (other, at) in board_entries(board) {
+        if other != cluster && now_ms.saturating_sub(at) < keep_ms {
+            out.push_str(&format!("{other}={at};"));
+        }
+    }
+    out.push_str(&format!("{cluster}={now_ms};"));
+    out.into_bytes()
+}
+
 /// Whether a request is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -345,5 +372,17 @@ mod tests {
         let rest: Vec<u32> = h.probed(2, true).into_iter().map(|(_, r)| r.id).collect();
         assert_eq!(rest, (100..120).chain([500]).collect::<Vec<_>>());
         assert!(h.is_empty() && h.held() == 0);
+    }
+
+    #[test]
+    fn the_board_keeps_the_latest_finding_per_cluster_and_forgets_old_ones() {
+        let board = board_with(b"", "c", 1000, 10_000);
+        let board = board_with(&board, "set-a", 5000, 10_000);
+        let board = board_with(&board, "c", 9000, 10_000);
+        assert_eq!(board_entries(&board), [("set-a", 5000), ("c", 9000)]);
+        let board = board_with(&board, "x", 16_000, 10_000);
+        assert_eq!(board_entries(&board), [("c", 9000), ("x", 16_000)], "set-a found 11 s ago: gone");
+        assert!(board_entries(b"\xff\xfe").is_empty());
+        assert_eq!(board_entries(b"=1;c=x;d=2;junk"), [("d", 2)]);
     }
 }

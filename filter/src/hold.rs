@@ -42,6 +42,8 @@ pub struct Holding<H: Host> {
     /// the same cluster.
     live: RefCell<Option<Rc<Active<H>>>>,
     holds: RefCell<Holds<Waiter<H>>>,
+    /// The newest finding on the board this worker took over (milliseconds), if any.
+    board_seen: Cell<Option<u64>>,
     /// Counter ids by (cluster, outcome), defined when first needed.
     counters: RefCell<BTreeMap<(String, &'static str), Option<u32>>>,
     waited: Option<u32>,
@@ -52,6 +54,7 @@ impl<H: Host> Holding<H> {
         let waited = host.define_histogram("skewgate.hold_milliseconds");
         Self {
             live: RefCell::default(),
+            board_seen: Cell::new(None),
             holds: RefCell::new(Holds::new(HoldPolicy::default())),
             counters: RefCell::default(),
             waited,
@@ -90,8 +93,21 @@ impl<H: Host> Holding<H> {
         }
     }
 
-    /// Envoy answered for `cluster` that no apiserver took a request.
+    /// Envoy answered for `cluster` that no apiserver took a request: marked here, and on the
+    /// board for the other workers.
     pub fn failed(&self, cluster: &str) {
+        self.mark(cluster);
+        let (now, keep) = (millis(self.now()), millis(self.holds.borrow().policy().max_wait));
+        for _ in 0..3 {
+            let (board, cas) = self.host.shared_data(hold::BOARD_KEY);
+            let board = hold::board_with(board.as_deref().unwrap_or_default(), cluster, now, keep);
+            if self.host.set_shared_data(hold::BOARD_KEY, &board, cas) {
+                break;
+            }
+        }
+    }
+
+    fn mark(&self, cluster: &str) {
         self.holds.borrow_mut().failed(cluster, self.now());
         // Every outcome's series from the first time the cluster is down, zeros included.
         for outcome in OUTCOMES {
@@ -104,9 +120,19 @@ impl<H: Host> Holding<H> {
         self.holds.borrow_mut().forget(id);
     }
 
-    /// Every tick: probes due, and answers for streams that waited their time.
+    /// Every tick: what other workers found down, probes due, releases, and answers for streams
+    /// that waited their time.
     pub fn tick(&self) {
         let now = self.now();
+        if let (Some(board), _) = self.host.shared_data(hold::BOARD_KEY) {
+            let (seen, keep) = (self.board_seen.get(), millis(self.holds.borrow().policy().max_wait));
+            for (cluster, at) in hold::board_entries(&board) {
+                if seen.is_none_or(|seen| at > seen) && millis(now).saturating_sub(at) < keep {
+                    self.mark(cluster);
+                }
+                self.board_seen.set(Some(self.board_seen.get().map_or(at, |s| s.max(at))));
+            }
+        }
         let due = self.holds.borrow_mut().probes_due(now);
         let headers = |cluster: &str| -> Vec<(&str, String)> {
             vec![
@@ -196,4 +222,8 @@ impl<H: Host> Holding<H> {
     fn now(&self) -> Duration {
         self.host.now()
     }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -64,6 +64,8 @@ pub struct State {
     /// Histogram names in definition order (ids from 1000 on), and the values recorded.
     pub histograms: Vec<String>,
     pub recorded: Vec<(u32, u64)>,
+    /// Shared data by key: value and version.
+    pub shared: BTreeMap<String, (Vec<u8>, u32)>,
 }
 
 impl Fake {
@@ -260,6 +262,24 @@ impl Host for Fake {
     fn send_response_to(&self, id: u32, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>) {
         let headers = headers.into_iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
         self.state().replies_to.push((id, (status, headers, body.unwrap_or_default().to_vec())));
+    }
+
+    fn shared_data(&self, key: &str) -> (Option<Bytes>, Option<u32>) {
+        match self.0.borrow().shared.get(key) {
+            Some((value, cas)) => (Some(value.clone()), Some(*cas)),
+            None => (None, None),
+        }
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        let mut s = self.state();
+        let current = s.shared.get(key).map(|(_, c)| *c);
+        if cas.is_some_and(|c| current.is_some_and(|now| now != c)) {
+            return false;
+        }
+        let next = current.unwrap_or(0) + 1;
+        s.shared.insert(key.to_owned(), (value.to_vec(), next));
+        true
     }
 
     fn define_histogram(&self, name: &str) -> Option<u32> {

@@ -69,6 +69,10 @@ pub trait Host: Clone + 'static {
     fn resume_request(&self, id: u32);
     /// A local reply on stream `id` (from the root context).
     fn send_response_to(&self, id: u32, status: u32, headers: Vec<(&str, &str)>, body: Option<&[u8]>);
+    /// A value every worker's VM shares, with its version for [`Host::set_shared_data`].
+    fn shared_data(&self, key: &str) -> (Option<Bytes>, Option<u32>);
+    /// Sets it if it is still at version `cas` (none: whatever it is); false when it was not.
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
     fn define_histogram(&self, name: &str) -> Option<u32>;
     fn record_metric(&self, id: u32, value: u64);
 }

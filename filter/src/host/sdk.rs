@@ -148,6 +148,21 @@ impl Host for ProxyWasm {
         }
     }
 
+    fn shared_data(&self, key: &str) -> (Option<Bytes>, Option<u32>) {
+        hostcalls::get_shared_data(key).unwrap_or((None, None))
+    }
+
+    fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => true,
+            Err(Status::CasMismatch) => false,
+            Err(e) => {
+                log::warn!("skewgate: setting shared data {key}: {e:?}");
+                false
+            }
+        }
+    }
+
     fn define_histogram(&self, name: &str) -> Option<u32> {
         match hostcalls::define_metric(MetricType::Histogram, name) {
             Ok(id) => Some(id),

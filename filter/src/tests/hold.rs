@@ -206,3 +206,31 @@ fn a_request_goes_on_only_where_the_live_table_still_sends_it() {
         }
     }
 }
+
+/// Another worker (its own VM, its own root context) learns from the board that a cluster is
+/// down at its next tick, without a failed request of its own, and only once per finding.
+#[test]
+fn a_worker_tells_the_others_what_it_found_down() {
+    let (fake, root) = configured(&sample());
+    let mut other = Root::new(fake.clone());
+    assert!(configure(&fake, &mut other, sealed(&sample())));
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+
+    let mut before = open(&fake, &other, 2, SUBSET);
+    assert_eq!(before.on_http_request_headers(0, true), Action::Continue, "not before its tick");
+    other.on_tick();
+    let token = fake.state().dispatched.len() as u32;
+    assert_eq!(probes(&fake).last().map(|(c, _)| c.as_str()), Some("set-c"), "it probes set-c");
+    let mut after = open(&fake, &other, 3, SUBSET);
+    assert_eq!(after.on_http_request_headers(0, true), Action::Pause, "held: found down by the first");
+
+    // Its probe finds the cluster up: the same finding on the board does not mark it again.
+    probe_answers(&fake, &mut other, token, "200");
+    assert_eq!(fake.state().resumed, [3]);
+    advance(&fake, PROBE_PERIOD);
+    other.on_tick();
+    let mut later = open(&fake, &other, 4, SUBSET);
+    assert_eq!(later.on_http_request_headers(0, true), Action::Continue);
+}
