@@ -433,6 +433,26 @@ fn allow_peers(common: &mut [String]) {
     }
 }
 
+/// What one kube-apiserver binary is, asked once.
+#[derive(Debug, Clone)]
+struct Probe {
+    version: String,
+    /// It has `--requestheader-uid-headers` (1.32+).
+    uid_headers: bool,
+    /// It has `--shutdown-watch-termination-grace-period` (1.27+).
+    watch_termination: bool,
+}
+
+impl Probe {
+    fn of(binary: &Path) -> Result<Self> {
+        Ok(Self {
+            version: version_of(binary)?,
+            uid_headers: has_flag(binary, "--requestheader-uid-headers")?,
+            watch_termination: has_flag(binary, "--shutdown-watch-termination-grace-period")?,
+        })
+    }
+}
+
 /// The command that starts apiserver `id` listening on `addr`, before its spec's flags.
 fn apiserver_command(
     common: &[String],
@@ -440,7 +460,7 @@ fn apiserver_command(
     binary: &Path,
     id: &str,
     addr: SocketAddr,
-    uid_headers: bool,
+    probe: &Probe,
     dir: &Path,
 ) -> Command {
     let mut command = match mvp {
@@ -448,9 +468,15 @@ fn apiserver_command(
         None => Command::new(binary),
     };
     command.args(common);
-    // Only the versions that have the flag (1.32+): an older one refuses to start with it.
-    if uid_headers {
+    // Only the versions that have the flags: an older one refuses to start with them.
+    if probe.uid_headers {
         command.arg("--requestheader-uid-headers=X-Remote-Uid");
+    }
+    // Without it a stopping apiserver keeps its watches open until its 60 s shutdown timeout,
+    // behind any load balancer: with it, it ends them after its shutdown delay and its clients
+    // watch again elsewhere (docs/deploy.md, "A draining apiserver's watches").
+    if probe.watch_termination {
+        command.arg(format!("--shutdown-watch-termination-grace-period={}s", SHUTDOWN_DELAY.as_secs()));
     }
     if let Some(mvp) = mvp {
         command.args(mvp.flags(addr));
@@ -471,8 +497,8 @@ pub struct ControlPlane {
     addresses: Vec<(String, SocketAddr)>,
     /// Flags every apiserver gets (the spec's come after them, so they may override).
     common: Vec<String>,
-    /// Per binary: its `--version`, and whether it has `--requestheader-uid-headers` (1.32+).
-    probed: BTreeMap<PathBuf, (String, bool)>,
+    /// Per binary: its `--version` and the flags it has.
+    probed: BTreeMap<PathBuf, Probe>,
     dir: PathBuf,
     /// Trusts the peer CA, sends the admin token: for `/readyz` and the RBAC setup.
     admin: reqwest::Client,
@@ -575,18 +601,19 @@ impl ControlPlane {
                 bail!("{id}={spec}: which kube-apiserver? Give --kube-apiserver PATH or a path in the spec")
             }
         };
-        let (version, uid_headers) = match self.probed.get(&binary) {
+        let probe = match self.probed.get(&binary) {
             Some(probe) => probe.clone(),
             None => {
-                let probe = (version_of(&binary)?, has_flag(&binary, "--requestheader-uid-headers")?);
+                let probe = Probe::of(&binary)?;
                 self.probed.insert(binary.clone(), probe.clone());
                 probe
             }
         };
+        let version = probe.version.clone();
         let dir = self.dir.join(id);
         std::fs::create_dir_all(&dir)?;
         let mut command =
-            apiserver_command(&self.common, self.mvp.as_ref(), &binary, id, addr, uid_headers, &self.dir);
+            apiserver_command(&self.common, self.mvp.as_ref(), &binary, id, addr, &probe, &self.dir);
         command.args(spec.args());
         let process = Process::spawn(command, &self.dir.join(format!("{id}.log")), &format!("{id}: {spec}"))?;
         let apiserver = Apiserver {
@@ -708,11 +735,20 @@ mod tests {
         let spec = Spec::parse(&format!("{KUBE_APISERVER}@1.33:--v=2")).unwrap();
 
         let plain = common_flags("http://127.0.0.1:2379", &pki, &dir.join("tokens.csv"), true);
-        let mut command = apiserver_command(&plain, None, binary, "b", addr, true, &dir);
+        let probe = Probe { version: "v1.36.2".into(), uid_headers: true, watch_termination: true };
+        let mut command = apiserver_command(&plain, None, binary, "b", addr, &probe, &dir);
         command.args(spec.args());
         assert_eq!(command.get_program(), binary);
         let args = args_of(&command);
         assert!(args.contains(&"--requestheader-allowed-names=skewgate-front-proxy".to_string()));
+        assert!(args.contains(&"--shutdown-watch-termination-grace-period=5s".to_string()));
+        let old = Probe { version: "v1.26.0".into(), uid_headers: false, watch_termination: false };
+        let old_args = args_of(&apiserver_command(&plain, None, binary, "b", addr, &old, &dir));
+        assert!(
+            !old_args
+                .iter()
+                .any(|a| a.starts_with("--shutdown-watch") || a.starts_with("--requestheader-uid"))
+        );
         assert!(
             !args.iter().any(|a| a.starts_with("--peer-") || a.starts_with("--feature-gates")),
             "{args:?}"
@@ -720,7 +756,7 @@ mod tests {
 
         let mut common = plain.clone();
         allow_peers(&mut common);
-        let mut command = apiserver_command(&common, Some(&mvp), binary, "b", addr, true, &dir);
+        let mut command = apiserver_command(&common, Some(&mvp), binary, "b", addr, &probe, &dir);
         command.args(spec.args());
         assert_eq!(command.get_program(), "unshare");
         let args = args_of(&command);
@@ -748,7 +784,7 @@ mod tests {
             .filter(|a| !a.starts_with("--requestheader-allowed-names="))
             .filter(|a| !mvp.flags(addr).contains(a))
             .collect();
-        let plain_args = args_of(&apiserver_command(&plain, None, binary, "b", addr, true, &dir));
+        let plain_args = args_of(&apiserver_command(&plain, None, binary, "b", addr, &probe, &dir));
         let plain_rest: Vec<&String> =
             plain_args.iter().filter(|a| !a.starts_with("--requestheader-allowed-names=")).collect();
         assert_eq!(rest[..rest.len() - 2], plain_rest[..]);
