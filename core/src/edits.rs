@@ -141,11 +141,22 @@ fn reset_reason(envoy_detail: &str) -> Option<&str> {
 }
 
 /// Envoy had no apiserver of the cluster to take the request: none healthy, by its own checks
-/// (and the sidecar's marks). What marks a cluster down for the requests that follow
-/// ([`crate::hold`]). A refused connection does not: it names one apiserver, and Envoy tries
-/// another of the cluster, if any, or ejects it and then finds none healthy.
-pub fn no_apiserver_took_it(envoy_detail: &str) -> bool {
+/// (and the sidecar's marks), or, in a cluster of one (`members`), that one refused or failed the
+/// connection. What marks a cluster down for the requests that follow ([`crate::hold`]). In a
+/// larger cluster a refused connection names one apiserver: Envoy tries another, or ejects it and
+/// then finds none healthy.
+pub fn no_apiserver_took_it(envoy_detail: &str, members: usize) -> bool {
     envoy_detail == "no_healthy_upstream"
+        || (members == 1
+            && matches!(
+                reset_reason(envoy_detail),
+                Some(
+                    "connection_failure"
+                        | "local_connection_failure"
+                        | "remote_connection_failure"
+                        | "connection_timeout"
+                )
+            ))
 }
 
 /// What answering Envoy's own failure of a routed request needs, kept by the filter and the

@@ -11,6 +11,7 @@ use skewgate_core::certificate;
 use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit, Reply, Routed};
 use skewgate_core::identity::{self, Identity};
+use skewgate_core::table::Serving;
 
 use crate::active::Active;
 use crate::hold::{Holding, Release};
@@ -226,7 +227,8 @@ impl<H: Host> HttpContext for Http<H> {
         let table = &active.table;
         active.metrics.unavailable(self.routed.serving);
         let details = String::from_utf8_lossy(&details);
-        if edits::no_apiserver_took_it(&details) {
+        let members = table.members(self.routed.serving.unwrap_or(Serving::All)).count();
+        if edits::no_apiserver_took_it(&details, members) {
             // The requests that follow wait for the cluster to come back, this one is answered:
             // it is under way in Envoy and cannot be sent again from here.
             if let Some(cluster) = self.host.property(&["xds", "cluster_name"]) {

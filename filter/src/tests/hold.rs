@@ -146,8 +146,6 @@ fn failures_after_an_apiserver_took_the_request_mark_nothing_down() {
         "upstream_reset_before_response_started{remote_reset}",
         "upstream_response_timeout",
         "upstream_reset_before_response_started{overflow}",
-        // One apiserver refused: Envoy tries another, or finds none healthy once it ejected it.
-        "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}",
     ] {
         let mut http = open(&fake, &root, 1, SUBSET);
         assert_eq!(http.on_http_request_headers(0, true), Action::Continue, "{detail}");
@@ -233,4 +231,28 @@ fn a_worker_tells_the_others_what_it_found_down() {
     other.on_tick();
     let mut later = open(&fake, &other, 4, SUBSET);
     assert_eq!(later.on_http_request_headers(0, true), Action::Continue);
+}
+
+/// A refused connection marks a cluster of one down (its only apiserver is away), not a cluster
+/// of two (Envoy tries the other, or finds none healthy once it ejected the first).
+#[test]
+fn a_refused_connection_marks_only_a_cluster_of_one_down() {
+    const REFUSED: &str = "upstream_reset_before_response_started{remote_connection_failure|delayed_connect_error:_Connection_refused}";
+    let (fake, root) = configured(&sample());
+    let two = "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu";
+    let mut http = open(&fake, &root, 1, two);
+    assert_eq!(http.on_http_request_headers(0, true), Action::Continue);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-a-b"]);
+    fake.respond(&[(":status", "503")]);
+    fake.set_property(&["response", "code_details"], REFUSED);
+    fake.set_property(&["xds", "cluster_name"], "set-a-b");
+    http.on_http_response_headers(0, true);
+    let mut next = open(&fake, &root, 2, two);
+    assert_eq!(next.on_http_request_headers(0, true), Action::Continue, "a and b: not down");
+
+    let mut http = open(&fake, &root, 3, SUBSET);
+    http.on_http_request_headers(0, true);
+    fails(&fake, &mut http, REFUSED);
+    let mut next = open(&fake, &root, 4, SUBSET);
+    assert_eq!(next.on_http_request_headers(0, true), Action::Pause, "c alone: down");
 }
