@@ -12,6 +12,7 @@ use skewgate_core::hold::{self, Held, HoldPolicy, Holds};
 
 use crate::active::Active;
 use crate::host::Host;
+use crate::metrics;
 
 /// What became of a request that met a down cluster: released to its apiserver, answered after
 /// the longest wait, answered because the live table now sends it elsewhere, or not held at all
@@ -51,7 +52,7 @@ pub struct Holding<H: Host> {
 
 impl<H: Host> Holding<H> {
     pub fn new(host: H) -> Self {
-        let waited = host.define_histogram("skewgate.hold_milliseconds");
+        let waited = host.define_histogram(metrics::HOLD_MILLISECONDS);
         Self {
             live: RefCell::default(),
             board_seen: Cell::new(None),
@@ -213,10 +214,11 @@ impl<H: Host> Holding<H> {
     }
 
     fn counter(&self, cluster: &str, outcome: &'static str) -> Option<u32> {
-        *self.counters.borrow_mut().entry((cluster.to_owned(), outcome)).or_insert_with(|| {
-            self.host
-                .define_counter(&format!("skewgate.held_requests_total.cluster={cluster};outcome={outcome};"))
-        })
+        *self
+            .counters
+            .borrow_mut()
+            .entry((cluster.to_owned(), outcome))
+            .or_insert_with(|| self.host.define_counter(&metrics::held_requests(cluster, outcome)))
     }
 
     fn now(&self) -> Duration {

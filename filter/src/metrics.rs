@@ -32,6 +32,14 @@ fn increment(host: &impl Host, id: Option<u32>) {
     }
 }
 
+/// How long requests waited at the edge, released or answered ([`crate::hold`]), in ms.
+pub const HOLD_MILLISECONDS: &str = "skewgate.hold_milliseconds";
+
+/// Requests that met a down `cluster`, by what became of them ([`crate::hold`]).
+pub fn held_requests(cluster: &str, outcome: &str) -> String {
+    format!("skewgate.held_requests_total.cluster={cluster};outcome={outcome};")
+}
+
 /// Counts configurations, by outcome, on each VM (the main thread's and every worker's).
 pub fn count_config(host: &impl Host, accepted: bool) {
     let result = if accepted { "accepted" } else { "rejected" };
