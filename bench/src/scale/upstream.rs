@@ -76,6 +76,8 @@ struct Inner {
     next: usize,
     events: u64,
     dropped_slow: u64,
+    /// Apiservers told to stop.
+    stopped: Vec<usize>,
 }
 
 #[derive(Default)]
@@ -91,11 +93,15 @@ struct Watcher {
 }
 
 impl Store {
-    /// A new watcher of `index` on `apiserver`, with the events after `since` already queued.
-    fn watch(&self, apiserver: usize, index: usize, since: u64) -> mpsc::Receiver<Bytes> {
+    /// A new watcher of `index` on `apiserver`, with the events after `since` already queued;
+    /// none once `apiserver` is told to stop (its watches would never be ended).
+    fn watch(&self, apiserver: usize, index: usize, since: u64) -> Option<mpsc::Receiver<Bytes>> {
         let (tx, rx) = mpsc::channel(WATCH_BUFFER);
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         let inner = &mut *inner;
+        if inner.stopped.contains(&apiserver) {
+            return None;
+        }
         let stream = inner.watches.entry(index).or_insert_with(|| {
             inner.order.push(index);
             Stream::default()
@@ -106,7 +112,7 @@ impl Store {
             let _ = tx.try_send(Bytes::from(replay));
         }
         stream.watchers.push(Watcher { apiserver, events: tx });
-        rx
+        Some(rx)
     }
 
     /// Writes `n` events, each to the next watch in turn.
@@ -139,12 +145,18 @@ impl Store {
         }
     }
 
-    /// Ends every watch `apiserver` serves.
-    fn end_watches(&self, apiserver: usize) {
+    /// Ends every watch `apiserver` serves, and refuses it new ones; how many it ended.
+    fn end_watches(&self, apiserver: usize) -> u64 {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        inner.stopped.push(apiserver);
+        let mut ended = 0;
         for stream in inner.watches.values_mut() {
+            // A watcher whose client has gone stays until the next event finds its channel closed.
+            let live = |w: &&Watcher| w.apiserver == apiserver && !w.events.is_closed();
+            ended += stream.watchers.iter().filter(live).count() as u64;
             stream.watchers.retain(|w| w.apiserver != apiserver);
         }
+        ended
     }
 
     /// The events written so far for each watch, by index.
@@ -188,10 +200,11 @@ impl Upstream {
     /// What kube-apiserver does when it finally shuts down: it stops accepting connections and
     /// ends its watches (their clients watch again elsewhere, from their last resourceVersion);
     /// requests on its open connections are answered, then the connections close.
-    pub fn drain(&self, id: &str) {
-        let Some(apiserver) = self.ports.iter().position(|(i, _)| i == id) else { return };
+    /// How many watches it ended.
+    pub fn drain(&self, id: &str) -> u64 {
+        let Some(apiserver) = self.ports.iter().position(|(i, _)| i == id) else { return 0 };
         let _ = self.drains[apiserver].send(true);
-        self.store.end_watches(apiserver);
+        self.store.end_watches(apiserver)
     }
 
     pub fn counts(&self) -> Counts {
@@ -284,8 +297,13 @@ fn handle(store: &Store, apiserver: usize, req: Request<Incoming>) -> Response<A
     }
     if let Some(query) = req.uri().query().and_then(parse_watch_query) {
         store.watch_requests.fetch_add(1, Ordering::Relaxed);
-        let events = store.watch(apiserver, query.index, query.resource_version);
-        return answer(StatusCode::OK, Answer::Watch(events));
+        return match store.watch(apiserver, query.index, query.resource_version) {
+            Some(events) => answer(StatusCode::OK, Answer::Watch(events)),
+            // A watch that reaches a stopped apiserver on a connection it has not closed yet.
+            None => {
+                answer(StatusCode::SERVICE_UNAVAILABLE, Answer::Once(Some(Bytes::from_static(b"stopping"))))
+            }
+        };
     }
     store.other_requests.fetch_add(1, Ordering::Relaxed);
     answer(

@@ -36,6 +36,8 @@ use skewgate_pki::Pki;
 use skewgate_testkit::envoy::{Config, Envoy, Settings, sealed_ecds, upstream_tls};
 use skewgate_testkit::paths;
 
+mod polling;
+
 const CONFIGS: [&str; 2] = ["plain", "skewgate"];
 const APISERVERS: [&str; 3] = ["a", "b", "c"];
 /// The apiserver the drain step stops: b serves the pool's watches and, with a, the set a_b's;
@@ -67,10 +69,23 @@ struct Cli {
     /// Envoy's workers. At 1 Envoy has core 1 to itself; clients and upstream share core 0.
     #[arg(long, default_value_t = 1)]
     concurrency: u32,
+    /// Apiservers the sidecars poll, a run each.
+    #[arg(long, value_delimiter = ',', default_value = "3,5,7")]
+    polling_apiservers: Vec<usize>,
+    /// Edges (sidecars) polling them, a run each.
+    #[arg(long, value_delimiter = ',', default_value = "1,5,10")]
+    polling_edges: Vec<usize>,
+    /// Seconds each polling run is measured.
+    #[arg(long, default_value_t = 20)]
+    polling_seconds: u64,
+    /// The parts to run: watches (Envoy), polling (the sidecar).
+    #[arg(long, value_delimiter = ',', default_value = "watches,polling", value_parser = ["watches", "polling"])]
+    parts: Vec<String>,
     /// Leave bench/results and BENCHMARKS.md alone (experiments).
     #[arg(long)]
     no_write: bool,
-    /// A smoke run: 1,000 watches, 3-second phases, nothing written.
+    /// A smoke run: 1,000 watches, 3-second phases, 3 apiservers polled by 2 edges for 5 s,
+    /// nothing written.
     #[arg(long)]
     quick: bool,
 }
@@ -98,6 +113,8 @@ struct Cell {
     requests: u64,
     requests_failed: u64,
     cpu_us_per_request: f64,
+    /// Connections Envoy opened to the apiservers per short request (0: it reused idle ones).
+    upstream_connections_per_request: f64,
     request_p50_ms: f64,
     request_p99_ms: f64,
     event_p99_ms_with_requests: f64,
@@ -109,6 +126,10 @@ struct Cell {
 
 #[derive(Debug, Serialize)]
 struct Drain {
+    /// Watches the stopped apiserver held and ended.
+    ended_by_drain: u64,
+    /// Watch streams the clients saw end from then until every watch was back (those ended
+    /// and any that ended again).
     moved: u64,
     back_s: f64,
     refused: u64,
@@ -127,6 +148,10 @@ fn main() -> Result<()> {
         true => (vec![1000], 3, false),
         false => (cli.watches.clone(), cli.seconds, !cli.no_write),
     };
+    if write && cli.parts.len() < 2 {
+        bail!("--parts runs a part of the benchmark: add --no-write");
+    }
+    let watch_sizes = if cli.parts.iter().any(|p| p == "watches") { watch_sizes } else { Vec::new() };
     if cli.per_client == 0 || cli.per_client > 1000 {
         bail!("--per-client must be 1..=1000 (Envoy's max_concurrent_streams)");
     }
@@ -199,6 +224,14 @@ impl Run<'_> {
         let ecds = sealed_ecds(&table, &wasm)?;
         let compiled = skewgate_core::table::RoutingTable::compile(table.clone())?;
         let mut cells = Vec::new();
+        let polling = match self.cli.parts.iter().any(|p| p == "polling") {
+            true if self.cli.quick => polling::run(&pki, &dir, &[3], &[2], 5, self.upstream_rt).await?,
+            true => {
+                let (m, e) = (&self.cli.polling_apiservers, &self.cli.polling_edges);
+                polling::run(&pki, &dir, m, e, self.cli.polling_seconds, self.upstream_rt).await?
+            }
+            false => Vec::new(),
+        };
         for (round, &watches) in watch_sizes.iter().enumerate() {
             // Each size starts with the other configuration than the last: whichever runs first
             // runs on a machine that has rested.
@@ -222,6 +255,8 @@ impl Run<'_> {
             "seconds_per_phase": self.seconds,
             "took_s": started.elapsed().as_secs_f64(),
             "cells": cells,
+            "polling_seconds": self.cli.polling_seconds,
+            "polling": polling,
         });
         let md = markdown(&result);
         println!("\n{md}");
@@ -355,8 +390,26 @@ impl Run<'_> {
         let cpu_us_per_event = cpu_each(after.envoy_us - before.envoy_us, idle, after.at - before.at, events);
         let latencies = seen.take_latencies();
 
-        // Events and short requests.
+        // Short requests alone: their CPU without the events' in the same reading.
+        upstream.set_rate(0);
         seen.short_rate.store(self.cli.requests, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let connections_before = upstream_connections(&envoy).await?;
+        let before = Reading::take(pid, &seen)?;
+        tokio::time::sleep(Duration::from_secs(self.seconds)).await;
+        let after = Reading::take(pid, &seen)?;
+        let upstream_connections_per_request = (upstream_connections(&envoy).await? - connections_before)
+            as f64
+            / (after.short_ok - before.short_ok).max(1) as f64;
+        let cpu_us_per_request = cpu_each(
+            after.envoy_us - before.envoy_us,
+            idle,
+            after.at - before.at,
+            after.short_ok - before.short_ok,
+        );
+
+        // Both: latencies under load, and the share of a core the upstream and the clients need.
+        upstream.set_rate(self.cli.events);
         tokio::time::sleep(Duration::from_secs(1)).await;
         seen.take_latencies();
         seen.take_short_latencies();
@@ -365,9 +418,6 @@ impl Run<'_> {
         let after = Reading::take(pid, &seen)?;
         let requests = after.short_ok - before.short_ok;
         let requests_failed = after.short_failed - before.short_failed;
-        let events_loaded = after.events - before.events;
-        let spent = after.envoy_us - before.envoy_us - cpu_us_per_event * events_loaded as f64;
-        let cpu_us_per_request = cpu_each(spent, idle, after.at - before.at, requests);
         let loaded_latencies = seen.take_latencies();
         let short = seen.take_short_latencies();
         let span = after.at - before.at;
@@ -398,6 +448,7 @@ impl Run<'_> {
             requests,
             requests_failed,
             cpu_us_per_request,
+            upstream_connections_per_request,
             request_p50_ms: percentile(&short, 50.0),
             request_p99_ms: percentile(&short, 99.0),
             event_p99_ms_with_requests: percentile(&loaded_latencies, 99.0),
@@ -420,7 +471,7 @@ impl Run<'_> {
         let ended = seen.ended.load(Ordering::SeqCst);
         let (refused, failed) = (seen.refused.load(Ordering::SeqCst), seen.failed.load(Ordering::SeqCst));
         let started = Instant::now();
-        upstream.drain(DRAINED);
+        let ended_by_drain = upstream.drain(DRAINED);
         let (mut peak_rss, mut peak_cpu) = (bench::rss_kib(pid)?, 0.0f64);
         let (mut cpu, mut at) = (envoy_cpu(pid)?, Instant::now());
         let deadline = started + Duration::from_secs(120);
@@ -454,6 +505,7 @@ impl Run<'_> {
             sequences.iter().enumerate().map(|(i, s)| s.lost(written.get(&i).copied().unwrap_or(0))).sum();
         let counts = upstream.counts();
         Ok(Drain {
+            ended_by_drain,
             moved: seen.ended.load(Ordering::SeqCst) - ended,
             back_s: back.as_secs_f64(),
             refused: seen.refused.load(Ordering::SeqCst) - refused,
@@ -466,6 +518,16 @@ impl Run<'_> {
             dropped_slow: counts.dropped_slow,
         })
     }
+}
+
+/// Connections Envoy has opened to the apiservers, all clusters.
+async fn upstream_connections(envoy: &Envoy) -> Result<u64> {
+    let stats = envoy.stats().await?;
+    Ok(stats
+        .iter()
+        .filter(|(k, _)| k.starts_with("cluster.") && k.ends_with(".upstream_cx_total"))
+        .map(|(_, v)| v)
+        .sum())
 }
 
 /// Envoy's memory allocator gives freed memory back at most once a second (bootstrap.yaml):
@@ -538,6 +600,40 @@ fn markdown(result: &Value) -> String {
         result["seconds_per_phase"],
         f(&result["took_s"]),
     );
+    if !cells.is_empty() {
+        md.push_str(&watch_tables(&cells));
+    }
+    if let Some(rows) = result["polling"].as_array().filter(|r| !r.is_empty()) {
+        md.push_str(&format!(
+            "\nThe sidecar, one `skewgate sync` per edge with the shipped periods (discovery in full every 5 s, readiness and discovery ETags every 250 ms), polling stand-in apiservers (the real 1.33 documents, the last at 1.36), {} s each:\n\n",
+            result["polling_seconds"]
+        ));
+        md.push_str("| apiservers | edges | requests/s on each apiserver (mean, busiest) | per edge | discovery answers that were 304 | KiB/s the sidecars read per apiserver | KiB/s the 304s saved each apiserver | per sidecar: share of a core, RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
+        for r in rows {
+            let edges = f(&r["edges"]);
+            md.push_str(&format!(
+                "| {} | {} | {:.1}, {:.1} | {:.1} | {} of {} | {:.1} | {:.0} | {:.3}, {:.0} |\n",
+                r["apiservers"],
+                r["edges"],
+                f(&r["requests_per_s_per_apiserver"]),
+                f(&r["requests_per_s_busiest"]),
+                f(&r["requests_per_s_per_apiserver"]) / edges,
+                r["discovery_304s"],
+                r["discovery_answers"],
+                f(&r["bytes_per_s_per_apiserver"]) / 1024.0,
+                f(&r["saved_bytes_per_s_per_apiserver"]) / 1024.0,
+                f(&r["sidecar_core_share"]),
+                f(&r["sidecar_rss_mib"]),
+            ));
+        }
+    }
+    md
+}
+
+/// The watch runs' two tables: per size and configuration (skewgate's ratio to plain under each
+/// size), and the drain step's.
+fn watch_tables(cells: &[&Value]) -> String {
+    let mut md = String::new();
     md.push_str("| watches | connections | config | Envoy RSS MiB (alone → connected → watching) | KiB/connection | KiB/watch | CPU µs/watch opened | CPU µs/event | event p50 / p99 ms | CPU µs/get | get p50 / p99 ms | event p99 ms with gets | upstream, clients: share of a core |\n");
     md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut by_size: Vec<u64> = cells.iter().filter_map(|c| c["watches"].as_u64()).collect();
@@ -588,7 +684,7 @@ fn markdown(result: &Value) -> String {
         }
     }
     md.push_str(&format!("\nApiserver {DRAINED} stops (ends its watches, refuses connections) with events and gets going on:\n\n"));
-    md.push_str("| watches | config | watches moved | every watch back after | watch requests refused / unanswered meanwhile | events written | lost | repeated | Envoy peak RSS MiB | Envoy peak CPU (share of a core, 100 ms) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| watches | config | watches b held | watch streams ended (clients) | every watch back after | watch requests refused / unanswered meanwhile | events written | lost | repeated | Envoy peak RSS MiB | Envoy peak CPU (share of a core, 100 ms) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     for size in &by_size {
         for config in CONFIGS {
             let Some(c) = cells.iter().find(|c| c["watches"] == *size && c["config"] == config) else {
@@ -599,9 +695,10 @@ fn markdown(result: &Value) -> String {
                 continue;
             }
             md.push_str(&format!(
-                "| {} | {} | {} | {:.2} s | {} / {} | {} | **{}** | {} | {:.0} | {:.2} |\n",
+                "| {} | {} | {} | {} | {:.2} s | {} / {} | {} | **{}** | {} | {:.0} | {:.2} |\n",
                 size,
                 config,
+                d["ended_by_drain"],
                 d["moved"],
                 f(&d["back_s"]),
                 d["refused"],
