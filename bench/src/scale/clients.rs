@@ -124,12 +124,14 @@ impl Clients {
         Ok(Clients { seen, connections, authority, tasks })
     }
 
-    /// Opens `watches` watches, `per_client` on each connection in order.
-    pub fn watch(&mut self, watches: usize, per_client: usize) {
+    /// Opens `watches` watches, `per_client` on each connection in order, `per_second` a second
+    /// (clients that start together still do not open every watch in the same instant).
+    pub fn watch(&mut self, watches: usize, per_client: usize, per_second: u64) {
         for index in 0..watches.min(self.seen.sequences.len()) {
             let Some(send) = self.connections.get(index / per_client.max(1)).cloned() else { break };
             let (authority, seen) = (self.authority.clone(), self.seen.clone());
-            self.tasks.push(tokio::spawn(watch(send, authority, seen, index, per_client)));
+            let start = Duration::from_secs_f64(index as f64 / per_second.max(1) as f64);
+            self.tasks.push(tokio::spawn(watch(send, authority, seen, index, per_client, start)));
         }
     }
 }
@@ -146,8 +148,10 @@ async fn watch(
     seen: Arc<Seen>,
     index: usize,
     per_client: usize,
+    start: Duration,
 ) {
-    let mut resource_version = 0;
+    tokio::time::sleep(start).await;
+    let (mut resource_version, mut failures) = (0, 0);
     loop {
         let mut send = send.clone();
         // The connection is gone: nothing to watch on (Envoy closes none in a run).
@@ -158,6 +162,7 @@ async fn watch(
         let Ok(request) = get(&authority, &watch_target(index, per_client, resource_version)) else { return };
         match send.send_request(request).await {
             Ok(resp) if resp.status() == hyper::StatusCode::OK => {
+                failures = 0;
                 seen.open.fetch_add(1, Ordering::SeqCst);
                 let mut body = resp.into_body();
                 let mut lines = Lines::default();
@@ -183,20 +188,24 @@ async fn watch(
             Ok(resp) => {
                 seen.refused.fetch_add(1, Ordering::SeqCst);
                 let _ = resp.into_body().collect().await;
-                // client-go's reflector backs off before it watches again after an error.
-                tokio::time::sleep(backoff(index)).await;
+                tokio::time::sleep(backoff(index, failures)).await;
+                failures += 1;
             }
             Err(_) => {
                 seen.failed.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(backoff(index)).await;
+                tokio::time::sleep(backoff(index, failures)).await;
+                failures += 1;
             }
         }
     }
 }
 
-/// 100–200 ms, spread over the watches so that they do not come back in one burst.
-fn backoff(index: usize) -> Duration {
-    Duration::from_millis(100 + (index as u64 * 37) % 100)
+/// What a reflector waits before it watches again after `failures` failed attempts in a row:
+/// doubling from 100 ms to at most 6.4 s, spread by up to half again over the watches so that
+/// they do not come back in one burst (client-go's backoff has the same shape).
+pub fn backoff(index: usize, failures: u32) -> Duration {
+    let base = 100u64 << failures.min(6);
+    Duration::from_millis(base + base * ((index as u64 * 37) % 50) / 100)
 }
 
 /// Gets at the rate in [`Seen::short_rate`], round-robin over the connections, each timed on its
@@ -242,5 +251,23 @@ async fn short_requests(connections: Vec<SendRequest<Empty<Bytes>>>, authority: 
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_cap_and_spreads_the_watches() {
+        assert_eq!(backoff(0, 0), Duration::from_millis(100));
+        assert_eq!(backoff(0, 3), Duration::from_millis(800));
+        assert_eq!(backoff(0, 6), backoff(0, 60));
+        assert_eq!(backoff(0, 60), Duration::from_millis(6400));
+        let spread: std::collections::BTreeSet<Duration> = (0..100).map(|i| backoff(i, 1)).collect();
+        assert!(
+            spread.len() > 20
+                && spread.iter().all(|d| *d >= Duration::from_millis(200) && *d < Duration::from_millis(300))
+        );
     }
 }

@@ -176,7 +176,11 @@ impl Upstream {
         let mut drains = Vec::new();
         let mut tasks = Vec::new();
         for (apiserver, id) in ids.iter().enumerate() {
-            let listener = TcpListener::bind("127.0.0.1:0").await?;
+            // The backlog of a Go server (the kernel's somaxconn): tokio's default of 1,024
+            // drops connections when thousands of watches come back at once.
+            let socket = tokio::net::TcpSocket::new_v4()?;
+            socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+            let listener = socket.listen(4096)?;
             ports.push((id.to_string(), listener.local_addr()?.port()));
             let (drain, drained) = watch::channel(false);
             drains.push(drain);
@@ -352,5 +356,61 @@ impl Body for Answer {
             }
             Answer::Watch(_) => hyper::body::SizeHint::default(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scale::{Lines, Sequence};
+
+    /// Every event queued on `rx` so far, as its watch's sequence sees them; the last
+    /// resourceVersion.
+    fn read(rx: &mut mpsc::Receiver<Bytes>, seq: &mut Sequence) -> u64 {
+        let mut last = 0;
+        let mut lines = Lines::default();
+        while let Ok(chunk) = rx.try_recv() {
+            lines.push(&chunk, |l| {
+                let e = Event::parse(l).unwrap();
+                seq.see(e.seq);
+                last = e.resource_version;
+            });
+        }
+        last
+    }
+
+    #[test]
+    fn a_watch_resumed_elsewhere_from_its_last_resource_version_misses_nothing() {
+        let store = Store::default();
+        let (mut on_b, mut other) = (store.watch(1, 7, 0).unwrap(), store.watch(0, 8, 0).unwrap());
+        store.write(10);
+        let mut seq = Sequence::default();
+        let seen = read(&mut on_b, &mut seq);
+        assert_eq!(seq.last, 5, "two watches share ten events in turn");
+        // b stops after writing more that its watch never read out.
+        store.write(4);
+        assert_eq!(store.end_watches(1), 1);
+        assert!(store.watch(1, 7, seen).is_none(), "a stopped apiserver takes no watch");
+        store.write(4);
+        let mut resumed = store.watch(2, 7, seen).unwrap();
+        store.write(2);
+        read(&mut resumed, &mut seq);
+        assert_eq!(store.written()[&7], 10);
+        assert_eq!(seq, Sequence { last: 10, gaps: 0, repeats: 0 });
+        assert_eq!(seq.lost(10), 0);
+        // The other apiserver's watch went on untouched.
+        let mut other_seq = Sequence::default();
+        read(&mut other, &mut other_seq);
+        assert_eq!((other_seq.last, other_seq.gaps), (10, 0));
+    }
+
+    #[test]
+    fn a_watcher_that_falls_behind_is_dropped_and_counted() {
+        let store = Store::default();
+        let _slow = store.watch(0, 1, 0).unwrap();
+        store.write(WATCH_BUFFER as u64 + 1);
+        let inner = store.inner.lock().unwrap();
+        assert_eq!(inner.dropped_slow, 1);
+        assert!(inner.watches[&1].watchers.is_empty());
     }
 }

@@ -63,6 +63,9 @@ struct Cli {
     /// Short requests (gets) a second, across all clients.
     #[arg(long, default_value_t = 200)]
     requests: u64,
+    /// Watches opened a second at the start.
+    #[arg(long, default_value_t = 500)]
+    open_rate: u64,
     /// Seconds of each measured phase.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
@@ -104,6 +107,8 @@ struct Cell {
     /// Watches that meet the filter in skewgate (the others take the bypass routes).
     watches_through_filter: usize,
     open_s: f64,
+    /// Share of a core the upstream used while the watches opened (one TLS handshake each).
+    upstream_opening_core_share: f64,
     cpu_us_per_watch_opened: f64,
     idle_cpu_us_per_s: f64,
     events: u64,
@@ -140,6 +145,10 @@ struct Drain {
     events_lost: u64,
     events_repeated: u64,
     dropped_slow: u64,
+    /// Share of a core the upstream and the clients used during the move (TLS handshakes of the
+    /// watches' new upstream connections, mostly).
+    upstream_core_share: f64,
+    clients_core_share: f64,
 }
 
 fn main() -> Result<()> {
@@ -352,9 +361,10 @@ impl Run<'_> {
         let rss_connected = bench::rss_kib(pid)?;
 
         let (cpu0, opened) = (envoy_cpu(pid)?, Instant::now());
+        let opening = Reading::take(pid, &clients.seen)?;
         {
             let _runtime = self.clients_rt.enter();
-            clients.watch(watches, per_client);
+            clients.watch(watches, per_client, self.cli.open_rate);
         }
         let seen = clients.seen.clone();
         let deadline = Instant::now() + Duration::from_secs(60 + watches as u64 / 100);
@@ -372,6 +382,9 @@ impl Run<'_> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let open_s = opened.elapsed().as_secs_f64();
+        let opened_reading = Reading::take(pid, &seen)?;
+        let upstream_opening_core_share =
+            (opened_reading.upstream_us - opening.upstream_us) / (opened_reading.at - opening.at) / 1e6;
         let cpu_opening = envoy_cpu(pid)? - cpu0;
         settle().await;
         let rss_watching = bench::rss_kib(pid)?;
@@ -439,6 +452,7 @@ impl Run<'_> {
             kib_per_watch: kib_each(rss_connected, rss_watching, watches),
             watches_through_filter: through_filter,
             open_s,
+            upstream_opening_core_share,
             cpu_us_per_watch_opened: cpu_opening / watches as f64,
             idle_cpu_us_per_s: idle,
             events,
@@ -471,6 +485,7 @@ impl Run<'_> {
         let ended = seen.ended.load(Ordering::SeqCst);
         let (refused, failed) = (seen.refused.load(Ordering::SeqCst), seen.failed.load(Ordering::SeqCst));
         let started = Instant::now();
+        let before = Reading::take(pid, seen)?;
         let ended_by_drain = upstream.drain(DRAINED);
         let (mut peak_rss, mut peak_cpu) = (bench::rss_kib(pid)?, 0.0f64);
         let (mut cpu, mut at) = (envoy_cpu(pid)?, Instant::now());
@@ -493,6 +508,8 @@ impl Run<'_> {
                 );
             }
         };
+        let after = Reading::take(pid, seen)?;
+        let span = after.at - before.at;
         // A little more of the steady load on the two that are left, then quiet, and every
         // event written must have reached its watch.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -516,6 +533,8 @@ impl Run<'_> {
             events_lost: lost,
             events_repeated: sequences.iter().map(|s| s.repeats).sum(),
             dropped_slow: counts.dropped_slow,
+            upstream_core_share: (after.upstream_us - before.upstream_us) / span / 1e6,
+            clients_core_share: (after.clients_us - before.clients_us) / span / 1e6,
         })
     }
 }
@@ -634,8 +653,8 @@ fn markdown(result: &Value) -> String {
 /// size), and the drain step's.
 fn watch_tables(cells: &[&Value]) -> String {
     let mut md = String::new();
-    md.push_str("| watches | connections | config | Envoy RSS MiB (alone → connected → watching) | KiB/connection | KiB/watch | CPU µs/watch opened | CPU µs/event | event p50 / p99 ms | CPU µs/get | get p50 / p99 ms | event p99 ms with gets | upstream, clients: share of a core |\n");
-    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| watches | connections | config | Envoy RSS MiB (alone → connected → watching) | KiB/connection | KiB/watch | opened in s (upstream: share of a core) | CPU µs/watch opened | CPU µs/event | event p50 / p99 ms | CPU µs/get | get p50 / p99 ms | event p99 ms with gets | upstream, clients: share of a core |\n");
+    md.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     let mut by_size: Vec<u64> = cells.iter().filter_map(|c| c["watches"].as_u64()).collect();
     by_size.sort_unstable();
     by_size.dedup();
@@ -644,7 +663,7 @@ fn watch_tables(cells: &[&Value]) -> String {
         for config in CONFIGS {
             let Some(c) = of(config) else { continue };
             md.push_str(&format!(
-                "| {} | {} | {} | {:.0} → {:.0} → {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.2} / {:.2} | {:.1} | {:.2} / {:.2} | {:.2} | {:.2}, {:.2} |\n",
+                "| {} | {} | {} | {:.0} → {:.0} → {:.0} | {:.1} | {:.1} | {:.1} ({:.2}) | {:.0} | {:.1} | {:.2} / {:.2} | {:.1} | {:.2} / {:.2} | {:.2} | {:.2}, {:.2} |\n",
                 c["watches"],
                 c["clients"],
                 config,
@@ -653,6 +672,8 @@ fn watch_tables(cells: &[&Value]) -> String {
                 f(&c["rss_watching_kib"]) / 1024.0,
                 f(&c["kib_per_connection"]),
                 f(&c["kib_per_watch"]),
+                f(&c["open_s"]),
+                f(&c["upstream_opening_core_share"]),
                 f(&c["cpu_us_per_watch_opened"]),
                 f(&c["cpu_us_per_event"]),
                 f(&c["event_p50_ms"]),
@@ -669,7 +690,7 @@ fn watch_tables(cells: &[&Value]) -> String {
             let r = |k: &str| f(&s[k]) / f(&p[k]);
             let d = |k: &str| f(&s[k]) - f(&p[k]);
             md.push_str(&format!(
-                "| | | **skewgate ÷ plain** | | **{:.2}** | **{:.2}** | {:.2} | **{:.2}** | +{:.2} / **{:+.2}** | {:.2} | {:+.2} / {:+.2} | {:+.2} | |\n",
+                "| | | **skewgate ÷ plain** | | **{:.2}** | **{:.2}** | | {:.2} | **{:.2}** | +{:.2} / **{:+.2}** | {:.2} | {:+.2} / {:+.2} | {:+.2} | |\n",
                 r("kib_per_connection"),
                 r("kib_per_watch"),
                 r("cpu_us_per_watch_opened"),
@@ -684,7 +705,7 @@ fn watch_tables(cells: &[&Value]) -> String {
         }
     }
     md.push_str(&format!("\nApiserver {DRAINED} stops (ends its watches, refuses connections) with events and gets going on:\n\n"));
-    md.push_str("| watches | config | watches b held | watch streams ended (clients) | every watch back after | watch requests refused / unanswered meanwhile | events written | lost | repeated | Envoy peak RSS MiB | Envoy peak CPU (share of a core, 100 ms) |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    md.push_str("| watches | config | watches b held | watch streams ended (clients) | every watch back after | watch requests refused / unanswered meanwhile | events written | lost | repeated | Envoy peak RSS MiB | Envoy peak CPU (share of a core, 100 ms) | upstream, clients: share of a core |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for size in &by_size {
         for config in CONFIGS {
             let Some(c) = cells.iter().find(|c| c["watches"] == *size && c["config"] == config) else {
@@ -695,7 +716,7 @@ fn watch_tables(cells: &[&Value]) -> String {
                 continue;
             }
             md.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} s | {} / {} | {} | **{}** | {} | {:.0} | {:.2} |\n",
+                "| {} | {} | {} | {} | {:.2} s | {} / {} | {} | **{}** | {} | {:.0} | {:.2} | {:.2}, {:.2} |\n",
                 size,
                 config,
                 d["ended_by_drain"],
@@ -708,6 +729,8 @@ fn watch_tables(cells: &[&Value]) -> String {
                 d["events_repeated"],
                 f(&d["peak_rss_kib"]) / 1024.0,
                 f(&d["peak_cpu_core_share"]),
+                f(&d["upstream_core_share"]),
+                f(&d["clients_core_share"]),
             ));
         }
     }
