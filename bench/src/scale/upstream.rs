@@ -171,6 +171,12 @@ impl Upstream {
     /// (the apiservers' serving certificate, Envoy's front-proxy client certificate required), on
     /// the current Tokio runtime.
     pub async fn start(ids: &[&str], tls: Arc<rustls::ServerConfig>) -> Result<Upstream> {
+        // Session tickets, on by default in kube-apiserver (Go's crypto/tls): each watch is a
+        // TLS connection of its own from Envoy, and thousands of full handshakes at once (a
+        // drained apiserver's watches coming back) would otherwise take this one thread seconds.
+        let mut tls = (*tls).clone();
+        tls.ticketer = rustls::crypto::ring::Ticketer::new()?;
+        let tls = Arc::new(tls);
         let store = Arc::new(Store::default());
         let mut ports = Vec::new();
         let mut drains = Vec::new();

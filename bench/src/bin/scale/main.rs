@@ -81,6 +81,9 @@ struct Cli {
     /// Seconds each polling run is measured.
     #[arg(long, default_value_t = 20)]
     polling_seconds: u64,
+    /// The configurations to run at each size (both unless given).
+    #[arg(long, value_delimiter = ',', default_value = "plain,skewgate", value_parser = CONFIGS.to_vec())]
+    configs: Vec<String>,
     /// The parts to run: watches (Envoy), polling (the sidecar).
     #[arg(long, value_delimiter = ',', default_value = "watches,polling", value_parser = ["watches", "polling"])]
     parts: Vec<String>,
@@ -157,8 +160,8 @@ fn main() -> Result<()> {
         true => (vec![1000], 3, false),
         false => (cli.watches.clone(), cli.seconds, !cli.no_write),
     };
-    if write && cli.parts.len() < 2 {
-        bail!("--parts runs a part of the benchmark: add --no-write");
+    if write && (cli.parts.len() < 2 || cli.configs.len() < CONFIGS.len()) {
+        bail!("--parts or --configs runs a part of the benchmark: add --no-write");
     }
     let watch_sizes = if cli.parts.iter().any(|p| p == "watches") { watch_sizes } else { Vec::new() };
     if cli.per_client == 0 || cli.per_client > 1000 {
@@ -246,6 +249,9 @@ impl Run<'_> {
             // runs on a machine that has rested.
             for i in 0..CONFIGS.len() {
                 let config = CONFIGS[(i + round) % CONFIGS.len()];
+                if !self.cli.configs.iter().any(|c| c == config) {
+                    continue;
+                }
                 let case = dir.join(format!("{config}-{watches}"));
                 let cell =
                     self.cell(config, watches, &case, &pki, &kubelet, &table, &ecds, &compiled).await?;
