@@ -64,7 +64,7 @@ pub fn lines(axes: &Axes, series: &[Series], width: f64, height: f64) -> String 
     xs.dedup();
     for v in xs {
         svg += &format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{v:.0}</text>\n",
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{v:.0}</text>\n",
             x(v),
             h - BOTTOM + 18.0
         );
@@ -109,7 +109,7 @@ pub fn lines(axes: &Axes, series: &[Series], width: f64, height: f64) -> String 
 
 /// Whole numbers above 10, one decimal below: a y axis of 0–3 µs must not read 0, 1, 1, 2, 2, 3.
 fn tick(v: f64) -> String {
-    if v >= 10.0 { format!("{v:.0}") } else { format!("{v:.1}") }
+    if v >= 10.0 || v == 0.0 { format!("{v:.0}") } else { format!("{v:.1}") }
 }
 
 fn escape(s: &str) -> String {

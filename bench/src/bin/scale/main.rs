@@ -90,6 +90,10 @@ struct Cli {
     /// Leave bench/results and BENCHMARKS.md alone (experiments).
     #[arg(long)]
     no_write: bool,
+    /// Measure nothing: write the plots and BENCHMARKS.md's section again from
+    /// bench/results/scale.json (after a change to how they are drawn).
+    #[arg(long)]
+    reports: bool,
     /// A smoke run: 1,000 watches, 3-second phases, 3 apiservers polled by 2 edges for 5 s,
     /// nothing written.
     #[arg(long)]
@@ -156,6 +160,10 @@ struct Drain {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if cli.reports {
+        let result: Value = serde_json::from_slice(&std::fs::read(results_path())?)?;
+        return write_reports(&result);
+    }
     let (watch_sizes, seconds, write) = match cli.quick {
         true => (vec![1000], 3, false),
         false => (cli.watches.clone(), cli.seconds, !cli.no_write),
@@ -169,12 +177,14 @@ fn main() -> Result<()> {
     }
     let largest = watch_sizes.iter().copied().max().unwrap_or(0);
     check_file_limit(largest, cli.per_client)?;
+    // Before the pinning below, which leaves this process one CPU to see.
+    let machine = bench::machine()?;
     // Everything here (driver, upstream, clients) on core 0; threads made later inherit it.
     bench::pin(std::process::id(), "0")?;
     let upstream_rt = runtime("scale-upstream")?;
     let clients_rt = runtime("scale-clients")?;
     let driver = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    let run = Run { cli: &cli, seconds, upstream_rt: &upstream_rt, clients_rt: &clients_rt };
+    let run = Run { cli: &cli, seconds, upstream_rt: &upstream_rt, clients_rt: &clients_rt, machine };
     driver.block_on(run.all(&watch_sizes, write))
 }
 
@@ -219,12 +229,12 @@ struct Run<'a> {
     seconds: u64,
     upstream_rt: &'a tokio::runtime::Runtime,
     clients_rt: &'a tokio::runtime::Runtime,
+    machine: Value,
 }
 
 impl Run<'_> {
     async fn all(&self, watch_sizes: &[usize], write: bool) -> Result<()> {
         let started = Instant::now();
-        let machine = bench::machine()?;
         let dir = std::env::temp_dir().join(format!("skewgate-scale-{}", std::process::id()));
         let pki = Pki::generate(&dir.join("pki"))?;
         let kubelet =
@@ -260,7 +270,7 @@ impl Run<'_> {
             }
         }
         let result = json!({
-            "machine": machine,
+            "machine": self.machine,
             "envoy": bench::envoy_version()?,
             "commit": bench::commit(),
             "concurrency": self.cli.concurrency,
@@ -273,28 +283,13 @@ impl Run<'_> {
             "polling_seconds": self.cli.polling_seconds,
             "polling": polling,
         });
-        let md = markdown(&result);
-        println!("\n{md}");
         let _ = std::fs::remove_dir_all(&dir);
         if !write {
+            println!("\n{}", markdown(&result));
             return Ok(());
         }
-        let out = paths::workspace_root().join("bench/results");
-        std::fs::create_dir_all(&out)?;
-        std::fs::write(out.join("scale.json"), serde_json::to_string_pretty(&result)? + "\n")?;
-        let (memory, cpu) = plots(&result);
-        std::fs::write(out.join("scale-memory.svg"), memory)?;
-        std::fs::write(out.join("scale-cpu.svg"), cpu)?;
-        let body = format!(
-            "{md}\n![Envoy memory per watch and per connection vs watches](bench/results/scale-memory.svg)\n\n![Envoy CPU per event and per request vs watches](bench/results/scale-cpu.svg)\n"
-        );
-        skewgate_testkit::markdown::update_section(
-            &paths::workspace_root().join("BENCHMARKS.md"),
-            None,
-            BEGIN,
-            END,
-            &body,
-        )?;
+        std::fs::write(results_path(), serde_json::to_string_pretty(&result)? + "\n")?;
+        write_reports(&result)?;
         println!(
             "scale took {:.0} s; wrote bench/results/scale.json, bench/results/scale-*.svg, BENCHMARKS.md",
             started.elapsed().as_secs_f64()
@@ -639,6 +634,31 @@ fn tail(log: &str, lines: usize) -> String {
     all[all.len().saturating_sub(lines)..].join("\n")
 }
 
+fn results_path() -> std::path::PathBuf {
+    paths::workspace_root().join("bench/results/scale.json")
+}
+
+/// The plots and BENCHMARKS.md's section, from a run's results.
+fn write_reports(result: &Value) -> Result<()> {
+    let md = markdown(result);
+    println!("\n{md}");
+    let out = paths::workspace_root().join("bench/results");
+    std::fs::create_dir_all(&out)?;
+    let (memory, cpu) = plots(result);
+    std::fs::write(out.join("scale-memory.svg"), memory)?;
+    std::fs::write(out.join("scale-cpu.svg"), cpu)?;
+    let body = format!(
+        "{md}\n![Envoy memory per watch and per connection vs watches](bench/results/scale-memory.svg)\n\n![Envoy CPU per event and per request vs watches](bench/results/scale-cpu.svg)\n"
+    );
+    skewgate_testkit::markdown::update_section(
+        &paths::workspace_root().join("BENCHMARKS.md"),
+        None,
+        BEGIN,
+        END,
+        &body,
+    )
+}
+
 const BEGIN: &str = "<!-- scale:begin (generated by `make scale`) -->";
 const END: &str = "<!-- scale:end -->";
 
@@ -671,7 +691,7 @@ fn markdown(result: &Value) -> String {
             "\nThe sidecar, one `skewgate sync` per edge with the shipped periods (discovery in full every 5 s, readiness and discovery ETags every 250 ms), polling stand-in apiservers (the real 1.33 documents, the last at 1.36), {} s each:\n\n",
             result["polling_seconds"]
         ));
-        md.push_str("| apiservers | edges | requests/s on each apiserver (mean, busiest) | per edge | discovery answers that were 304 | KiB/s the sidecars read per apiserver | KiB/s the 304s saved each apiserver | per sidecar: share of a core, RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
+        md.push_str("| apiservers | edges | requests/s on each apiserver (mean, busiest) | per edge | discovery answers that were 304 | KiB/s each sidecar read (sockets and files) | KiB/s the 304s saved each apiserver | per sidecar: share of a core, RSS MiB |\n|---|---|---|---|---|---|---|---|\n");
         for r in rows {
             let edges = f(&r["edges"]);
             md.push_str(&format!(
@@ -683,7 +703,7 @@ fn markdown(result: &Value) -> String {
                 f(&r["requests_per_s_per_apiserver"]) / edges,
                 r["discovery_304s"],
                 r["discovery_answers"],
-                f(&r["bytes_per_s_per_apiserver"]) / 1024.0,
+                f(&r["bytes_per_s_per_apiserver"]) * f(&r["apiservers"]) / edges / 1024.0,
                 f(&r["saved_bytes_per_s_per_apiserver"]) / 1024.0,
                 f(&r["sidecar_core_share"]),
                 f(&r["sidecar_rss_mib"]),
@@ -734,7 +754,7 @@ fn watch_tables(cells: &[&Value]) -> String {
             let r = |k: &str| f(&s[k]) / f(&p[k]);
             let d = |k: &str| f(&s[k]) - f(&p[k]);
             md.push_str(&format!(
-                "| | | **skewgate ÷ plain** | | **{:.2}** | **{:.2}** | | {:.2} | **{:.2}** | +{:.2} / **{:+.2}** | {:.2} | {:+.2} / {:+.2} | {:+.2} | |\n",
+                "| | | **skewgate ÷ plain** | | **{:.2}** | **{:.2}** | | {:.2} | **{:.2}** | {:+.2} / **{:+.2}** | {:.2} | {:+.2} / {:+.2} | {:+.2} | |\n",
                 r("kib_per_connection"),
                 r("kib_per_watch"),
                 r("cpu_us_per_watch_opened"),

@@ -43,7 +43,9 @@ pub struct Cell {
     /// What the 304s saved each apiserver a second: their share of the recent requests, times
     /// the requests a second, times the mean document.
     pub saved_bytes_per_s_per_apiserver: f64,
-    /// Bytes a second the sidecars read, over the apiservers.
+    /// Bytes a second the sidecars read (`rchar`: sockets and files), over the apiservers. It
+    /// hardly grows with the apiservers (10 edges: 1.0 MB/s at 3, 1.2 at 7): most of it is not
+    /// discovery; BENCHMARKS.md shows it per sidecar.
     pub bytes_per_s_per_apiserver: f64,
     /// Per sidecar: share of a core, resident memory.
     pub sidecar_core_share: f64,
