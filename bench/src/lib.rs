@@ -1,8 +1,13 @@
 //! Pieces of `make bench`: synthetic tables of any size, the request mix, the upstream responder,
-//! native Envoy routes generated from a table, wrk runs and /proc readings.
+//! native Envoy routes generated from a table, wrk runs and /proc readings, the run's machine and
+//! commit; `make scale`'s pieces ([`scale`]) and the plots ([`plot`]).
+
+pub mod plot;
+pub mod scale;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
@@ -10,6 +15,8 @@ use serde_json::{Value, json};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
 
 use skewgate_pki::Pki;
+use skewgate_testkit::envoy::Envoy;
+use skewgate_testkit::paths;
 
 /// Envoy's `direct_response` limit for the upstream's discovery documents (the merged `/apis` at
 /// 10,000 GVRs is a few MB).
@@ -352,6 +359,25 @@ fn parse_duration_ms(s: &str) -> f64 {
     f64::NAN
 }
 
+/// CPU time of the threads of `pid` (all of them, or those named `name`) in µs, from the
+/// scheduler's own count (`/proc/<pid>/task/<tid>/schedstat`, ns): `/proc/<pid>/stat` counts in
+/// clock ticks (10 ms), too coarse for a few seconds of a process that is mostly waiting.
+pub fn threads_cpu_micros(pid: u32, name: Option<&str>) -> Result<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let task = task?.path();
+        if let Some(name) = name {
+            if std::fs::read_to_string(task.join("comm")).unwrap_or_default().trim() != name {
+                continue;
+            }
+        }
+        // A thread that ended since the directory was read has no file any more.
+        let Ok(schedstat) = std::fs::read_to_string(task.join("schedstat")) else { continue };
+        ns += schedstat.split_whitespace().next().context("schedstat")?.parse::<u64>()?;
+    }
+    Ok(ns as f64 / 1000.0)
+}
+
 /// User + system CPU time of a process (all threads), in microseconds.
 pub fn cpu_micros(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
@@ -381,6 +407,66 @@ pub fn pin(pid: u32, cpus: &str) -> Result<()> {
         bail!("taskset -a -cp {cpus} {pid} failed");
     }
     Ok(())
+}
+
+/// A client for Envoy's listener that trusts any certificate (the benchmarks' own PKI).
+pub fn client() -> Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(5))
+        .build()?)
+}
+
+/// Until every path of `mix` answers 200 through `envoy` (its health checks have found the
+/// apiservers), at most 30 s.
+pub async fn wait_routable(envoy: &Envoy, mix: &[String]) -> Result<()> {
+    let client = client()?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for path in mix {
+        let url = format!("https://127.0.0.1:{}{path}", envoy.settings.listen_port);
+        loop {
+            let status = client.get(&url).send().await.map(|r| r.status().as_u16());
+            if matches!(status, Ok(200)) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{path} not routable: {status:?}\n{}", envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok(())
+}
+
+/// The machine a run measured on: CPUs, date, kernel.
+pub fn machine() -> Result<Value> {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, v)| v.trim().to_string());
+    let date = Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output()?;
+    Ok(json!({
+        "cpu": format!("{} × {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), cpu.unwrap_or_default()),
+        "date": String::from_utf8_lossy(&date.stdout).trim(),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    }))
+}
+
+pub fn envoy_version() -> Result<String> {
+    let out = Command::new(paths::envoy_binary()?).arg("--version").output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().last().unwrap_or("").to_string())
+}
+
+/// The commit the run measured, short.
+pub fn commit() -> String {
+    Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(paths::workspace_root())
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

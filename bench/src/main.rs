@@ -162,7 +162,7 @@ fn args() -> Result<Args> {
 async fn main() -> Result<()> {
     let args = args()?;
     let started = Instant::now();
-    let machine = machine()?;
+    let machine = bench::machine()?;
     // The benchmark driver, wrk and the upstream share core 0; Envoy under test gets core 1 at
     // --concurrency 1. Without pinning, runs move by ±10 µs/request on this 2-core VM.
     bench::pin(std::process::id(), "0")?;
@@ -256,7 +256,7 @@ async fn main() -> Result<()> {
             let script = case.join("mix.lua");
             bench::write_wrk_script(&script, &mix)?;
             for envoy in &envoys {
-                wait_routable(envoy, &mix).await?;
+                bench::wait_routable(envoy, &mix).await?;
             }
             // The request classes at --concurrency 1 only: they multiply the runs.
             let mut scripts = vec![("mix".to_string(), script.clone())];
@@ -375,8 +375,8 @@ async fn main() -> Result<()> {
     let summary = summarize(&cells);
     let result = json!({
         "machine": machine,
-        "envoy": envoy_version()?,
-        "commit": commit(),
+        "envoy": bench::envoy_version()?,
+        "commit": bench::commit(),
         "seconds_per_run": args.seconds,
         "rounds": args.rounds,
         "wrk": "1 thread, 16 connections at --concurrency 1; 2 threads, 32 connections at --concurrency 2; TLS in, mTLS out",
@@ -510,32 +510,6 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
     t
 }
 
-fn client() -> Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .danger_accept_invalid_certs(true)
-        .timeout(Duration::from_secs(5))
-        .build()?)
-}
-
-async fn wait_routable(envoy: &Envoy, mix: &[String]) -> Result<()> {
-    let client = client()?;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for path in mix {
-        let url = format!("https://127.0.0.1:{}{path}", envoy.settings.listen_port);
-        loop {
-            let status = client.get(&url).send().await.map(|r| r.status().as_u16());
-            if matches!(status, Ok(200)) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("{path} not routable: {status:?}\n{}", envoy.log());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-    Ok(())
-}
-
 async fn served_by(client: &reqwest::Client, url: &str) -> Option<String> {
     let r = client.get(url).send().await.ok()?;
     r.headers().get("x-skewgate-served-by")?.to_str().ok().map(String::from)
@@ -554,7 +528,7 @@ async fn reload(
 ) -> Result<Reload> {
     let tables = [with_probes(table, false), with_probes(table, true)];
     let ecds: Vec<Value> = tables.iter().map(|t| sealed_ecds(t, wasm)).collect::<Result<_>>()?;
-    let client = client()?;
+    let client = bench::client()?;
     let url = format!("https://127.0.0.1:{}/apis/{PROBE_GROUP}/v1/probes", envoy.settings.listen_port);
     let mut latencies = Vec::new();
     let mut current = 0;
@@ -727,7 +701,6 @@ fn write_markdown(result: &Value) -> Result<()> {
 
 /// CPU µs/request against table size (log scale), one line per configuration and concurrency.
 fn plot(summary: &[Value]) -> String {
-    let (w, h, left, right, top, bottom) = (720.0, 420.0, 70.0, 190.0, 30.0, 50.0);
     let points: Vec<(u32, &str, f64, f64)> = summary
         .iter()
         .filter(|s| s["mix"] == "mix")
@@ -740,12 +713,6 @@ fn plot(summary: &[Value]) -> String {
             ))
         })
         .collect();
-    let max_y = points.iter().map(|p| p.3).fold(0.0, f64::max) * 1.15;
-    let (min_x, max_x) = points.iter().fold((f64::MAX, 0.0f64), |(lo, hi), p| (lo.min(p.2), hi.max(p.2)));
-    let x = |v: f64| {
-        left + (v.log10() - min_x.log10()) / (max_x.log10() - min_x.log10()).max(1e-9) * (w - left - right)
-    };
-    let y = |v: f64| h - bottom - v / max_y.max(1e-9) * (h - top - bottom);
     let colors = [
         ("plain", "#888888"),
         ("skewgate", "#1f77b4"),
@@ -753,111 +720,31 @@ fn plot(summary: &[Value]) -> String {
         ("module", "#2ca02c"),
         ("filter-only", "#9467bd"),
     ];
-    let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"18\" font-size=\"14\">Envoy CPU per request vs routing table size</text>\n"
-    );
-    svg += &format!(
-        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>\n",
-        h - bottom,
-        w - right,
-        h - bottom
-    );
-    svg +=
-        &format!("<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"black\"/>\n", h - bottom);
-    for i in 0..=5 {
-        let v = max_y * i as f64 / 5.0;
-        svg +=
-            &format!("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{v:.0}</text>\n", left - 6.0, y(v) + 4.0);
-    }
-    let mut xs: Vec<f64> = points.iter().map(|p| p.2).collect();
-    xs.sort_by(f64::total_cmp);
-    xs.dedup();
-    for v in xs {
-        svg += &format!(
-            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{v:.0}</text>\n",
-            x(v),
-            h - bottom + 18.0
-        );
-    }
-    svg += &format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">GVRs in the table (log scale)</text>\n",
-        (left + w - right) / 2.0,
-        h - 10.0
-    );
-    svg += &format!(
-        "<text x=\"16\" y=\"{}\" transform=\"rotate(-90 16 {})\" text-anchor=\"middle\">Envoy CPU µs / request</text>\n",
-        (top + h - bottom) / 2.0,
-        (top + h - bottom) / 2.0
-    );
-    let mut legend = 0.0;
+    let mut series = Vec::new();
     for concurrency in [1u32, 2] {
         for (config, color) in colors {
-            let mut line: Vec<(f64, f64)> =
-                points.iter().filter(|p| p.0 == concurrency && p.1 == config).map(|p| (p.2, p.3)).collect();
-            if line.is_empty() {
-                continue;
-            }
-            line.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let dash = if concurrency == 2 { " stroke-dasharray=\"6 4\"" } else { "" };
-            let d: Vec<String> = line.iter().map(|(gx, gy)| format!("{:.1},{:.1}", x(*gx), y(*gy))).collect();
-            svg += &format!(
-                "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n",
-                d.join(" ")
-            );
-            for (gx, gy) in &line {
-                svg += &format!(
-                    "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"/>\n",
-                    x(*gx),
-                    y(*gy)
-                );
-            }
-            let ly = top + 10.0 + legend * 18.0;
-            svg += &format!(
-                "<line x1=\"{}\" y1=\"{ly}\" x2=\"{}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"2\"{dash}/>\n",
-                w - right + 15.0,
-                w - right + 45.0
-            );
-            svg += &format!(
-                "<text x=\"{}\" y=\"{}\">({}) {config}, c={concurrency}</text>\n",
-                w - right + 50.0,
-                ly + 4.0,
-                match config {
-                    "plain" => "a",
-                    "skewgate" => "b",
-                    _ => "c",
-                }
-            );
-            legend += 1.0;
+            let letter = match config {
+                "plain" => "a",
+                "skewgate" => "b",
+                _ => "c",
+            };
+            series.push(bench::plot::Series {
+                label: format!("({letter}) {config}, c={concurrency}"),
+                color,
+                dashed: concurrency == 2,
+                points: points
+                    .iter()
+                    .filter(|p| p.0 == concurrency && p.1 == config)
+                    .map(|p| (p.2, p.3))
+                    .collect(),
+            });
         }
     }
-    svg + "</svg>\n"
-}
-
-fn machine() -> Result<Value> {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let cpu = cpuinfo
-        .lines()
-        .find(|l| l.starts_with("model name"))
-        .and_then(|l| l.split_once(':'))
-        .map(|(_, v)| v.trim().to_string());
-    let date = std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output()?;
-    Ok(json!({
-        "cpu": format!("{} × {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), cpu.unwrap_or_default()),
-        "date": String::from_utf8_lossy(&date.stdout).trim(),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-    }))
-}
-
-fn envoy_version() -> Result<String> {
-    let out = std::process::Command::new(paths::envoy_binary()?).arg("--version").output()?;
-    Ok(String::from_utf8_lossy(&out.stdout).split_whitespace().last().unwrap_or("").to_string())
-}
-
-fn commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "--short", "HEAD"])
-        .current_dir(paths::workspace_root())
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
+    let axes = bench::plot::Axes {
+        title: "Envoy CPU per request vs routing table size",
+        x_label: "GVRs in the table (log scale)",
+        y_label: "Envoy CPU µs / request",
+        log_x: true,
+    };
+    bench::plot::lines(&axes, &series, 720.0, 420.0)
 }

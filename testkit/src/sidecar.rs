@@ -67,6 +67,11 @@ impl Sidecar {
         }
     }
 
+    /// Its process id, for what /proc says of it (CPU, memory, bytes read).
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
     /// SIGTERM, and until it has exited.
     pub async fn stop(mut self) -> Result<()> {
         self.process.terminate()?;
