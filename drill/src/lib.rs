@@ -1589,7 +1589,10 @@ pub fn markdown_table(runs: &[Run]) -> String {
         let t = &r.client_go;
         format!("{} / {} ({} / {})", t.failures, t.requests, t.resent, t.extra_sends)
     });
-    row("… its failures by class", &|r| by_class(&r.client_go.counts));
+    row("… its failures by class", &|r| {
+        let failed = Class::ERRORS.map(|c| (c.label().to_string(), r.client_go.count(c)));
+        by_class(&failed.into_iter().collect())
+    });
     row("writes applied twice (client-go-like client)", &|r| r.client_go.applied_twice.to_string());
     row(
         &format!(
