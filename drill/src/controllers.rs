@@ -33,8 +33,14 @@ const SETTLE: Duration = Duration::from_secs(60);
 #[derive(Default)]
 pub(crate) struct Workload {
     sets: Mutex<Vec<OwnedSet>>,
-    /// A task per deleted namespace, polling until it is gone.
-    deletions: Mutex<Vec<(String, JoinHandle<Option<f64>>)>>,
+    deletions: Mutex<Vec<Deletion>>,
+}
+
+/// A deleted namespace and the task polling until it is gone.
+struct Deletion {
+    name: String,
+    at: f64,
+    poll: JoinHandle<Option<f64>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -131,11 +137,11 @@ impl Workload {
                 create(&s, &claims_in(&name), &claim("held", &name)).await;
                 create(&s, &config_maps_in(&name), &config_map("held", &name, None)).await;
                 let url = format!("{}/api/v1/namespaces/{name}", s.base);
-                let deleted = Instant::now();
+                let (deleted, at) = (Instant::now(), s.epoch.elapsed().as_secs_f64());
                 if s.client.delete(&url).send().await.is_ok_and(|r| r.status().is_success()) {
                     let s = s.clone();
                     let poll = tokio::spawn(async move { until_gone(&s, &url, deleted).await });
-                    lock(&self.deletions).push((name, poll));
+                    lock(&self.deletions).push(Deletion { name, at, poll });
                 }
             }
             tokio::time::sleep(NAMESPACE_PERIOD).await;
@@ -148,7 +154,7 @@ impl Workload {
         let deadline = tokio::time::Instant::now() + SETTLE;
         let handles = std::mem::take(&mut *lock(&self.deletions));
         let mut deleted = Vec::new();
-        for (name, mut poll) in handles {
+        for Deletion { name, at, mut poll } in handles {
             let took = match tokio::time::timeout_at(deadline, &mut poll).await {
                 Ok(took) => took.ok().flatten(),
                 Err(_) => {
@@ -156,7 +162,7 @@ impl Workload {
                     None
                 }
             };
-            deleted.push(Deleted { name, took });
+            deleted.push(Deleted { name, at, took });
         }
         let mut objects = items(client, direct, &format!("{CLAIMS}/resourceclaims"), "ResourceClaim").await?;
         objects.extend(items(client, direct, "/api/v1/configmaps", "ConfigMap").await?);

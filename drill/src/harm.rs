@@ -30,6 +30,8 @@ pub struct Object {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Deleted {
     pub name: String,
+    /// Seconds into the load when it was deleted: which step of the upgrade it fell in.
+    pub at: f64,
     /// Seconds from the DELETE to the namespace's GET answering 404 (`None`: not seen gone).
     pub took: Option<f64>,
 }

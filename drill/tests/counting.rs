@@ -107,9 +107,9 @@ fn a_dependent_gone_while_its_owner_is_there_counts_and_nothing_else_does() {
 fn objects_under_a_gone_namespace_are_left_behind_and_a_remaining_one_is_stuck() {
     let census = Census {
         deleted: vec![
-            Deleted { name: "drill-ns-1".into(), took: Some(5.2) },
-            Deleted { name: "drill-ns-2".into(), took: Some(6.0) },
-            Deleted { name: "drill-ns-3".into(), took: None },
+            Deleted { name: "drill-ns-1".into(), at: 10.0, took: Some(5.2) },
+            Deleted { name: "drill-ns-2".into(), at: 13.0, took: Some(6.0) },
+            Deleted { name: "drill-ns-3".into(), at: 16.0, took: None },
         ],
         objects: vec![
             object("ResourceClaim", "drill-ns-1", "held", "u1"),
