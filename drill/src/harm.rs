@@ -62,6 +62,8 @@ pub struct Harm {
     pub stuck: Vec<String>,
     /// Seconds each deleted namespace took to go.
     pub deletion_seconds: Vec<f64>,
+    /// Every deleted namespace, with when and how long.
+    pub deleted: Vec<Deleted>,
 }
 
 impl Harm {
@@ -71,6 +73,12 @@ impl Harm {
 
     pub fn left_behind_total(&self) -> usize {
         self.left_behind.values().sum()
+    }
+
+    /// The deletion that took longest, of those seen done.
+    pub fn slowest(&self) -> Option<&Deleted> {
+        let took = |d: &&Deleted| d.took.unwrap_or_default();
+        self.deleted.iter().filter(|d| d.took.is_some()).max_by(|a, b| took(a).total_cmp(&took(b)))
     }
 }
 
@@ -99,6 +107,7 @@ pub fn count(census: &Census) -> Harm {
         .map(|d| d.name.clone())
         .collect();
     harm.deletion_seconds = census.deleted.iter().filter_map(|d| d.took).collect();
+    harm.deleted = census.deleted.clone();
     harm
 }
 

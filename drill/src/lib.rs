@@ -1635,8 +1635,11 @@ pub fn markdown_table(runs: &[Run]) -> String {
         Some(h) => format!("{} of {}", h.stuck.len(), h.namespaces_deleted),
         None => NO_CONTROLLERS.into(),
     });
-    row("namespace deletion, median / max", &|r| match &r.harm {
-        Some(h) => median_max(&h.deletion_seconds),
+    row("namespace deletion, median / max (the slowest deleted at, into the run)", &|r| match &r.harm {
+        Some(h) => match h.slowest() {
+            Some(d) => format!("{} ({:.1} s)", median_max(&h.deletion_seconds), d.at),
+            None => median_max(&h.deletion_seconds),
+        },
         None => NO_CONTROLLERS.into(),
     });
     row("kube-controller-manager error lines (most frequent)", &|r| match &r.harm {

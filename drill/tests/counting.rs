@@ -127,6 +127,7 @@ fn objects_under_a_gone_namespace_are_left_behind_and_a_remaining_one_is_stuck()
     assert_eq!(harm.stuck, vec!["drill-ns-3".to_string()]);
     assert_eq!(harm.namespaces_deleted, 3);
     assert_eq!(harm.deletion_seconds, vec![5.2, 6.0]);
+    assert_eq!(harm.slowest().map(|d| d.at), Some(13.0));
 }
 
 #[test]
