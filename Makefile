@@ -169,7 +169,8 @@ explain-example:
 ## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N.
 ## With KUBE_APISERVER=PATH ETCD=PATH: real kube-apiservers (@1.33 with betas → native), results in
 ## drill/results/real-*, README untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
-## controller-manager runs through the front door in each run.
+## controller-manager runs through the front door in each run, and the drill counts what its garbage
+## collector and namespace controller did wrong (dependents collected, objects left, namespaces stuck).
 drill:
 	$(MAKE) wasm tools
 	$(REAL_ENV) target/tools/drill $(DRILL_ARGS)

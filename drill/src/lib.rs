@@ -7,8 +7,12 @@
 //! apiserver of a skewed cluster away for longer than the sidecar's old grace period and brings
 //! it back.
 
+mod controllers;
+pub mod harm;
+pub mod held;
 mod mode;
 pub mod probe;
+pub mod retry;
 
 pub use mode::Mode;
 
@@ -22,10 +26,14 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use skewgate_testkit::clients::{Looping, Runs};
 use skewgate_testkit::cluster::{self, Cluster, Credentials};
 use skewgate_testkit::echo::SERVED_BY;
+use skewgate_testkit::kubectl::Kubectl;
 use skewgate_testkit::load::ErrorKind;
 use skewgate_testkit::real;
+
+use crate::held::Held;
 
 const OLD: &str = "1.33";
 const NEW: &str = "1.36";
@@ -293,6 +301,9 @@ const REAL_CREATES: [Gvr; 3] = {
 };
 
 const DISCOVERY: &str = "apis (aggregated discovery v2)";
+/// A real `kubectl get` of a GVR only the new era serves: during the upgrade, only the
+/// restarting apiservers serve it.
+const KUBECTL_GET: [&str; 3] = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
 const WATCHES: usize = 3;
 
 /// How a request ended.
@@ -369,6 +380,8 @@ pub struct Request {
     pub class: Class,
     /// For a 503: whether every apiserver serving the GVR was restarting then.
     pub expected: bool,
+    /// How many times it was sent (the client-go-like client sends some again).
+    pub attempts: u32,
     #[serde(skip)]
     era: Era,
     #[serde(skip)]
@@ -394,6 +407,7 @@ impl Request {
             error: None,
             class: Class::Success,
             expected: false,
+            attempts: 1,
             era,
             object,
             timed_out: false,
@@ -466,6 +480,17 @@ pub struct Run {
     pub errors_per_second: BTreeMap<String, Vec<usize>>,
     /// The sole-server steps (`Options::sole_away`), with what went wrong during each.
     pub steps: Vec<Step>,
+    /// The client-go-like client, next to the raw one (whose requests the rest counts).
+    pub client_go: ClientGoTally,
+    /// The kubectl loop ([`KUBECTL_GET`]).
+    pub kubectl: Option<KubectlTally>,
+    /// skewgate: requests its Envoy held while their GVR had no ready apiserver.
+    pub held: Option<held::Held>,
+    /// With a kube-controller-manager: what its garbage collector and namespace controller
+    /// did wrong ([`harm`]).
+    pub harm: Option<harm::Harm>,
+    /// The kube-controller-manager's error lines, grouped ([`harm::errors`]).
+    pub controller_errors: BTreeMap<String, usize>,
     /// Real binaries: latency of rerouted and local requests, and `kubectl explain`
     /// completeness, on a quiet skewed cluster of the same kind.
     pub probe: Option<crate::probe::Probe>,
@@ -562,19 +587,42 @@ struct Shared {
     base: String,
     epoch: Instant,
     records: Mutex<Vec<Request>>,
+    /// The client-go-like client's requests, one record per request however often it was sent.
+    client_go: Mutex<Vec<Request>>,
+    /// Named creates of the client-go-like client answered 409 AlreadyExists when sent again:
+    /// an earlier attempt had taken effect.
+    applied_twice: AtomicU64,
     stop: AtomicBool,
     watches: AtomicU64,
     watch_cuts: AtomicU64,
 }
 
 impl Shared {
-    fn push(&self, r: Request) {
-        self.records.lock().unwrap_or_else(PoisonError::into_inner).push(r);
+    fn push(&self, client: Client, r: Request) {
+        let records = match client {
+            Client::Raw => &self.records,
+            Client::ClientGo => &self.client_go,
+        };
+        records.lock().unwrap_or_else(PoisonError::into_inner).push(r);
     }
 }
 
+/// Who sends an operation's requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Client {
+    /// Once, whatever the answer: what the edge itself answers.
+    Raw,
+    /// Again when client-go would ([`retry::again`]): what kubectl and controllers see.
+    ClientGo,
+}
+
+/// The label of the client-go-like client's `generateName` creates: the operation's number, so
+/// that two objects with one value are one write applied twice.
+const WRITE_LABEL: &str = "skewgate-drill-write";
+
 async fn send(
     s: &Shared,
+    client: Client,
     request: reqwest::RequestBuilder,
     gvr: String,
     verb: &'static str,
@@ -582,39 +630,74 @@ async fn send(
     object: Option<String>,
 ) -> Request {
     let t = s.epoch.elapsed();
+    let get = matches!(verb, "list" | "get" | "discovery");
     let mut r = Request::start(t, gvr, verb, era, object);
-    let answer = skewgate_testkit::load::exchange(request, &[200, 201]).await;
-    r.status = answer.status;
-    r.served_by = answer.served_by;
-    r.reason = answer.reason;
-    r.message = answer.message;
-    if let Some(kind) = answer.error {
-        r.no_answer(kind, answer.detail.unwrap_or_default());
+    let mut next = Some(request);
+    while let Some(request) = next.take() {
+        // A body that cannot be cloned is a stream: client-go never sends such a body twice.
+        let copy = request.try_clone();
+        let body = match copy {
+            Some(_) => retry::Body::Encoded,
+            None => retry::Body::Reader,
+        };
+        let answer = skewgate_testkit::load::exchange(request, &[200, 201]).await;
+        (r.status, r.served_by, r.reason, r.message) =
+            (answer.status, answer.served_by, answer.reason, answer.message);
+        (r.error, r.timed_out, r.connection) = (None, false, false);
+        let outcome = match answer.error {
+            Some(kind) => {
+                r.no_answer(kind, answer.detail.unwrap_or_default());
+                retry::Outcome::NoAnswer { reset_or_eof: kind == ErrorKind::Reset }
+            }
+            None => retry::Outcome::Answered {
+                status: r.status.unwrap_or_default(),
+                retry_after: answer.retry_after.as_deref(),
+            },
+        };
+        if client == Client::ClientGo {
+            if let Some(wait) = retry::again(get, body, r.attempts, outcome) {
+                tokio::time::sleep(wait).await;
+                r.attempts += 1;
+                next = copy;
+            }
+        }
     }
     r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
     r
 }
 
-async fn operation(s: Arc<Shared>, op: Op) {
+async fn operation(s: Arc<Shared>, client: Client, op: Op) {
     match op {
         Op::List(i) => {
             let g = &s.lists[i];
             let url = format!("{}{}?limit=500", s.base, g.collection());
             let req = s.client.get(url).header("accept", "application/json");
-            let r = send(&s, req, g.name(), "list", g.era, None).await;
-            s.push(r);
+            let r = send(&s, client, req, g.name(), "list", g.era, None).await;
+            s.push(client, r);
         }
         Op::Discovery => {
             let req = s.client.get(format!("{}/apis", s.base)).header("accept", DISCOVERY_ACCEPT);
-            let r = send(&s, req, DISCOVERY.into(), "discovery", Era::Both, None).await;
-            s.push(r);
+            let r = send(&s, client, req, DISCOVERY.into(), "discovery", Era::Both, None).await;
+            s.push(client, r);
         }
         Op::CreateRead(i, n) => {
             let g = &s.creates[i];
-            let name = format!("drill-{n}");
+            let name = match client {
+                Client::Raw => format!("drill-{n}"),
+                Client::ClientGo => format!("drill-cg-{n}"),
+            };
             let mut body = json!({"apiVersion": g.api_version(), "kind": g.kind, "metadata": {"name": name}});
             if g.namespaced {
                 body["metadata"]["namespace"] = json!("default");
+            }
+            // The client-go-like client's ConfigMaps get their names from the server: a
+            // re-sent create that had taken effect makes a second object, which a named create
+            // cannot.
+            let generated = client == Client::ClientGo && g.kind == "ConfigMap";
+            if generated {
+                body["metadata"] = json!({
+                    "generateName": "drill-cg-", "namespace": "default", "labels": {WRITE_LABEL: n.to_string()}
+                });
             }
             match g.kind {
                 "ConfigMap" => body["data"] = json!({"n": n.to_string()}),
@@ -625,19 +708,60 @@ async fn operation(s: Arc<Shared>, op: Op) {
                 .post(format!("{}{}", s.base, g.collection()))
                 .header("accept", "application/json")
                 .json(&body);
-            let created = send(&s, req, g.name(), "create", g.era, None).await;
+            let created = send(&s, client, req, g.name(), "create", g.era, None).await;
             let ok = created.status == Some(201);
-            s.push(created);
-            if ok {
+            if created.attempts > 1
+                && created.status == Some(409)
+                && created.reason.as_deref() == Some("AlreadyExists")
+            {
+                s.applied_twice.fetch_add(1, Ordering::SeqCst);
+            }
+            s.push(client, created);
+            if ok && !generated {
                 let req = s
                     .client
                     .get(format!("{}{}/{name}", s.base, g.collection()))
                     .header("accept", "application/json");
-                let r = send(&s, req, g.name(), "get", g.era, Some(name)).await;
-                s.push(r);
+                let r = send(&s, client, req, g.name(), "get", g.era, Some(name)).await;
+                s.push(client, r);
             }
         }
     }
+}
+
+/// Operations at `rate` per second until the load stops, at most 256 under way at once (the
+/// others are skipped and counted).
+fn dispatch(
+    s: Arc<Shared>,
+    client: Client,
+    ops: Vec<Op>,
+    rate: u32,
+    skipped: Arc<AtomicU64>,
+) -> tokio::task::JoinHandle<()> {
+    let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+    tokio::spawn(async move {
+        let permits = Arc::new(tokio::sync::Semaphore::new(256));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        for op in ops {
+            tick.tick().await;
+            if s.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            while tasks.try_join_next().is_some() {}
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                skipped.fetch_add(1, Ordering::SeqCst);
+                continue;
+            };
+            let s = s.clone();
+            tasks.spawn(async move {
+                operation(s, client, op).await;
+                drop(permit);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+    })
 }
 
 /// A long watch of configmaps or pods, re-established whenever it ends, until the load stops.
@@ -669,7 +793,7 @@ async fn watch(s: Arc<Shared>, which: usize) {
                     response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
                 r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
                 let ok = r.status == Some(200);
-                s.push(r);
+                s.push(Client::Raw, r);
                 if ok {
                     s.watches.fetch_add(1, Ordering::SeqCst);
                     loop {
@@ -687,7 +811,7 @@ async fn watch(s: Arc<Shared>, which: usize) {
             Err(e) => {
                 r.failed(&e);
                 r.latency_ms = (s.epoch.elapsed() - t).as_secs_f64() * 1000.0;
-                s.push(r);
+                s.push(Client::Raw, r);
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -823,11 +947,22 @@ struct Phase {
     exclusions: Vec<f64>,
     /// Sole-server steps: (what, apiserver, how, from, until).
     steps: Vec<(String, &'static str, &'static str, f64, f64)>,
+    kubectl: Kubectl,
+    /// The kubectl loop ([`KUBECTL_GET`]) and when it started.
+    looping: Option<(f64, Looping)>,
 }
 
 impl Phase {
     fn now(&self) -> f64 {
         self.epoch.elapsed().as_secs_f64()
+    }
+
+    /// The kubectl loop, once some apiserver serves what it lists (before, every run would
+    /// fail rightly).
+    fn start_kubectl(&mut self) {
+        if self.looping.is_none() {
+            self.looping = Some((self.now(), Looping::start(&self.kubectl, &KUBECTL_GET)));
+        }
     }
 
     fn event(&mut self, id: &str, what: &'static str, profile: &str) -> f64 {
@@ -908,6 +1043,7 @@ async fn rolling_upgrade(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &T
         // /readyz checks pass; without one, only its eligibility control keeps Envoy from
         // sending the new apiserver requests for what it dropped.
         let healthy = p.boot(c, id, NEW, o, generation).await?;
+        p.start_kubectl();
         p.timeline.restarts.push((id.into(), OLD.into(), NEW.into(), drain, healthy));
         tokio::time::sleep(timing.pause).await;
         if let (Some(away), true) = (o.sole_away, id == IDS[0]) {
@@ -1035,42 +1171,37 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         base: c.envoy_url()?,
         epoch: Instant::now(),
         records: Mutex::new(Vec::new()),
+        client_go: Mutex::new(Vec::new()),
+        applied_twice: AtomicU64::new(0),
         stop: AtomicBool::new(false),
         watches: AtomicU64::new(0),
         watch_cuts: AtomicU64::new(0),
     });
     let skipped = Arc::new(AtomicU64::new(0));
-    // Bounded: at most this many operations, and at most 256 under way at once.
-    let ops = plan(o.seed, o.rate as usize * 600);
-    let dispatcher = {
-        let (s, skipped) = (shared.clone(), skipped.clone());
-        let period = Duration::from_secs_f64(1.0 / f64::from(o.rate.max(1)));
-        tokio::spawn(async move {
-            let permits = Arc::new(tokio::sync::Semaphore::new(256));
-            let mut tasks = tokio::task::JoinSet::new();
-            let mut tick = tokio::time::interval(period);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            for op in ops {
-                tick.tick().await;
-                if s.stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                while tasks.try_join_next().is_some() {}
-                let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    skipped.fetch_add(1, Ordering::SeqCst);
-                    continue;
-                };
-                let s = s.clone();
-                tasks.spawn(async move {
-                    operation(s, op).await;
-                    drop(permit);
-                });
-            }
-            while tasks.join_next().await.is_some() {}
-        })
+    let controllers = match c.controller_manager.is_some() {
+        true => {
+            controllers::Workload::prepare(&shared).await?;
+            Some(Arc::new(controllers::Workload::default()))
+        }
+        false => None,
     };
+    // Bounded: at most this many operations each.
+    let ops = plan(o.seed, o.rate as usize * 600);
+    let raw = dispatch(shared.clone(), Client::Raw, ops, o.rate, skipped.clone());
+    let client_go_rate = (o.rate / CLIENT_GO_SHARE).max(1);
+    let client_go_ops = plan(o.seed.wrapping_add(1), client_go_rate as usize * 600);
+    let client_go =
+        dispatch(shared.clone(), Client::ClientGo, client_go_ops, client_go_rate, skipped.clone());
     let watchers: Vec<_> = (0..WATCHES).map(|i| tokio::spawn(watch(shared.clone(), i))).collect();
+    let workload: Vec<_> = match &controllers {
+        Some(w) => vec![
+            tokio::spawn(w.clone().owners(shared.clone())),
+            tokio::spawn(w.clone().namespaces(shared.clone())),
+        ],
+        None => Vec::new(),
+    };
 
+    let kubectl = Kubectl::new(&c.kubeconfig, &c.out.join("kubectl-cache"))?.with_context("skewgate-admin");
     let mut p = Phase {
         mode,
         epoch: shared.epoch,
@@ -1080,7 +1211,12 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         readmissions: Vec::new(),
         exclusions: Vec::new(),
         steps: Vec::new(),
+        kubectl,
+        looping: None,
     };
+    if o.variant.profiles().iter().any(|(_, era)| *era == NEW) {
+        p.start_kubectl();
+    }
     tokio::time::sleep(timing.warmup).await;
     match o.variant {
         Variant::Upgrade => rolling_upgrade(&mut p, c, o, timing).await?,
@@ -1089,10 +1225,18 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     }
     tokio::time::sleep(timing.cooldown).await;
     shared.stop.store(true, Ordering::SeqCst);
-    dispatcher.await?;
+    let kubectl = match p.looping.take() {
+        Some((from, looping)) => Some(KubectlTally::of(from, &looping.stop().await?)),
+        None => None,
+    };
+    raw.await?;
+    client_go.await?;
     for w in watchers {
         w.abort();
         let _ = w.await;
+    }
+    for w in workload {
+        w.await?;
     }
     let duration = p.now();
     let Phase { events, mut timeline, up_since, readmissions, exclusions, steps, .. } = p;
@@ -1100,11 +1244,42 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         timeline.up.push((id.into(), profile.into(), since, f64::INFINITY));
     }
 
+    // What etcd holds, read straight from an apiserver that serves every kind involved: at the
+    // end of an upgrade all do; otherwise c, the new era's.
+    let direct_id = match o.variant {
+        Variant::Upgrade => "a",
+        Variant::LeaveAndReturn | Variant::Restarts => "c",
+    };
+    let direct = c.direct_client(Duration::from_secs(10))?;
+    let direct_url = c.apiserver_url(direct_id)?;
+    let generated_twice = generated_twice(&direct, &direct_url).await?;
+    let harm = match &controllers {
+        Some(w) => Some(harm::count(&w.census(&direct, &direct_url).await?)),
+        None => None,
+    };
+    let controller_errors = match &c.controller_manager {
+        Some(m) => harm::errors(&std::fs::read_to_string(&m.log).unwrap_or_default()),
+        None => BTreeMap::new(),
+    };
+    let held = match mode {
+        Mode::Skewgate => Some(edge_held(c).await?),
+        Mode::PlainLb | Mode::Mvp => None,
+    };
+
     let mut records = std::mem::take(&mut *shared.records.lock().unwrap_or_else(PoisonError::into_inner));
     records.sort_by(|a, b| a.t.total_cmp(&b.t));
     for r in &mut records {
         classify(r, &timeline);
     }
+    let mut client_go_records =
+        std::mem::take(&mut *shared.client_go.lock().unwrap_or_else(PoisonError::into_inner));
+    for r in &mut client_go_records {
+        classify(r, &timeline);
+    }
+    let client_go = ClientGoTally::of(
+        &client_go_records,
+        shared.applied_twice.load(Ordering::SeqCst) as usize + generated_twice,
+    );
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     for r in &records {
         *counts.entry(r.class.key()).or_default() += 1;
@@ -1153,9 +1328,103 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         events,
         errors_per_second,
         steps,
+        client_go,
+        kubectl,
+        held,
+        harm,
+        controller_errors,
         probe: None,
         records,
     })
+}
+
+/// The client-go-like client runs at this fraction of the raw client's rate.
+const CLIENT_GO_SHARE: u32 = 4;
+
+/// Objects beyond the first made by one `generateName` create of the client-go-like client
+/// (the same [`WRITE_LABEL`] value twice: a create sent again after it had taken effect).
+async fn generated_twice(client: &reqwest::Client, apiserver: &str) -> Result<usize> {
+    let url = format!("{apiserver}/api/v1/namespaces/default/configmaps?labelSelector={WRITE_LABEL}");
+    let r = client.get(&url).header("accept", "application/json").send().await?;
+    anyhow::ensure!(r.status() == 200, "GET {url}: {}", r.status());
+    let list: Value = r.json().await?;
+    let values = list["items"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|i| i["metadata"]["labels"][WRITE_LABEL].as_str().map(str::to_owned));
+    Ok(extra_copies(values))
+}
+
+/// How many values occur more than once, counted once per extra occurrence.
+pub fn extra_copies(values: impl IntoIterator<Item = String>) -> usize {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for v in values {
+        *seen.entry(v).or_default() += 1;
+    }
+    seen.values().map(|n| n - 1).sum()
+}
+
+/// The skewgate Envoy's held requests ([`held::parse`]).
+async fn edge_held(c: &Cluster) -> Result<held::Held> {
+    let url = c.envoy()?.admin_url("/stats?format=json&filter=skewgate");
+    let stats: Value = reqwest::Client::builder().no_proxy().build()?.get(&url).send().await?.json().await?;
+    Ok(held::parse(&stats))
+}
+
+/// The client-go-like client's requests.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ClientGoTally {
+    pub requests: usize,
+    /// By class of the last answer.
+    pub counts: BTreeMap<String, usize>,
+    /// Requests whose last answer was an error ([`Class::ERRORS`]): what its caller saw fail.
+    pub failures: usize,
+    /// Requests sent more than once, and the extra sends.
+    pub resent: usize,
+    pub extra_sends: usize,
+    /// Writes that took effect twice, or would have but for their name.
+    pub applied_twice: usize,
+}
+
+impl ClientGoTally {
+    pub fn count(&self, class: Class) -> usize {
+        self.counts.get(&class.key()).copied().unwrap_or(0)
+    }
+
+    fn of(records: &[Request], applied_twice: usize) -> Self {
+        let mut t = ClientGoTally { requests: records.len(), applied_twice, ..Default::default() };
+        for r in records {
+            *t.counts.entry(r.class.key()).or_default() += 1;
+            t.failures += usize::from(Class::ERRORS.contains(&r.class));
+            t.resent += usize::from(r.attempts > 1);
+            t.extra_sends += r.attempts as usize - 1;
+        }
+        t
+    }
+}
+
+/// The kubectl loop of a GVR only the new era serves, from when some apiserver first served it.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KubectlTally {
+    /// Seconds into the load when it started.
+    pub from: f64,
+    pub runs: usize,
+    pub failures: usize,
+    /// Failures by kubectl's error line.
+    pub causes: BTreeMap<String, usize>,
+}
+
+impl KubectlTally {
+    fn of(from: f64, runs: &Runs) -> Self {
+        let failed = runs.failures();
+        let mut causes = BTreeMap::new();
+        for f in &failed {
+            *causes.entry(skewgate_testkit::clients::error_line(f)).or_default() += 1;
+        }
+        KubectlTally { from, runs: runs.0.len(), failures: failed.len(), causes }
+    }
 }
 
 /// Every run, plain LB first (on real binaries: plain LB, in-apiserver MVP, skewgate, each with
@@ -1228,16 +1497,40 @@ pub fn settings(o: &Options) -> String {
     };
     let controllers = match o.real.as_ref().and_then(|b| b.kube_controller_manager.as_ref()) {
         Some(_) => {
-            "; a kube-controller-manager (garbage collector, namespace controller) through the front door"
+            "; a kube-controller-manager (garbage collector, namespace controller) through the front door, \
+             with owners (ResourceClaims of resource.k8s.io/v1, ConfigMaps) of dependent ConfigMaps \
+             created every second and a namespace holding both created and deleted every 3 s"
         }
-        None => "",
+        None => {
+            "; no kube-controller-manager (stand-ins have none; real binaries take one by \
+             KUBE_CONTROLLER_MANAGER=PATH), so the garbage-collection and namespace rows are not measured"
+        }
     };
     format!(
-        "{what}; apiservers {ready}{controllers}; sidecar poll {} s; {} operations/s (seed {})",
+        "{what}; apiservers {ready}{controllers}; sidecar poll {} s; {} operations/s from a raw client \
+         (seed {}) and {} from a client that sends again as client-go does",
         o.poll.as_secs_f64(),
         o.rate,
-        o.seed
+        o.seed,
+        (o.rate / CLIENT_GO_SHARE).max(1)
     )
+}
+
+/// `key: n` for each non-zero count.
+fn by_class(counts: &BTreeMap<String, usize>) -> String {
+    let parts: Vec<String> =
+        counts.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k}: {n}")).collect();
+    match parts.is_empty() {
+        true => "-".into(),
+        false => parts.join(", "),
+    }
+}
+
+/// `kind n of m` for each kind of owner.
+fn of_kinds(counts: &BTreeMap<String, usize>, of: &BTreeMap<String, usize>) -> String {
+    let parts: Vec<String> =
+        of.iter().map(|(k, m)| format!("{k} {} of {m}", counts.get(k).copied().unwrap_or(0))).collect();
+    parts.join(", ")
 }
 
 /// Median and maximum, in seconds.
@@ -1294,6 +1587,73 @@ pub fn markdown_table(runs: &[Run]) -> String {
     });
     row("drain (or stop) → Envoy sends it requests again (median / max)", &|r| median_max(&r.out_seconds));
     row("serving again → Envoy sends it requests (median / max)", &|r| median_max(&r.readmission_seconds));
+    row("client-go-like client: failed / requests (sent again: requests / extra sends)", &|r| {
+        let t = &r.client_go;
+        format!("{} / {} ({} / {})", t.failures, t.requests, t.resent, t.extra_sends)
+    });
+    row("… its failures by class", &|r| {
+        let failed = Class::ERRORS.map(|c| (c.label().to_string(), r.client_go.count(c)));
+        by_class(&failed.into_iter().collect())
+    });
+    row("writes applied twice (client-go-like client)", &|r| r.client_go.applied_twice.to_string());
+    row(
+        &format!(
+            "`kubectl {}` in a loop, from the first moment it is served: failed / runs",
+            KUBECTL_GET.join(" ")
+        ),
+        &|r| match &r.kubectl {
+            Some(k) => format!("{} / {}", k.failures, k.runs),
+            None => "-".into(),
+        },
+    );
+    row("requests held at the edge (resumed / expired / refused)", &|r| match &r.held {
+        Some(h) => format!(
+            "{} ({} / {} / {})",
+            h.total(),
+            h.outcomes.get("resumed").copied().unwrap_or(0),
+            h.outcomes.get("expired").copied().unwrap_or(0),
+            h.outcomes.get("refused").copied().unwrap_or(0)
+        ),
+        None => "—".into(),
+    });
+    row("… how long held, p50 / p99 / max", &|r| match &r.held {
+        Some(Held { p50_ms: Some(p50), p99_ms: Some(p99), max_ms: Some(max), .. }) => {
+            format!("{p50:.0} / {p99:.0} / {max:.0} ms")
+        }
+        Some(_) => "none held".into(),
+        None => "—".into(),
+    });
+    const NO_CONTROLLERS: &str = "not run (no kube-controller-manager)";
+    row("dependents wrongly garbage-collected (owner still there)", &|r| match &r.harm {
+        Some(h) => format!("{} ({})", h.wrongly_collected_total(), of_kinds(&h.wrongly_collected, &h.sets)),
+        None => NO_CONTROLLERS.into(),
+    });
+    row("objects left under deleted namespaces", &|r| match &r.harm {
+        Some(h) if h.left_behind.is_empty() => "0".into(),
+        Some(h) => format!("{} ({})", h.left_behind_total(), by_class(&h.left_behind)),
+        None => NO_CONTROLLERS.into(),
+    });
+    row("namespaces stuck (of deleted)", &|r| match &r.harm {
+        Some(h) => format!("{} of {}", h.stuck.len(), h.namespaces_deleted),
+        None => NO_CONTROLLERS.into(),
+    });
+    row("namespace deletion, median / max (the slowest deleted at, into the run)", &|r| match &r.harm {
+        Some(h) => match h.slowest() {
+            Some(d) => format!("{} ({:.1} s)", median_max(&h.deletion_seconds), d.at),
+            None => median_max(&h.deletion_seconds),
+        },
+        None => NO_CONTROLLERS.into(),
+    });
+    row("kube-controller-manager error lines (most frequent)", &|r| match &r.harm {
+        Some(_) => {
+            let total: usize = r.controller_errors.values().sum();
+            match r.controller_errors.iter().max_by_key(|(_, n)| **n) {
+                Some((what, n)) => format!("{total} ({n} × {})", what.replace('|', "/")),
+                None => "0".into(),
+            }
+        }
+        None => NO_CONTROLLERS.into(),
+    });
     let steps = runs.iter().map(|r| r.steps.len()).max().unwrap_or(0);
     for i in 0..steps {
         let what = runs.iter().find_map(|r| r.steps.get(i)).map(|s| s.what.clone()).unwrap_or_default();
@@ -1432,7 +1792,13 @@ pub fn readme_part(o: &Options, runs: &[Run]) -> String {
     };
     format!(
         "**{title}** (`make drill {}DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
-        if o.real.is_some() { "KUBE_APISERVER=PATH ETCD=PATH " } else { "" },
+        match &o.real {
+            Some(b) if b.kube_controller_manager.is_some() => {
+                "KUBE_APISERVER=PATH ETCD=PATH KUBE_CONTROLLER_MANAGER=PATH "
+            }
+            Some(_) => "KUBE_APISERVER=PATH ETCD=PATH ",
+            None => "",
+        },
         args(o),
         settings(o),
         markdown_table(runs),

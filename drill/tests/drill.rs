@@ -59,6 +59,18 @@ fn check_skewgate(skewgate: &Run) -> Result<()> {
         skewgate.failures(Class::Unavailable, 10)
     );
     ensure!(skewgate.count(Class::Success) > 0);
+    // The client that sends again as client-go does: a re-send never lands a write twice, and
+    // what it finally gets is never a wrong 404 or a lost write.
+    let client_go = &skewgate.client_go;
+    ensure!(client_go.requests > 0, "the client-go-like client sent nothing");
+    ensure!(client_go.applied_twice == 0, "skewgate run: {} writes applied twice", client_go.applied_twice);
+    for class in [Class::WrongNotFound, Class::LostWrite] {
+        let n = client_go.count(class);
+        ensure!(n == 0, "skewgate run: the client-go-like client got {n} × {}", class.label());
+    }
+    if let Some(k) = &skewgate.kubectl {
+        ensure!(k.runs > 0, "the kubectl loop never ran");
+    }
     Ok(())
 }
 

@@ -237,6 +237,8 @@ pub struct Answer {
     /// `reason` of a `Status` body (`ServiceUnavailable`, `NotFound`, ...).
     pub reason: Option<String>,
     pub message: Option<String>,
+    /// `Retry-After`, as sent: when a client-go client would send the request again.
+    pub retry_after: Option<String>,
     pub error: Option<ErrorKind>,
     /// The client's error text, when there was no answer.
     pub detail: Option<String>,
@@ -251,6 +253,11 @@ pub async fn exchange(request: reqwest::RequestBuilder, expected: &[u16]) -> Ans
             answer.status = Some(response.status().as_u16());
             answer.served_by =
                 response.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            answer.retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             match response.bytes().await {
                 Ok(body) if !answer.status.is_some_and(|s| expected.contains(&s)) => {
                     if let Ok(status) = serde_json::from_slice::<Value>(&body) {
