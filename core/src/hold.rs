@@ -245,6 +245,20 @@ impl<T> Holds<T> {
         out
     }
 
+    /// The waiting requests `stale` picks (a new table sends them elsewhere), taken out to be
+    /// answered now rather than left to wait for a cluster they no longer belong to.
+    pub fn take_where(&mut self, mut stale: impl FnMut(&T) -> bool) -> Vec<(String, Held<T>)> {
+        let mut out = Vec::new();
+        for down in &mut self.down {
+            let (gone, kept) =
+                std::mem::take(&mut down.waiting).into_iter().partition::<Vec<_>, _>(|h| stale(&h.payload));
+            down.waiting = kept;
+            out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
+        }
+        self.held -= out.len();
+        out
+    }
+
     /// Stream `id` ended while it waited (the client went away): nothing to answer.
     pub fn forget(&mut self, id: u32) -> bool {
         for down in &mut self.down {
@@ -384,5 +398,16 @@ mod tests {
         assert_eq!(board_entries(&board), [("c", 9000), ("x", 16_000)], "set-a found 11 s ago: gone");
         assert!(board_entries(b"\xff\xfe").is_empty());
         assert_eq!(board_entries(b"=1;c=x;d=2;junk"), [("d", 2)]);
+    }
+
+    #[test]
+    fn requests_a_new_table_sends_elsewhere_are_taken_out() {
+        let mut h = holds();
+        h.failed("c", ms(0));
+        h.admit("c", 1, "stays", ms(0));
+        h.admit("c", 2, "goes", ms(0));
+        let taken: Vec<_> = h.take_where(|p| *p == "goes").into_iter().map(|(c, r)| (c, r.id)).collect();
+        assert_eq!(taken, [("c".to_string(), 2)]);
+        assert_eq!(h.held(), 1);
     }
 }

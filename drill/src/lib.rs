@@ -1296,7 +1296,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     let mut latencies: Vec<f64> =
         records.iter().filter(|r| r.verb != "watch").map(|r| r.latency_ms).collect();
     latencies.sort_by(f64::total_cmp);
-    let steps = steps
+    let steps: Vec<Step> = steps
         .into_iter()
         .map(|(what, apiserver, how, from, until)| {
             let mut counts: BTreeMap<String, usize> = BTreeMap::new();
@@ -1306,6 +1306,12 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
             Step { what, apiserver: apiserver.into(), how, from, until, counts }
         })
         .collect();
+    let mut client_go = client_go;
+    client_go.failures_in_steps = client_go_records
+        .iter()
+        .filter(|r| Class::ERRORS.contains(&r.class))
+        .filter(|r| steps.iter().any(|s: &Step| s.from <= r.t && r.t < s.until))
+        .count();
     let first_drain = timeline.restarts.first().map_or(0.0, |r| r.3);
     let last_healthy = timeline.restarts.last().map_or(0.0, |r| r.4);
     Ok(Run {
@@ -1386,6 +1392,9 @@ pub struct ClientGoTally {
     pub extra_sends: usize,
     /// Writes that took effect twice, or would have but for their name.
     pub applied_twice: usize,
+    /// Of `failures`, those sent while the sole server of the new APIs was stopped on purpose
+    /// (the scripted stops, [`Options::sole_away`]): the rest fell in the rolling upgrade itself.
+    pub failures_in_steps: usize,
 }
 
 impl ClientGoTally {
@@ -1590,6 +1599,10 @@ pub fn markdown_table(runs: &[Run]) -> String {
     row("client-go-like client: failed / requests (sent again: requests / extra sends)", &|r| {
         let t = &r.client_go;
         format!("{} / {} ({} / {})", t.failures, t.requests, t.resent, t.extra_sends)
+    });
+    row("… of them while the sole server was stopped on purpose / in the upgrade itself", &|r| {
+        let t = &r.client_go;
+        format!("{} / {}", t.failures_in_steps, t.failures - t.failures_in_steps)
     });
     row("… its failures by class", &|r| {
         let failed = Class::ERRORS.map(|c| (c.label().to_string(), r.client_go.count(c)));

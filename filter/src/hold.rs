@@ -63,10 +63,31 @@ impl<H: Host> Holding<H> {
         }
     }
 
-    /// A new table, and its policy: requests already held keep waiting, under its bounds.
+    /// A new table, and its policy: requests already held keep waiting, under its bounds, but
+    /// for those it sends elsewhere (an API no longer served, or by others now), which are
+    /// answered at once: sent again, they are decided on it.
     pub fn set_live(&self, active: &Rc<Active<H>>) {
         self.holds.borrow_mut().set_policy(active.table.policy().hold());
         *self.live.borrow_mut() = Some(active.clone());
+        let stale = |w: &Waiter<H>| {
+            !Rc::ptr_eq(&w.active, active) && !w.routed.routed_alike(&w.active.table, &active.table)
+        };
+        let stale = self.holds.borrow_mut().take_where(stale);
+        for (cluster, held) in stale {
+            let waited = self.now().saturating_sub(held.since);
+            self.answer_changed(&cluster, held, waited);
+        }
+    }
+
+    /// A request whose table changed under it: 503 with `Retry-After`.
+    fn answer_changed(&self, cluster: &str, held: Held<Waiter<H>>, waited: Duration) {
+        self.record(cluster, "changed", waited);
+        let Waiter { active, routed, release } = held.payload;
+        release.set(Release::Answered);
+        let reply = routed.table_changed(&active.table);
+        let headers = reply.headers();
+        let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        self.host.send_response_to(held.id, reply.status, headers, Some(reply.body.as_bytes()));
     }
 
     /// Stream `id`'s request for `cluster`: held (what tells the stream it was released), or on
@@ -181,22 +202,17 @@ impl<H: Host> Holding<H> {
 
     fn resume(&self, cluster: &str, held: Held<Waiter<H>>) {
         let waited = self.now().saturating_sub(held.since);
-        let Waiter { active, routed, release } = held.payload;
         let live = self.live.borrow().clone();
+        let Waiter { active, routed, .. } = &held.payload;
         let alike = live
             .as_ref()
-            .is_none_or(|l| Rc::ptr_eq(l, &active) || routed.routed_alike(&active.table, &l.table));
+            .is_none_or(|l| Rc::ptr_eq(l, active) || routed.routed_alike(&active.table, &l.table));
         if !alike {
-            self.record(cluster, "changed", waited);
-            release.set(Release::Answered);
-            let reply = routed.table_changed(&active.table);
-            let headers = reply.headers();
-            let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            self.host.send_response_to(held.id, reply.status, headers, Some(reply.body.as_bytes()));
+            self.answer_changed(cluster, held, waited);
             return;
         }
         self.record(cluster, "resumed", waited);
-        release.set(Release::Resumed);
+        held.payload.release.set(Release::Resumed);
         self.host.resume_request(held.id);
     }
 
