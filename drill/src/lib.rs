@@ -509,6 +509,10 @@ pub struct Step {
     pub until: f64,
     /// Requests that started in the window, by class.
     pub counts: BTreeMap<String, usize>,
+    /// Its 503s by what the edge's `Status` says: answered after waiting at the edge, answered at
+    /// once with `Retry-After` (Envoy's detail), or at once without (it may have reached an
+    /// apiserver).
+    pub unavailable_why: BTreeMap<String, usize>,
 }
 
 impl Step {
@@ -1300,10 +1304,14 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         .into_iter()
         .map(|(what, apiserver, how, from, until)| {
             let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+            let mut unavailable_why: BTreeMap<String, usize> = BTreeMap::new();
             for r in records.iter().filter(|r| from <= r.t && r.t < until) {
                 *counts.entry(r.class.key()).or_default() += 1;
+                if r.class == Class::Unavailable {
+                    *unavailable_why.entry(unavailable_why_key(r.message.as_deref())).or_default() += 1;
+                }
             }
-            Step { what, apiserver: apiserver.into(), how, from, until, counts }
+            Step { what, apiserver: apiserver.into(), how, from, until, counts, unavailable_why }
         })
         .collect();
     let mut client_go = client_go;
@@ -1684,6 +1692,40 @@ pub fn markdown_table(runs: &[Run]) -> String {
             },
         );
     }
+    for i in 0..steps {
+        let what = runs.iter().find_map(|r| r.steps.get(i)).map(|s| s.what.clone()).unwrap_or_default();
+        row(
+            &format!(
+                "{what}: its 503s after waiting at the edge / at once with Retry-After / at once without"
+            ),
+            &|r| match r.steps.get(i) {
+                Some(s) if !s.unavailable_why.is_empty() => {
+                    let n = |k: &str| {
+                        s.unavailable_why
+                            .iter()
+                            .filter(|(w, _)| w.starts_with(k))
+                            .map(|(_, n)| n)
+                            .sum::<usize>()
+                    };
+                    let at_once: Vec<String> = s
+                        .unavailable_why
+                        .iter()
+                        .filter(|(w, _)| w.starts_with("at once"))
+                        .map(|(w, n)| format!("{n} × {}", w.trim_start_matches("at once, ")))
+                        .collect();
+                    format!(
+                        "{} / {} / {} ({})",
+                        n("held"),
+                        n("at once, retry"),
+                        n("at once, no retry"),
+                        at_once.join("; ")
+                    )
+                }
+                Some(_) => "none".into(),
+                None => "-".into(),
+            },
+        );
+    }
     if runs.iter().any(|r| r.probe.is_some()) {
         crate::probe::markdown_rows(&mut |label, cell| row(label, &|r: &Run| cell(r.probe.as_ref())));
     }
@@ -1855,4 +1897,21 @@ pub fn update_readme(readme: &Path, results: &Path) -> Result<()> {
         }
     }
     skewgate_testkit::markdown::update_section(readme, None, README_BEGIN, README_END, &parts.join("\n"))
+}
+
+/// What a 503 `Status` from the edge says about itself, for [`Step::unavailable_why`]: waited at
+/// the edge, or at once, with or without `Retry-After` (whose absence its message states), and
+/// Envoy's detail.
+fn unavailable_why_key(message: Option<&str>) -> String {
+    let message = message.unwrap_or_default();
+    if message.contains("at the edge") {
+        return "held".into();
+    }
+    let retry = if message.contains("may have reached an apiserver") { "no retry" } else { "retry" };
+    let detail = message
+        .rsplit_once("(cluster ")
+        .and_then(|(_, rest)| rest.split_once("; "))
+        .map(|(_, d)| d.split([')', '{', '|']).next().unwrap_or_default())
+        .unwrap_or("other");
+    format!("at once, {retry}: {detail}")
 }
