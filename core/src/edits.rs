@@ -117,20 +117,23 @@ fn never_reached_an_apiserver(envoy_detail: &str) -> bool {
     ) {
         return true;
     }
-    // The reasons in which no byte of the request reached an apiserver (a refused or failed
-    // connection, TLS included; a circuit breaker; a stream the apiserver refused before reading
-    // it).
+    // The reasons in which no byte of the request reached an apiserver: a refused or failed
+    // connection, a circuit breaker, a stream the apiserver refused before reading it.
+    reset_reason(envoy_detail).is_some_and(|reason| {
+        connection_failed(reason)
+            || matches!(reason, "overflow" | "local_refused_stream_reset" | "remote_refused_stream_reset")
+    })
+}
+
+/// A reset `reason` that says the connection to the apiserver was refused or failed (TLS
+/// included).
+fn connection_failed(reason: &str) -> bool {
     matches!(
-        reset_reason(envoy_detail),
-        Some(
-            "connection_failure"
-                | "local_connection_failure"
-                | "remote_connection_failure"
-                | "connection_timeout"
-                | "overflow"
-                | "local_refused_stream_reset"
-                | "remote_refused_stream_reset"
-        )
+        reason,
+        "connection_failure"
+            | "local_connection_failure"
+            | "remote_connection_failure"
+            | "connection_timeout"
     )
 }
 
@@ -147,16 +150,7 @@ fn reset_reason(envoy_detail: &str) -> Option<&str> {
 /// then finds none healthy.
 pub fn no_apiserver_took_it(envoy_detail: &str, members: usize) -> bool {
     envoy_detail == "no_healthy_upstream"
-        || (members == 1
-            && matches!(
-                reset_reason(envoy_detail),
-                Some(
-                    "connection_failure"
-                        | "local_connection_failure"
-                        | "remote_connection_failure"
-                        | "connection_timeout"
-                )
-            ))
+        || (members == 1 && reset_reason(envoy_detail).is_some_and(connection_failed))
 }
 
 /// What answering Envoy's own failure of a routed request needs, kept by the filter and the

@@ -79,15 +79,19 @@ impl<H: Host> Holding<H> {
         }
     }
 
+    /// `reply` as stream `id`'s local reply.
+    fn send(&self, id: u32, reply: &skewgate_core::edits::Reply) {
+        let headers = reply.headers();
+        let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        self.host.send_response_to(id, reply.status, headers, Some(reply.body.as_bytes()));
+    }
+
     /// A request whose table changed under it: 503 with `Retry-After`.
     fn answer_changed(&self, cluster: &str, held: Held<Waiter<H>>, waited: Duration) {
         self.record(cluster, "changed", waited);
         let Waiter { active, routed, release } = held.payload;
         release.set(Release::Answered);
-        let reply = routed.table_changed(&active.table);
-        let headers = reply.headers();
-        let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-        self.host.send_response_to(held.id, reply.status, headers, Some(reply.body.as_bytes()));
+        self.send(held.id, &routed.table_changed(&active.table));
     }
 
     /// Stream `id`'s request for `cluster`: held (what tells the stream it was released), or on
@@ -183,10 +187,7 @@ impl<H: Host> Holding<H> {
             let Waiter { active, routed, release } = held.payload;
             release.set(Release::Answered);
             active.metrics.unavailable(routed.serving);
-            let reply = routed.held_too_long(&active.table, waited);
-            let headers = reply.headers();
-            let headers = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-            self.host.send_response_to(held.id, reply.status, headers, Some(reply.body.as_bytes()));
+            self.send(held.id, &routed.held_too_long(&active.table, waited));
         }
     }
 
