@@ -196,6 +196,16 @@ impl Routed {
         self.reply(table, &detail, Some(RETRY_AFTER_SECONDS))
     }
 
+    /// The answer to a waiting request whose body grew past what Envoy can keep for it
+    /// ([`crate::hold::MAX_HELD_BODY`]): it reached no apiserver, so it may be sent again.
+    pub fn body_too_large_to_hold(&self, table: &RoutingTable) -> Reply {
+        let detail = format!(
+            "no_healthy_upstream; its body is over {} KiB, too large to wait for an apiserver",
+            crate::hold::MAX_HELD_BODY / 1024
+        );
+        self.reply(table, &detail, Some(RETRY_AFTER_SECONDS))
+    }
+
     /// Whether `new`, a table that replaced `old` (the one this request was decided on), sends
     /// it to the same cluster. A request that waited at the edge ([`crate::hold`]) goes on only
     /// then: an apiserver may have come back serving other APIs, and only the live table says

@@ -50,6 +50,13 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// second per worker.
 pub const RELEASE_PER_TICK: usize = 50;
 
+/// The largest request body a waiting request keeps. Envoy buffers what the client of a paused
+/// request sends, up to its connection's buffer limit (1 MiB in the shipped bootstraps), and
+/// answers 413 past it: an answer no client sends again. A request whose body grows past this
+/// stops waiting and gets the 503 with `Retry-After` at once, which client-go sends again, body
+/// and all. kube-apiserver takes bodies up to 3 MiB; a write is a few KiB.
+pub const MAX_HELD_BODY: usize = 512 * 1024;
+
 /// Where one worker tells the others which clusters it found down (Envoy's shared data, one key
 /// for all workers' VMs), so that each does not find it out with a failed request of its own.
 pub const BOARD_KEY: &str = "skewgate.hold.down";
@@ -259,16 +266,20 @@ impl<T> Holds<T> {
         out
     }
 
-    /// Stream `id` ended while it waited (the client went away): nothing to answer.
-    pub fn forget(&mut self, id: u32) -> bool {
+    /// Stream `id`, if it waits, taken out (to be answered now), with its cluster.
+    pub fn take(&mut self, id: u32) -> Option<(String, Held<T>)> {
         for down in &mut self.down {
             if let Some(at) = down.waiting.iter().position(|h| h.id == id) {
-                down.waiting.remove(at);
                 self.held -= 1;
-                return true;
+                return Some((down.cluster.clone(), down.waiting.remove(at)));
             }
         }
-        false
+        None
+    }
+
+    /// Stream `id` ended while it waited (the client went away): nothing to answer.
+    pub fn forget(&mut self, id: u32) -> bool {
+        self.take(id).is_some()
     }
 }
 

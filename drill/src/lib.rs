@@ -104,6 +104,12 @@ pub struct Options {
     /// stop it gracefully for this long and bring it back, then SIGKILL it for this long and
     /// bring it back, before the others are upgraded (`None`: no such step).
     pub sole_away: Option<Duration>,
+    /// One run alone (what to look into), not the comparison: nothing is written but
+    /// `latest.json` and the plot.
+    pub only: Option<Mode>,
+    /// Each run's files (Envoy's log with its access log, the sidecar's, the table) are left in
+    /// [`Options::work`] to look into afterwards.
+    pub keep: bool,
 }
 
 impl Options {
@@ -122,6 +128,8 @@ impl Options {
             down: Duration::ZERO,
             real: None,
             sole_away: None,
+            only: None,
+            keep: false,
         }
     }
 
@@ -935,7 +943,10 @@ pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
         cluster::start(&options).await.with_context(|| format!("starting the {} cluster", mode.name()))?;
     let result = upgrade_under_load(&mut c, mode, o, &timing).await;
     c.shutdown().await?;
-    let _ = std::fs::remove_dir_all(&dir);
+    match o.keep {
+        true => println!("drill [{}] kept {}", mode.key(), dir.display()),
+        false => drop(std::fs::remove_dir_all(&dir)),
+    }
     result
 }
 
@@ -1448,7 +1459,7 @@ impl KubectlTally {
 /// its probe).
 pub async fn drill(o: &Options) -> Result<Vec<Run>> {
     let mut runs = Vec::new();
-    for mode in Mode::all(o.real.is_some()) {
+    for mode in Mode::all(o.real.is_some()).iter().filter(|m| o.only.is_none_or(|only| only == **m)) {
         let probe = match &o.real {
             Some(_) => {
                 Some(crate::probe::probe(*mode, &o.work, o.real.clone(), o.poll, &real_list_names()).await?)

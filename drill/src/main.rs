@@ -14,6 +14,11 @@
 //! Usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS]
 //!              [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]]
 //!              [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH]
+//!              [--only plain-lb|mvp|skewgate] [--keep]
+//!
+//! `--only` runs one column alone, to look into, and writes only latest.json and the plot (as
+//! --quick); `--keep` leaves each run's files (Envoy's log and access log, the sidecar's log, the
+//! table) under target/tmp/drill-PID/ and prints where.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -26,7 +31,7 @@ use skewgate_testkit::real::Binaries;
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
                      [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \
                      [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH \
-                     [--kube-controller-manager PATH]]";
+                     [--kube-controller-manager PATH]] [--only plain-lb|mvp|skewgate] [--keep]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -38,7 +43,7 @@ fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration>
 }
 
 fn main() -> Result<()> {
-    let mut quick = false;
+    let (mut quick, mut keep, mut only) = (false, false, None);
     let (mut rate, mut seed, mut ready_delay, mut poll, mut away) = (None, None, None, None, None);
     let mut variant = Variant::Upgrade;
     let (mut restarts, mut down, mut sole_away) = (None, None, None);
@@ -48,6 +53,12 @@ fn main() -> Result<()> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--quick" => quick = true,
+            "--keep" => keep = true,
+            "--only" => {
+                let key = args.next().context("--only plain-lb|mvp|skewgate")?;
+                let mode = drill::Mode::all(true).iter().find(|m| m.key() == key);
+                only = Some(*mode.with_context(|| format!("--only {key:?}: plain-lb, mvp or skewgate"))?);
+            }
             "--rate" => rate = Some(args.next().context("--rate N")?.parse::<u32>()?),
             "--seed" => seed = Some(args.next().context("--seed N")?.parse::<u64>()?),
             "--ready-delay" => ready_delay = Some(seconds("--ready-delay", args.next(), true)?),
@@ -79,6 +90,7 @@ fn main() -> Result<()> {
         bail!("--down goes with --restarts");
     }
     let mut o = Options::new(quick);
+    (o.only, o.keep) = (only, keep);
     if let Some(rate) = rate {
         if rate == 0 || rate > 2000 {
             bail!("--rate must be 1..=2000");
@@ -121,6 +133,9 @@ fn main() -> Result<()> {
     if controller_manager.is_some() && o.real.is_none() {
         bail!("--kube-controller-manager needs real apiservers (--kube-apiserver and --etcd); {USAGE}");
     }
+    if o.only == Some(drill::Mode::Mvp) && o.real.is_none() {
+        bail!("--only mvp needs real apiservers (--kube-apiserver and --etcd)");
+    }
     if sole_away.is_some() && variant != Variant::Upgrade {
         bail!("--sole-away goes with the upgrade (the first upgraded apiserver is the sole new one)");
     }
@@ -148,8 +163,10 @@ fn main() -> Result<()> {
     let results = serde_json::to_string_pretty(&drill::results_json(&o, &runs))?;
     std::fs::write(out.join(&latest), &results)?;
     std::fs::write(out.join(&timeline), drill::timeline_svg(&runs))?;
-    let readme = !quick && o.real.is_none();
-    if !quick {
+    // A partial or quick run leaves the committed comparison alone.
+    let whole = !quick && o.only.is_none();
+    let readme = whole && o.real.is_none();
+    if whole {
         std::fs::write(out.join(format!("{prefix}{}.json", variant.key())), &results)?;
         std::fs::write(out.join(format!("{prefix}{}.md", variant.key())), drill::readme_part(&o, &runs))?;
     }

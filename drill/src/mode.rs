@@ -24,7 +24,7 @@ impl Mode {
         }
     }
 
-    pub(crate) fn key(self) -> &'static str {
+    pub fn key(self) -> &'static str {
         match self {
             Mode::PlainLb => "plain-lb",
             Mode::Mvp => "mvp",

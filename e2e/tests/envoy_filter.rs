@@ -834,6 +834,57 @@ async fn requests_wait_at_the_edge_while_the_only_server_of_their_api_is_away() 
     Ok(())
 }
 
+/// Writes wait too, body and all: a POST while c is away waits at the edge with its body in
+/// Envoy's buffer and reaches c whole once c is back. A body too large to keep there gets the
+/// 503 with `Retry-After` at once, rather than Envoy's 413, which no client sends again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_waits_with_its_body() -> Result<()> {
+    let f = Fixture::start_holding("hold-writes", "30s", None).await?;
+    // One connection: one Envoy worker, which finds c down with the first request.
+    let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    let find_down = || async {
+        let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
+        ensure!(resp.status() == 503, "{}: c is away", resp.status());
+        anyhow::Ok(())
+    };
+    mark_draining(&f, &["c"]).await?;
+    find_down().await?;
+
+    let body = vec![b'x'; 200_000];
+    let write = {
+        let (client, url, body) = (client.clone(), url.clone(), body.clone());
+        tokio::spawn(async move {
+            let resp = client.post(url).header("Authorization", "Bearer token-1").body(body).send().await?;
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            anyhow::Ok((status, headers, resp.text().await?))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    ensure!(!write.is_finished(), "the write did not wait: {:?}", write.await?);
+    mark_draining(&f, &[]).await?;
+    let (status, headers, answer) = write.await??;
+    ensure!(status == 200, "{status}: {answer}");
+    assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
+    let echo: Value = serde_json::from_str(&answer)?;
+    assert_eq!((echo["method"].as_str(), echo["bodyBytes"].as_u64()), (Some("POST"), Some(200_000)));
+
+    mark_draining(&f, &["c"]).await?;
+    find_down().await?;
+    let sent = Instant::now();
+    let too_large = vec![b'x'; skewgate_core::hold::MAX_HELD_BODY + 100_000];
+    let resp = client.post(&url).header("Authorization", "Bearer token-1").body(too_large).send().await?;
+    let (status, headers, answer) = (resp.status().as_u16(), resp.headers().clone(), resp.text().await?);
+    ensure!(status == 503, "{status}: {answer}");
+    assert!(sent.elapsed() < Duration::from_secs(2), "answered after {:?}", sent.elapsed());
+    assert_eq!(headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"), "{answer}");
+    assert!(answer.contains("too large to wait"), "{answer}");
+    let refused =
+        f.envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=refused;").await?;
+    ensure!(refused == 1, "{refused} refused");
+    Ok(())
+}
+
 /// The hold is bounded: with at most 100 waiting per worker, 450 requests on three HTTP/2
 /// connections (150 each) while c is away. Two of the connections at least share a worker, so
 /// some requests are refused (the 503 at once); every request held is served once c is back.

@@ -15,8 +15,8 @@ use crate::host::Host;
 use crate::metrics;
 
 /// What became of a request that met a down cluster: released to its apiserver, answered after
-/// the longest wait, answered because the live table now sends it elsewhere, or not held at all
-/// (too many waiting).
+/// the longest wait, answered because the live table now sends it elsewhere, or not held (too
+/// many waiting, or its body too large to keep).
 const OUTCOMES: [&str; 4] = ["resumed", "expired", "changed", "refused"];
 
 /// Where a held stream stands: its own callbacks read it, the root context changes it.
@@ -141,6 +141,16 @@ impl<H: Host> Holding<H> {
         }
     }
 
+    /// Held stream `id`'s body grew past what Envoy can buffer for it: answered now, not held.
+    pub fn body_too_large(&self, id: u32) {
+        let Some((cluster, held)) = self.holds.borrow_mut().take(id) else { return };
+        self.count(&cluster, "refused");
+        let Waiter { active, routed, release } = held.payload;
+        release.set(Release::Answered);
+        active.metrics.unavailable(routed.serving);
+        self.send(id, &routed.body_too_large_to_hold(&active.table));
+    }
+
     /// A held stream Envoy ended before it was released.
     pub fn forget(&self, id: u32) {
         self.holds.borrow_mut().forget(id);
@@ -172,6 +182,11 @@ impl<H: Host> Holding<H> {
             let h = h.iter().map(|(n, v)| (*n, v.as_str())).collect();
             match self.host.dispatch_call(&cluster, h, hold::PROBE_TIMEOUT) {
                 Ok(token) => self.holds.borrow_mut().probing(&cluster, token),
+                // Envoy failed the call before it left: no apiserver of the cluster to take it,
+                // the answer the probe asks for, at every period until one is back.
+                Err(proxy_wasm::types::Status::InternalFailure) => {
+                    log::debug!("skewgate: cluster {cluster} still down")
+                }
                 Err(e) => log::warn!("skewgate: probing cluster {cluster}: {e:?}"),
             }
         }

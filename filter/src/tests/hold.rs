@@ -7,7 +7,7 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::Action;
 use serde_json::json;
-use skewgate_core::hold::{PROBE_PATH, PROBE_PERIOD};
+use skewgate_core::hold::{MAX_HELD_BODY, PROBE_PATH, PROBE_PERIOD};
 
 use super::{configure, configured, get, sample, sealed};
 use crate::host::fake::Fake;
@@ -257,4 +257,65 @@ fn a_refused_connection_marks_only_a_cluster_of_one_down() {
     fails(&fake, &mut http, REFUSED);
     let mut next = open(&fake, &root, 4, SUBSET);
     assert_eq!(next.on_http_request_headers(0, true), Action::Pause, "c alone: down");
+}
+
+/// A write waits with its body: Envoy's default for a body would send it on at its first piece,
+/// to the cluster found down, for the 503 at once.
+#[test]
+fn a_held_request_keeps_its_body_until_it_goes_on() {
+    let (fake, mut root) = configured(&sample());
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+
+    fake.request(&[(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")]);
+    let mut write = root.create_http_context(2).expect("an HTTP context");
+    assert_eq!(write.on_http_request_headers(0, false), Action::Pause, "held");
+    assert_eq!(write.on_http_request_body(300, false), Action::Pause, "its body waits too");
+    assert_eq!(write.on_http_request_body(600, true), Action::Pause);
+    assert_eq!(write.on_http_request_trailers(1), Action::Pause);
+    assert!(fake.state().resumed.is_empty() && fake.state().replies_to.is_empty());
+
+    fake.state().dispatched.clear();
+    root.on_tick();
+    probe_answers(&fake, &mut root, 1, "200");
+    assert_eq!(fake.state().resumed, [2]);
+    assert_eq!(write.on_http_request_body(900, true), Action::Continue, "on its way now");
+    assert_eq!(write.on_http_request_trailers(1), Action::Continue);
+
+    let mut unheld = open(&fake, &root, 3, SUBSET);
+    assert_eq!(unheld.on_http_request_headers(0, false), Action::Continue, "up again");
+    assert_eq!(unheld.on_http_request_body(10, true), Action::Continue);
+}
+
+/// Envoy keeps a waiting body up to its connection's buffer limit and answers 413 past it,
+/// which no client sends again: past [`MAX_HELD_BODY`] the request stops waiting and gets the
+/// 503 with `Retry-After`.
+#[test]
+fn a_body_too_large_to_keep_gets_the_503_at_once() {
+    let (fake, mut root) = configured(&sample());
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+
+    fake.request(&[(":method", "PUT"), (":path", SUBSET), ("authorization", "Bearer t")]);
+    let mut write = root.create_http_context(2).expect("an HTTP context");
+    assert_eq!(write.on_http_request_headers(0, false), Action::Pause);
+    assert_eq!(write.on_http_request_body(MAX_HELD_BODY, false), Action::Pause);
+    assert!(fake.state().replies_to.is_empty(), "up to the limit it waits");
+    assert_eq!(write.on_http_request_body(MAX_HELD_BODY + 1, false), Action::Pause);
+    let (id, (status, headers, body)) = fake.state().replies_to.first().cloned().expect("answered");
+    assert_eq!((id, status), (2, 503));
+    assert!(headers.contains(&("retry-after".into(), "1".into())), "{headers:?}");
+    let body: serde_json::Value = serde_json::from_slice(&body).expect("a Status");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("too large to wait")), "{body}");
+    assert_eq!(fake.counter(&format!("{HELD}refused;")), 1);
+    assert_eq!(write.on_http_request_body(MAX_HELD_BODY + 2, true), Action::Pause, "nothing goes on");
+
+    // No longer waiting: a probe that finds c back releases nothing, the tick answers nothing.
+    fake.state().dispatched.clear();
+    root.on_tick();
+    probe_answers(&fake, &mut root, 1, "200");
+    assert!(fake.state().resumed.is_empty());
+    assert_eq!(fake.state().replies_to.len(), 1);
 }
