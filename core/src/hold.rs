@@ -266,6 +266,18 @@ impl<T> Holds<T> {
         out
     }
 
+    /// Forgets the down clusters `known` says no longer exist (a new table without them), with
+    /// whatever waits for them: nothing would probe or release them again.
+    pub fn retain_clusters(&mut self, mut known: impl FnMut(&str) -> bool) -> Vec<(String, Held<T>)> {
+        let mut out = Vec::new();
+        for down in self.down.iter_mut().filter(|d| !known(&d.cluster)) {
+            out.extend(std::mem::take(&mut down.waiting).into_iter().map(|h| (down.cluster.clone(), h)));
+        }
+        self.held -= out.len();
+        self.down.retain(|d| known(&d.cluster));
+        out
+    }
+
     /// Stream `id`, if it waits, taken out (to be answered now), with its cluster.
     pub fn take(&mut self, id: u32) -> Option<(String, Held<T>)> {
         for down in &mut self.down {
@@ -325,6 +337,23 @@ mod tests {
         assert!(h.is_empty() && h.held() == 0);
         assert_eq!(h.admit("c", 3, "r", ms(300)), Admission::Forward, "up again");
         assert!(h.probed(8, true).is_empty(), "an answer to a forgotten probe releases nothing");
+    }
+
+    #[test]
+    fn a_cluster_no_longer_known_is_forgotten_with_its_waiting_requests() {
+        let mut h = holds();
+        h.failed("c", ms(0));
+        h.failed("d", ms(0));
+        assert_eq!(h.admit("c", 1, "r1", ms(0)), Admission::Held);
+        assert_eq!(h.admit("d", 2, "r2", ms(0)), Admission::Held);
+        let gone = h.retain_clusters(|c| c == "d");
+        assert_eq!(gone, [("c".to_string(), Held { id: 1, since: ms(0), payload: "r1" })]);
+        assert_eq!(h.held(), 1);
+        assert_eq!(h.probes_due(ms(0)), ["d"], "only the known one is probed");
+        assert_eq!(h.admit("c", 3, "r3", ms(0)), Admission::Forward);
+        assert_eq!(h.take(2).map(|(c, held)| (c, held.payload)), Some(("d".to_string(), "r2")));
+        assert_eq!(h.held(), 0);
+        assert!(h.take(2).is_none());
     }
 
     #[test]

@@ -591,6 +591,14 @@ impl RoutingTable {
         twin.unwrap_or_else(|| self.cluster(serving))
     }
 
+    /// Whether `name` is one of the table's clusters (a serving set's, the pool's, or their
+    /// anonymous twins).
+    pub fn has_cluster(&self, name: &str) -> bool {
+        let pool = [Some(self.pool_cluster.as_str()), self.anonymous_pool_cluster.as_deref()];
+        let sets = self.sets.iter().flat_map(|s| [Some(s.cluster.as_str()), s.anonymous_cluster.as_deref()]);
+        pool.into_iter().chain(sets).flatten().any(|c| c == name)
+    }
+
     /// The cluster that reaches exactly the apiservers of `serving`.
     pub fn cluster(&self, serving: Serving) -> &str {
         match serving {
@@ -780,6 +788,8 @@ pub(crate) mod tests {
         assert_eq!(t.group_version("resource.k8s.io", "v1").map(|s| t.cluster(s)), Some("set-c"));
         assert_eq!(t.members(Serving::All).collect::<Vec<_>>(), ["a", "b", "c"]);
         assert!(t.policy().strip_downstream_peer_proxied && t.policy().client_cert_identity);
+        assert!(["pool", "set-c", "set-a-b"].iter().all(|c| t.has_cluster(c)));
+        assert!(!t.has_cluster("set-a") && !t.has_cluster(""));
         for (i, g) in t.gvrs().iter().enumerate() {
             assert_eq!(g.id, i);
         }

@@ -1724,13 +1724,12 @@ pub fn markdown_table(runs: &[Run]) -> String {
                         .filter(|(w, _)| w.starts_with("at once"))
                         .map(|(w, n)| format!("{n} × {}", w.trim_start_matches("at once, ")))
                         .collect();
-                    format!(
-                        "{} / {} / {} ({})",
-                        n("held"),
-                        n("at once, retry"),
-                        n("at once, no retry"),
-                        at_once.join("; ")
-                    )
+                    let counts =
+                        format!("{} / {} / {}", n("held"), n("at once, retry"), n("at once, no retry"));
+                    match at_once.is_empty() {
+                        true => counts,
+                        false => format!("{counts} ({})", at_once.join("; ")),
+                    }
                 }
                 Some(_) => "none".into(),
                 None => "-".into(),

@@ -72,7 +72,10 @@ impl<H: Host> Holding<H> {
         let stale = |w: &Waiter<H>| {
             !Rc::ptr_eq(&w.active, active) && !w.routed.routed_alike(&w.active.table, &active.table)
         };
-        let stale = self.holds.borrow_mut().take_where(stale);
+        let mut stale = self.holds.borrow_mut().take_where(stale);
+        // A cluster the table no longer has is gone from Envoy too (or about to be): nothing
+        // would answer its probes.
+        stale.extend(self.holds.borrow_mut().retain_clusters(|c| active.table.has_cluster(c)));
         for (cluster, held) in stale {
             let waited = self.now().saturating_sub(held.since);
             self.answer_changed(&cluster, held, waited);
@@ -162,8 +165,13 @@ impl<H: Host> Holding<H> {
         let now = self.now();
         if let (Some(board), _) = self.host.shared_data(hold::BOARD_KEY) {
             let (seen, keep) = (self.board_seen.get(), millis(self.holds.borrow().policy().max_wait));
+            let live = self.live.borrow().clone();
+            let known = |c: &str| live.as_ref().is_none_or(|l| l.table.has_cluster(c));
             for (cluster, at) in hold::board_entries(&board) {
-                if seen.is_none_or(|seen| at > seen) && millis(now).saturating_sub(at) < keep {
+                if seen.is_none_or(|seen| at > seen)
+                    && millis(now).saturating_sub(at) < keep
+                    && known(cluster)
+                {
                     self.mark(cluster);
                 }
                 self.board_seen.set(Some(self.board_seen.get().map_or(at, |s| s.max(at))));

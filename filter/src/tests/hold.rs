@@ -319,3 +319,32 @@ fn a_body_too_large_to_keep_gets_the_503_at_once() {
     assert!(fake.state().resumed.is_empty());
     assert_eq!(fake.state().replies_to.len(), 1);
 }
+
+/// A new table without the down cluster (its apiservers now serve alike) ends the wait for it:
+/// its waiting requests are answered to be sent again, and nothing probes a cluster Envoy is
+/// about to drop.
+#[test]
+fn a_cluster_the_new_table_has_not_is_no_longer_down() {
+    let (fake, mut root) = configured(&sample());
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+    let mut held = open(&fake, &root, 2, SUBSET);
+    assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
+
+    let mut alike = sample();
+    alike["sets"].as_array_mut().expect("sets").retain(|s| s["cluster"] != "set-c");
+    let alike = alike.to_string().replace(r#"["c"]"#, r#"["a","b","c"]"#);
+    let sealed_alike = sealed(&serde_json::from_str(&alike).expect("JSON"));
+    assert!(configure(&fake, &mut root, sealed_alike));
+    let (id, (status, _, body)) = fake.state().replies_to.first().cloned().expect("answered");
+    assert_eq!((id, status), (2, 503));
+    assert!(String::from_utf8_lossy(&body).contains("routing table changed"));
+
+    fake.state().dispatched.clear();
+    advance(&fake, PROBE_PERIOD);
+    root.on_tick();
+    assert!(probes(&fake).is_empty(), "set-c probed: {:?}", probes(&fake));
+    let mut next = open(&fake, &root, 3, SUBSET);
+    assert_eq!(next.on_http_request_headers(0, true), Action::Continue);
+}
