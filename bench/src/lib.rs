@@ -685,7 +685,7 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
             certificate_checked: false,
             token: true,
         };
-        by_module += usize::from(skewgate_core::native::module_handles(&decide(table, &head)));
+        by_module += usize::from(skewgate_core::native::module_handles(table, &decide(table, &head)));
         by_route += usize::from(bypass(&r.path));
     }
     (by_route, by_module)

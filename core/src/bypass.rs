@@ -150,13 +150,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
             (*rerouted, *cluster, gvs.collect::<GroupVersions>())
         })
         .filter(|(_, _, gvs)| !gvs.is_empty())
-        // The set of one apiserver, the only server of its APIs, has nobody to take its requests
-        // while that apiserver restarts: they meet the filter, which holds them until it is
-        // back ([`crate::hold`]), where a route would answer 503 at once. Without a hold, a
-        // route does as well.
-        .filter(|(rerouted, cluster, _)| {
-            !rerouted || servers(table, cluster).len() > 1 || table.policy().max_hold_ms == 0
-        })
+        .filter(|(rerouted, cluster, _)| !crate::hold::needs_the_filter(table, cluster, *rerouted))
         .collect();
     named.sort_by_key(|(_, _, gvs)| std::cmp::Reverse(gvs.values().map(Vec::len).sum::<usize>()));
     for (rerouted, cluster, gvs) in &named {

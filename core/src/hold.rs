@@ -13,6 +13,8 @@
 
 use std::time::Duration;
 
+use crate::table::{RoutingTable, Serving};
+
 /// How long, and how many, requests may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HoldPolicy {
@@ -56,6 +58,19 @@ pub const RELEASE_PER_TICK: usize = 50;
 /// stops waiting and gets the 503 with `Retry-After` at once, which client-go sends again, body
 /// and all. kube-apiserver takes bodies up to 3 MiB; a write is a few KiB.
 pub const MAX_HELD_BODY: usize = 512 * 1024;
+
+/// Whether requests for `cluster` (`rerouted`: a serving set, not the pool) must meet the
+/// proxy-wasm filter, the one part that holds requests: the set of one apiserver, the only
+/// server of its APIs, has nobody to take them while that apiserver restarts, and a route that
+/// skips the filter (a bypass route, the native module's) would answer 503 at once. Without a
+/// hold, a route does as well.
+pub fn needs_the_filter(table: &RoutingTable, cluster: &str, rerouted: bool) -> bool {
+    if !rerouted || table.policy().max_hold_ms == 0 {
+        return false;
+    }
+    let serving = table.sets().iter().position(|s| s.cluster == cluster).map_or(Serving::All, Serving::Set);
+    table.members(serving).count() == 1
+}
 
 /// Where one worker tells the others which clusters it found down (Envoy's shared data, one key
 /// for all workers' VMs), so that each does not find it out with a failed request of its own.

@@ -1,15 +1,20 @@
 //! Which decisions the native fast path (the Envoy dynamic module) applies on its own: all but
-//! those that need an OpenAPI document composed from every apiserver's, which takes HTTP callouts
-//! and stays with the proxy-wasm filter. Composed discovery (merged `/apis`, legacy documents) the
-//! module answers itself from the table, as the filter does.
+//! those that need an OpenAPI document composed from every apiserver's, which takes HTTP callouts,
+//! and those for an API whose only server may have to be waited for ([`crate::hold`]): both stay
+//! with the proxy-wasm filter. Composed discovery (merged `/apis`, legacy documents) the module
+//! answers itself from the table, as the filter does.
 
 use crate::decision::{Action, Decision};
+use crate::table::RoutingTable;
 
-/// Whether the module applies `d` itself: anything but an OpenAPI composition.
-pub fn module_handles(d: &Decision<'_, '_>) -> bool {
+/// Whether the module applies `d`, decided on `table`, itself: anything but an OpenAPI
+/// composition or a request the hold may keep waiting.
+pub fn module_handles(table: &RoutingTable, d: &Decision<'_, '_>) -> bool {
     match &d.action {
         Action::Refuse(_) => true,
-        Action::Route(_) => d.openapi.is_none(),
+        Action::Route(r) => {
+            d.openapi.is_none() && !crate::hold::needs_the_filter(table, r.cluster, r.rerouted)
+        }
     }
 }
 
@@ -24,9 +29,12 @@ mod tests {
 
     proptest! {
         /// The module hands a request to the proxy-wasm filter exactly when an OpenAPI document
-        /// is composed at the edge; everything else, composed discovery included, it applies alone.
+        /// is composed at the edge or the request goes to c alone, the only server of its API
+        /// (which the hold may keep waiting); everything else, composed discovery included, it
+        /// applies alone. Without a hold, only OpenAPI compositions.
         #[test]
-        fn only_openapi_composition_needs_the_wasm_filter(
+        fn only_openapi_composition_and_the_hold_need_the_wasm_filter(
+            hold in any::<bool>(),
             method in "(GET|POST|HEAD|DELETE)",
             path in "(/(api|apis|openapi|v2|v3|v1|v1beta1|resource\\.k8s\\.io|apps|namespaces|default|watch|pods|resourceclaims|log|%2F|\\.\\.|)){0,6}",
             query in "(watch=1|profile=nopeer|hash=x|limit=5|){0,2}",
@@ -34,13 +42,21 @@ mod tests {
             subject in proptest::option::of("(CN=alice,O=devs|O=devs|CN=)"),
             token in any::<bool>(),
         ) {
-            let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
+            let mut table = sample();
+            if !hold {
+                table["policy"]["maxHoldMs"] = serde_json::json!(0);
+            }
+            let t = RoutingTable::from_json(table.to_string().as_bytes()).unwrap();
             let target = format!("{path}?{query}");
             let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token };
             let d = decide(&t, &h);
             let openapi = matches!(d.reason, Reason::OpenApiGroupVersion | Reason::OpenApiDocument) && method == "GET" && t.openapi_cluster().is_some();
             let refused = matches!(d.action, Action::Refuse(_));
-            prop_assert_eq!(module_handles(&d), refused || !openapi, "{} {}: {:?}", method, target, d.reason);
+            let held = match &d.action {
+                Action::Route(r) => hold && r.cluster == "set-c",
+                Action::Refuse(_) => false,
+            };
+            prop_assert_eq!(module_handles(&t, &d), refused || !(openapi || held), "{} {}: {:?}", method, target, d.reason);
         }
 
         /// A client's own route class or cluster header never survives the module: otherwise

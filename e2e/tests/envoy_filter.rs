@@ -102,14 +102,19 @@ impl Fixture {
 
     /// With the shipped hold (or, with `max_held`, its wait and that bound) and the routes' idle
     /// timeout `route_timeout` (longer than the wait).
-    async fn start_holding(name: &str, route_timeout: &str, max_held: Option<u32>) -> Result<Self> {
+    async fn start_holding(
+        name: &str,
+        native: bool,
+        route_timeout: &str,
+        max_held: Option<u32>,
+    ) -> Result<Self> {
         let edit = |s| Settings { route_timeout: route_timeout.into(), ..s };
         let mut t = holding_table(&["c"]);
         if let Some(n) = max_held {
             t.policy.max_held = n;
             seal_as_named(&mut t);
         }
-        Self::start_table(name, false, t, edit).await
+        Self::start_table(name, native, t, edit).await
     }
 
     async fn start_table(
@@ -758,7 +763,7 @@ async fn the_last_server_of_an_api_keeps_its_requests_while_it_stops() -> Result
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_wait_at_the_edge_while_the_only_server_of_their_api_is_away() -> Result<()> {
     // The fixture's 2 s route timeout would end a waiting request first; the shipped one is 65 s.
-    let f = Fixture::start_holding("hold", "30s", None).await?;
+    let f = Fixture::start_holding("hold", false, "30s", None).await?;
     let workers = 2;
     // Each its own connection, so that the requests spread over Envoy's workers; 150 ms apart,
     // so that each worker's first answer comes before its next request.
@@ -839,7 +844,7 @@ async fn requests_wait_at_the_edge_while_the_only_server_of_their_api_is_away() 
 /// 503 with `Retry-After` at once, rather than Envoy's 413, which no client sends again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_waits_with_its_body() -> Result<()> {
-    let f = Fixture::start_holding("hold-writes", "30s", None).await?;
+    let f = Fixture::start_holding("hold-writes", false, "30s", None).await?;
     // One connection: one Envoy worker, which finds c down with the first request.
     let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
     let url = format!("{}{CLAIMS_V1}", f.base);
@@ -885,6 +890,44 @@ async fn a_write_waits_with_its_body() -> Result<()> {
     Ok(())
 }
 
+/// With the native module ahead of the filter, a request for an API only one apiserver serves
+/// is left to the proxy-wasm filter, which holds it: it waits while c is away and is served by c
+/// once c is back, as without the module.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_native_module_requests_wait_too() -> Result<()> {
+    let f = Fixture::start_holding("hold-native", true, "30s", None).await?;
+    // One connection: one Envoy worker, which finds c down with the first request.
+    let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    mark_draining(&f, &["c"]).await?;
+    let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
+    ensure!(resp.status() == 503, "{}: c is away", resp.status());
+    let waiting = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            anyhow::Ok((status, headers, resp.text().await?))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    ensure!(!waiting.is_finished(), "the request did not wait: {:?}", waiting.await?);
+    mark_draining(&f, &[]).await?;
+    let (status, headers, body) = waiting.await??;
+    ensure!(status == 200, "{status}: {body}");
+    assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
+    let resumed =
+        f.envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=resumed;").await?;
+    ensure!(resumed == 1, "{resumed} resumed");
+    // What every apiserver serves the module still routes itself; c's API it left to the filter.
+    log_every_request(&f).await?;
+    f.echo(&client, PODS, &[("Authorization", "Bearer token-1")]).await?;
+    f.echo(&client, CLAIMS_V1, &[("Authorization", "Bearer token-1")]).await?;
+    wait_routes_logged(&f, "native-read", 1).await?;
+    wait_routes_logged(&f, "read", 1).await?;
+    Ok(())
+}
+
 /// The hold is bounded: with at most 100 waiting per worker, 450 requests on three HTTP/2
 /// connections (150 each) while c is away. Two of the connections at least share a worker, so
 /// some requests are refused (the 503 at once); every request held is served once c is back.
@@ -892,7 +935,7 @@ async fn a_write_waits_with_its_body() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_a_request_gets_its_503_at_once() -> Result<()> {
     const BOUND: u64 = 100;
-    let f = Fixture::start_holding("hold-bound", "60s", Some(BOUND as u32)).await?;
+    let f = Fixture::start_holding("hold-bound", false, "60s", Some(BOUND as u32)).await?;
     let clients = (0..3)
         .map(|_| {
             Ok(listener_client(&f.pki, None, Duration::from_secs(60))?.http2_prior_knowledge().build()?)

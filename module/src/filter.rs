@@ -1,6 +1,7 @@
 //! The module's filter: the proxy-wasm filter (filter/src/http.rs) over the same
 //! `skewgate_core::decision::decide`, natively, composed discovery included. Requests whose
-//! decision needs an OpenAPI document composed at the edge are left to the proxy-wasm filter behind it;
+//! decision needs an OpenAPI document composed at the edge, or that the hold may keep waiting
+//! (`skewgate_core::native::module_handles`), are left to the proxy-wasm filter behind it;
 //! every other request is routed here, marked with the `native` route class, and the routes for
 //! that class disable the proxy-wasm filter (envoy-config/bootstrap-native.yaml).
 
@@ -129,12 +130,12 @@ impl Filter {
         }
 
         let decision = decision::decide(&table, &head);
-        if !module_handles(&decision) {
+        if !module_handles(&table, &decision) {
             let strip: Vec<&str> =
                 candidates.iter().map(String::as_str).filter(|n| decision.strips(n)).collect();
-            // An OpenAPI composition: the proxy-wasm filter decides it again and does all of it. A
-            // client's own x-skewgate-route must not pick a route that skips it, so what the
-            // decision strips goes here already.
+            // An OpenAPI composition, or a request the hold may keep waiting: the proxy-wasm
+            // filter decides it again and does all of it. A client's own x-skewgate-route must
+            // not pick a route that skips it, so what the decision strips goes here already.
             if !strip.is_empty() {
                 for name in &strip {
                     stream.set_request_header(name.as_bytes(), None);

@@ -79,8 +79,12 @@ impl Stream for Fake {
     }
 }
 
+/// The module on the sample table without the hold: c's resourceclaims, the only rerouted
+/// API of one apiserver, are the module's to route.
 fn filter() -> Filter {
-    let table = sealed(&sample()).to_string();
+    let mut table = sample();
+    table["policy"] = json!({"maxHoldMs": 0});
+    let table = sealed(&table).to_string();
     Filter::new(&Config::new(b"skewgate-module", table.as_bytes()).expect("the sample table"))
 }
 
@@ -121,7 +125,9 @@ fn the_request_leaves_as_cores_plan_says() {
 
     let mut stream = Fake::request(SPOOFED_WATCH);
     assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));
-    let table = RoutingTable::from_json(sealed(&sample()).to_string().as_bytes()).expect("the sample");
+    let mut table = sample();
+    table["policy"] = json!({"maxHoldMs": 0});
+    let table = RoutingTable::from_json(sealed(&table).to_string().as_bytes()).expect("the sample");
     let head = RequestHead { method: "GET", target: SPOOFED_WATCH[1].1, token: true, ..Default::default() };
     let decision = decide(&table, &head);
     let plan = request_edits(&decision, SPOOFED_WATCH.iter().map(|(n, _)| *n), Carrier::Module, None);
@@ -241,6 +247,32 @@ fn openapi_compositions_are_left_to_the_proxy_wasm_filter() {
     assert!(matches!(f.on_request_headers(&mut stream), Next::Continue));
     assert!(stream.header(CLUSTER_HEADER).is_empty() && stream.header(ROUTE_HEADER).is_empty());
     assert_eq!(stream.route_cleared, 1);
+}
+
+/// With the hold on, a request for an API only one apiserver serves is the proxy-wasm filter's,
+/// which waits for that apiserver while it restarts: the module strips what the decision strips
+/// and routes nothing. What every apiserver serves it still routes.
+#[test]
+fn what_the_hold_may_keep_waiting_is_left_to_the_proxy_wasm_filter() {
+    let table = sealed(&sample()).to_string();
+    let mut f = Filter::new(&Config::new(b"m", table.as_bytes()).expect("a table"));
+    let mut stream = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/apis/resource.k8s.io/v1/resourceclaims"),
+        ("authorization", "Bearer t"),
+        ("x-skewgate-route", "native"),
+    ]);
+    assert!(matches!(f.on_request_headers(&mut stream), Next::Continue));
+    assert!(stream.header(CLUSTER_HEADER).is_empty() && stream.header(ROUTE_HEADER).is_empty());
+    assert_eq!(stream.route_cleared, 1);
+
+    let mut pods = Fake::request(&[
+        (":method", "GET"),
+        (":path", "/api/v1/namespaces/default/pods"),
+        ("authorization", "Bearer t"),
+    ]);
+    assert!(matches!(f.on_request_headers(&mut pods), Next::Continue));
+    assert_eq!(pods.header(ROUTE_HEADER), [NATIVE]);
 }
 
 /// A certificate whose names passed is not read again on the worker: its digest is remembered

@@ -113,7 +113,7 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
             out.insert("requestHeaders".into(), header_edits(req, &decision, Carrier::Filter, credential_id));
             // With the native module ahead of the filter (docs/native-module.md): what it does
             // instead, for the requests it routes itself.
-            if skewgate_core::native::module_handles(&decision) {
+            if skewgate_core::native::module_handles(table, &decision) {
                 out.insert(
                     "withNativeModule".into(),
                     json!({"requestHeaders": header_edits(req, &decision, Carrier::Module, credential_id)}),

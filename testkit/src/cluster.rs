@@ -636,11 +636,13 @@ pub async fn start(o: &Options) -> Result<Cluster> {
              etcd, so they would not share objects"
         ),
     }
-    // Port 0 means "any free port" (tests run clusters side by side).
+    // Port 0 means "any free port" (tests run clusters side by side), and one below the kernel's
+    // ephemeral range: an apiserver stopped and started again comes back on its port, which the
+    // kernel may meanwhile have given an outgoing connection (seen: "already in use").
     let mut ports: Vec<(u16, String)> = Vec::new();
     for (i, a) in o.apiservers.iter().enumerate() {
         let port = match o.first_apiserver_port {
-            0 => 0,
+            0 => free_port()?,
             first => first.checked_add(i as u16).context("apiserver port out of range")?,
         };
         ports.push((port, format!("apiserver {}", a.id)));
