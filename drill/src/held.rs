@@ -26,6 +26,23 @@ impl Held {
     pub fn total(&self) -> u64 {
         self.outcomes.values().sum()
     }
+
+    /// The waits the histogram should hold: every request held, but those refused (never held).
+    pub fn waits(&self) -> u64 {
+        self.total() - self.outcomes.get("refused").copied().unwrap_or(0)
+    }
+}
+
+/// The waits Envoy's histogram has taken in so far, from its Prometheus page: a histogram's
+/// samples reach its cumulative figures only at Envoy's next stats flush (every 5 s), counters
+/// at once, so a reading right after the last waits ended lacks them.
+pub fn waits_recorded(prometheus: &str) -> u64 {
+    prometheus
+        .lines()
+        .filter(|l| l.contains("hold_milliseconds_count"))
+        .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .map(|n| n as u64)
+        .sum()
 }
 
 /// Reads Envoy's JSON stats. Wasm stats may carry Envoy's `wasmcustom.` prefix: names are

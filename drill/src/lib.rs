@@ -1394,8 +1394,18 @@ pub fn extra_copies(values: impl IntoIterator<Item = String>) -> usize {
 /// The skewgate Envoy's held requests ([`held::parse`]).
 async fn edge_held(c: &Cluster) -> Result<held::Held> {
     let url = c.envoy()?.admin_url("/stats?format=json&filter=skewgate");
-    let stats: Value = reqwest::Client::builder().no_proxy().build()?.get(&url).send().await?.json().await?;
-    Ok(held::parse(&stats))
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    // Until the histogram has every wait the counters have (one stats flush, 5 s, at most).
+    let deadline = Instant::now() + Duration::from_secs(12);
+    loop {
+        let stats: Value = client.get(&url).send().await?.json().await?;
+        let held = held::parse(&stats);
+        let recorded = held::waits_recorded(&c.envoy()?.prometheus().await?);
+        if recorded >= held.waits() || Instant::now() > deadline {
+            return Ok(held);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// The client-go-like client's requests.

@@ -200,7 +200,21 @@ fn held_requests_are_summed_by_outcome_with_the_hold_quantiles() {
         BTreeMap::from([("expired".into(), 2), ("refused".into(), 1), ("resumed".into(), 12)])
     );
     assert_eq!(held.total(), 15);
+    assert_eq!(held.waits(), 14, "a refused request never waited");
     assert_eq!((held.p50_ms, held.p99_ms, held.max_ms), (Some(120.0), Some(2400.0), Some(3100.0)));
+}
+
+/// The histogram's samples reach Envoy's cumulative figures at its next stats flush: the drill
+/// reads them once the Prometheus count has every wait the counters have.
+#[test]
+fn the_waits_recorded_are_the_histograms_count() {
+    let page = "# TYPE skewgate_hold_milliseconds histogram\n\
+                skewgate_hold_milliseconds_bucket{le=\"0.5\"} 0\n\
+                skewgate_hold_milliseconds_sum{} 40210.5\n\
+                skewgate_hold_milliseconds_count{} 14\n\
+                skewgate_held_requests_total{cluster=\"c\",outcome=\"expired\"} 2\n";
+    assert_eq!(held::waits_recorded(page), 14);
+    assert_eq!(held::waits_recorded(""), 0);
 }
 
 #[test]

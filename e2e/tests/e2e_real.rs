@@ -774,6 +774,234 @@ async fn controllers() -> Result<Row> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 12. A watch on a draining apiserver moves
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r12_watches_leave_a_draining_apiserver() -> Result<()> {
+    scenario("R12", "a watch leaves a draining apiserver, losing nothing (real)", watch_moves()).await
+}
+
+/// A client that watches ConfigMaps as client-go's reflector does (a list for the
+/// resourceVersion, a watch from it, and another from the last resourceVersion it saw whenever
+/// the server ends one) while ConfigMaps are created 5 a second. The apiserver its watch is on
+/// is drained and restarted as an upgrade does it, twice: the apiserver ends the watch itself
+/// (`--shutdown-watch-termination-grace-period`, which the launcher gives), the client watches
+/// again through the edge, which sends it to another apiserver, and exits in seconds rather than
+/// at its 60 s shutdown timeout. Every ConfigMap created shows up exactly once, in order.
+async fn watch_moves() -> Result<Row> {
+    let mut row = Row::default();
+    let mut c = start("r12", |_| {}).await?;
+    let k = Kubectl::new(&c.kubeconfig, &c.out.join("kubectl-cache"))?;
+    k.ok(&["create", "namespace", "e2e-drain"]).await?;
+    let path = "/api/v1/namespaces/e2e-drain/configmaps";
+    let client = c.client(Credentials::AdminToken, Duration::from_secs(600))?;
+    let reflector = Reflector::start(client.clone(), format!("{}{path}", c.envoy_url()?));
+    let mut holder = watch_holder(&c, None).await?;
+    let writer = Writer::start(client, format!("{}{path}", c.envoy_url()?));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut moves = Vec::new();
+    for _ in 0..2 {
+        let profile = ERAS.iter().find(|(id, _)| *id == holder).map(|(_, p)| *p).context("an apiserver")?;
+        let ends = reflector.ended().len();
+        let terminated = Instant::now();
+        c.drain_apiserver(&holder, Duration::from_secs(30)).await?;
+        c.stop_apiserver(&holder).await?;
+        let exited = terminated.elapsed();
+        let watch_ended = until("the watch ended", Duration::from_secs(5), || {
+            Ok(reflector.ended().get(ends).map(|at| at.duration_since(terminated)))
+        })
+        .await?;
+        let next = watch_holder(&c, Some(&holder)).await?;
+        moves.push(format!(
+            "{holder} drained: its watch ended {:.1}s after SIGTERM, it exited after {:.1}s, the watch went on on {next}",
+            watch_ended.as_secs_f64(),
+            exited.as_secs_f64()
+        ));
+        ensure!(exited < Duration::from_secs(20), "{holder} took {exited:?} to exit: its watch held it");
+        c.start_apiserver(&holder, profile).await?;
+        holder = next;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let created = writer.stop().await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = reflector.stop().await?;
+    row.requests += created.len() + seen.watches;
+    let added: Vec<&str> =
+        seen.events.iter().filter(|(t, _, _)| t == "ADDED").map(|(_, n, _)| n.as_str()).collect();
+    let unique: BTreeSet<&str> = added.iter().copied().collect();
+    let missing: Vec<&String> = created.iter().filter(|n| !unique.contains(n.as_str())).collect();
+    let versions: Vec<u64> = seen.events.iter().map(|(_, _, rv)| *rv).collect();
+    row.figure(format!(
+        "{}; {} ConfigMaps created, {} ADDED seen over {} watches, {} missing, {} twice",
+        moves.join("; "),
+        created.len(),
+        added.len(),
+        seen.watches,
+        missing.len(),
+        added.len() - unique.len()
+    ));
+    ensure!(missing.is_empty(), "events lost: {missing:?}");
+    ensure!(added.len() == unique.len(), "events seen twice: {added:?}");
+    ensure!(versions.windows(2).all(|w| w[0] < w[1]), "events out of order: {versions:?}");
+    ensure!(seen.watches >= 3, "{} watches: it never moved", seen.watches);
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
+/// The apiserver a watch is on: the one host Envoy has a request under way to (nothing else runs
+/// through the edge for long), other than `not`.
+async fn watch_holder(c: &Cluster, not: Option<&str>) -> Result<String> {
+    let admin = c.envoy()?.admin_url("/clusters");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let text = reqwest::get(&admin).await?.text().await?;
+        let active: BTreeSet<String> = text
+            .lines()
+            .filter_map(|l| l.strip_suffix("::rq_active::1"))
+            .filter_map(|l| l.rsplit_once(':')?.1.parse::<u16>().ok())
+            .filter_map(|port| c.apiserver_at(port))
+            .filter(|id| Some(id.as_str()) != not)
+            .collect();
+        if let [id] = Vec::from_iter(active).as_slice() {
+            return Ok(id.clone());
+        }
+        ensure!(Instant::now() < deadline, "no one apiserver with the watch on it:\n{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Watches as client-go's reflector does; see [`watch_moves`].
+struct Reflector {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ended: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+    task: tokio::task::JoinHandle<Result<Seen>>,
+}
+
+/// What a [`Reflector`] saw: (type, name, resourceVersion) of every event but bookmarks, and how
+/// many watches it made.
+struct Seen {
+    events: Vec<(String, String, u64)>,
+    watches: usize,
+}
+
+impl Reflector {
+    fn start(client: reqwest::Client, url: String) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (stopped, ends) = (stop.clone(), ended.clone());
+        let task = tokio::spawn(async move {
+            let list: Value = client.get(&url).send().await?.error_for_status()?.json().await?;
+            let mut rv =
+                list["metadata"]["resourceVersion"].as_str().context("a list's resourceVersion")?.to_owned();
+            let mut seen = Seen { events: Vec::new(), watches: 0 };
+            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                let watch = format!("{url}?watch=1&allowWatchBookmarks=true&resourceVersion={rv}");
+                let mut resp = match client.get(&watch).send().await {
+                    Ok(r) if r.status() == 200 => r,
+                    // What client-go does with a failed watch: wait a little, watch again.
+                    Ok(r) => {
+                        ensure!(
+                            r.status() != 410,
+                            "resourceVersion {rv} gone: the watch fell too far behind"
+                        );
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                };
+                seen.watches += 1;
+                let mut pending = Vec::new();
+                loop {
+                    let chunk = tokio::select! {
+                        chunk = resp.chunk() => chunk,
+                        () = tokio::time::sleep(Duration::from_millis(200)) => {
+                            if stopped.load(std::sync::atomic::Ordering::SeqCst) { break }
+                            continue;
+                        }
+                    };
+                    let Ok(Some(chunk)) = chunk else { break };
+                    pending.extend_from_slice(&chunk);
+                    while let Some(at) = pending.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = pending.drain(..=at).collect();
+                        let event: Value = serde_json::from_slice(&line)?;
+                        let kind = event["type"].as_str().unwrap_or_default().to_owned();
+                        let meta = &event["object"]["metadata"];
+                        let version = meta["resourceVersion"].as_str().unwrap_or_default().to_owned();
+                        ensure!(kind != "ERROR", "watch error: {event}");
+                        if kind != "BOOKMARK" {
+                            let name = meta["name"].as_str().unwrap_or_default().to_owned();
+                            seen.events.push((kind, name, version.parse().unwrap_or_default()));
+                        }
+                        rv = version;
+                    }
+                }
+                ends.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push(Instant::now());
+            }
+            Ok(seen)
+        });
+        Self { stop, ended, task }
+    }
+
+    /// When each watch so far ended.
+    fn ended(&self) -> Vec<Instant> {
+        self.ended.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    async fn stop(self) -> Result<Seen> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await?
+    }
+}
+
+/// Creates ConfigMaps, 5 a second, sending one again (client-go's way) only when the edge says
+/// it reached no apiserver: the names created.
+struct Writer {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<Result<Vec<String>>>,
+}
+
+impl Writer {
+    fn start(client: reqwest::Client, url: String) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut created = Vec::new();
+            for i in 0.. {
+                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
+                let name = format!("cm-{i:05}");
+                let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
+                for _ in 0..10 {
+                    let resp = client.post(&url).json(&body).send().await?;
+                    match resp.status().as_u16() {
+                        201 => {
+                            created.push(name.clone());
+                            break;
+                        }
+                        503 if resp.headers().contains_key("retry-after") => {
+                            tokio::time::sleep(Duration::from_secs(1)).await
+                        }
+                        other => bail!("creating {name}: {other} {}", resp.text().await?),
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Ok(created)
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) -> Result<Vec<String>> {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await?
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // 9. OpenAPI through Envoy: kubectl explain and validation against the composed documents
 //    (docs/openapi.md)
 
