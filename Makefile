@@ -166,7 +166,8 @@ explain-example:
 	cargo run -q -p skewgate-testkit --bin example-table > envoy-config/examples/table.json
 
 ## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
-## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N.
+## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N;
+## --only plain-lb|mvp|skewgate runs one column alone (results under target/tmp), --keep keeps its logs.
 ## With KUBE_APISERVER=PATH ETCD=PATH: real kube-apiservers (@1.33 with betas → native), results in
 ## drill/results/real-*, README untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
 ## controller-manager runs through the front door in each run, and the drill counts what its garbage

@@ -16,8 +16,8 @@
 //!              [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH]
 //!              [--only plain-lb|mvp|skewgate] [--keep]
 //!
-//! `--only` runs one column alone, to look into, and writes only latest.json and the plot (as
-//! --quick); `--keep` leaves each run's files (Envoy's log and access log, the sidecar's log, the
+//! `--only` runs one column alone, to look into, and writes its latest.json and plot under
+//! target/tmp/drill-PID/ rather than drill/results/; `--keep` leaves each run's files (Envoy's log and access log, the sidecar's log, the
 //! table) under target/tmp/drill-PID/ and prints where.
 
 use std::path::PathBuf;
@@ -154,7 +154,11 @@ fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let runs = runtime.block_on(drill::drill(&o))?;
     let root = paths::workspace_root();
-    let out = root.join("drill/results");
+    // One column alone is for looking into: its files stay beside its run's, out of the results.
+    let out = match o.only {
+        Some(_) => o.work.clone(),
+        None => root.join("drill/results"),
+    };
     std::fs::create_dir_all(&out)?;
     // Real binaries' results sit next to the stand-ins' and stay out of the README's section.
     let prefix = if o.real.is_some() { "real-" } else { "" };
@@ -176,8 +180,10 @@ fn main() -> Result<()> {
     println!("{}", drill::settings(&o));
     println!("{}", drill::markdown_table(&runs));
     println!(
-        "drill took {:.0} s; wrote drill/results/{latest}, drill/results/{timeline}{}",
+        "drill took {:.0} s; wrote {}, {}{}",
         started.elapsed().as_secs_f64(),
+        out.join(&latest).display(),
+        out.join(&timeline).display(),
         if readme { ", README.md" } else { "" }
     );
     Ok(())
