@@ -890,6 +890,58 @@ async fn a_write_waits_with_its_body() -> Result<()> {
     Ok(())
 }
 
+/// A new table while requests wait (the sidecar pushes one whenever discovery changes, an
+/// upgrade's other apiservers included): a request the new table routes as before keeps waiting
+/// and is served once c is back; none is left hanging by the old table's filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_wait_through_a_new_table() -> Result<()> {
+    let f = Fixture::start_holding("hold-reload", false, "30s", None).await?;
+    let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    mark_draining(&f, &["c"]).await?;
+    let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
+    ensure!(resp.status() == 503, "{}: c is away", resp.status());
+    let waiting = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let sent = Instant::now();
+            let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
+            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+            anyhow::Ok((status, headers, resp.text().await?, sent.elapsed()))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    ensure!(!waiting.is_finished(), "the request did not wait: {:?}", waiting.await?);
+
+    // The same routing under another generation: what a push for an unrelated change looks like.
+    let mut next = holding_table(&["c"]);
+    next.generation = "claims-by-c-again".into();
+    seal_as_named(&mut next);
+    let stat = "extension_config_discovery.http_filter.skewgate.update_success";
+    let successes = f.envoy.stat(stat).await?;
+    f.envoy.write_ecds(&sealed_ecds(&next, &f.wasm)?)?;
+    f.envoy.wait_stat(stat, successes + 1, Duration::from_secs(5)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    ensure!(!waiting.is_finished(), "a new table that routes it alike ended the wait: {:?}", waiting.await?);
+    // A request after the new table: the new filter learns of c's absence too.
+    let after = {
+        let (client, url) = (client.clone(), url.clone());
+        tokio::spawn(async move {
+            let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
+            anyhow::Ok(resp.status().as_u16())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    mark_draining(&f, &[]).await?;
+    let (status, headers, body, took) = waiting.await??;
+    ensure!(status == 200, "{status} after {took:?}: {body}");
+    assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
+    let after = after.await??;
+    ensure!(after == 200 || after == 503, "{after}");
+    println!("held through a new table: served after {took:?}; the request sent after it: {after}");
+    Ok(())
+}
+
 /// With the native module ahead of the filter, a request for an API only one apiserver serves
 /// is left to the proxy-wasm filter, which holds it: it waits while c is away and is served by c
 /// once c is back, as without the module.
