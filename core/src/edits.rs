@@ -197,12 +197,19 @@ impl Routed {
     }
 
     /// The answer to a waiting request whose body grew past what Envoy can keep for it
-    /// ([`crate::hold::MAX_HELD_BODY`]): it reached no apiserver, so it may be sent again.
-    pub fn body_too_large_to_hold(&self, table: &RoutingTable) -> Reply {
-        let detail = format!(
-            "no_healthy_upstream; its body is over {} KiB, too large to wait for an apiserver",
-            crate::hold::MAX_HELD_BODY / 1024
-        );
+    /// ([`crate::hold::MAX_HELD_BODY`], or [`crate::hold::MAX_HELD_BODIES`] for all waiting
+    /// together): it reached no apiserver, so it may be sent again.
+    pub fn body_too_large_to_hold(&self, table: &RoutingTable, room: crate::hold::BodyRoom) -> Reply {
+        let detail = match room {
+            crate::hold::BodyRoom::NoRoom => format!(
+                "no_healthy_upstream; the bodies of the requests waiting for an apiserver reach {} MiB",
+                crate::hold::MAX_HELD_BODIES >> 20
+            ),
+            _ => format!(
+                "no_healthy_upstream; its body is over {} KiB, too large to wait for an apiserver",
+                crate::hold::MAX_HELD_BODY >> 10
+            ),
+        };
         self.reply(table, &detail, Some(RETRY_AFTER_SECONDS))
     }
 

@@ -72,6 +72,22 @@ pub fn needs_the_filter(table: &RoutingTable, cluster: &str, rerouted: bool) -> 
     table.members(serving).count() == 1
 }
 
+/// The bodies all waiting requests of a worker keep, together, at most: past it a request whose
+/// body grows stops waiting and gets the 503 with `Retry-After` at once. Without it a hold full
+/// of large writes (anyone can send one: the apiserver authenticates, not the edge) would cost
+/// Envoy `max_held` × [`MAX_HELD_BODY`], 512 MiB per worker.
+pub const MAX_HELD_BODIES: usize = 32 * 1024 * 1024;
+
+/// Whether a waiting request's body, grown to some size, still waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyRoom {
+    Kept,
+    /// Over [`MAX_HELD_BODY`].
+    TooLarge,
+    /// The worker's waiting bodies would pass [`MAX_HELD_BODIES`].
+    NoRoom,
+}
+
 /// Where one worker tells the others which clusters it found down (Envoy's shared data, one key
 /// for all workers' VMs), so that each does not find it out with a failed request of its own.
 pub const BOARD_KEY: &str = "skewgate.hold.down";
@@ -116,6 +132,8 @@ pub struct Held<T> {
     pub id: u32,
     pub since: Duration,
     pub payload: T,
+    /// The bytes of its body Envoy keeps for it so far.
+    pub body: usize,
 }
 
 #[derive(Debug)]
@@ -137,11 +155,13 @@ pub struct Holds<T> {
     policy: HoldPolicy,
     down: Vec<Down<T>>,
     held: usize,
+    /// The bytes of all waiting requests' bodies.
+    bodies: usize,
 }
 
 impl<T> Holds<T> {
     pub fn new(policy: HoldPolicy) -> Self {
-        Self { policy, down: Vec::new(), held: 0 }
+        Self { policy, down: Vec::new(), held: 0, bodies: 0 }
     }
 
     pub fn policy(&self) -> HoldPolicy {
@@ -172,7 +192,7 @@ impl<T> Holds<T> {
             return Admission::Full;
         }
         down.active = now;
-        down.waiting.push(Held { id, since: now, payload });
+        down.waiting.push(Held { id, since: now, payload, body: 0 });
         self.held += 1;
         Admission::Held
     }
@@ -244,7 +264,7 @@ impl<T> Holds<T> {
             let n = down.waiting.len().min(RELEASE_PER_TICK);
             out.extend(down.waiting.drain(..n).map(|h| (down.cluster.clone(), h)));
         }
-        self.held -= out.len();
+        self.gone(&out);
         self.down.retain(|d| !(d.up && d.waiting.is_empty()));
         out
     }
@@ -262,7 +282,7 @@ impl<T> Holds<T> {
             down.waiting = kept;
             out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
         }
-        self.held -= out.len();
+        self.gone(&out);
         self.down.retain(|d| !d.waiting.is_empty() || now.saturating_sub(d.active) < max_wait);
         out
     }
@@ -277,7 +297,7 @@ impl<T> Holds<T> {
             down.waiting = kept;
             out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
         }
-        self.held -= out.len();
+        self.gone(&out);
         out
     }
 
@@ -288,7 +308,7 @@ impl<T> Holds<T> {
         for down in self.down.iter_mut().filter(|d| !known(&d.cluster)) {
             out.extend(std::mem::take(&mut down.waiting).into_iter().map(|h| (down.cluster.clone(), h)));
         }
-        self.held -= out.len();
+        self.gone(&out);
         self.down.retain(|d| known(&d.cluster));
         out
     }
@@ -297,11 +317,40 @@ impl<T> Holds<T> {
     pub fn take(&mut self, id: u32) -> Option<(String, Held<T>)> {
         for down in &mut self.down {
             if let Some(at) = down.waiting.iter().position(|h| h.id == id) {
-                self.held -= 1;
-                return Some((down.cluster.clone(), down.waiting.remove(at)));
+                let held = down.waiting.remove(at);
+                (self.held, self.bodies) = (self.held - 1, self.bodies - held.body);
+                return Some((down.cluster.clone(), held));
             }
         }
         None
+    }
+
+    /// Waiting stream `id`'s body has grown to `size` bytes: whether it may keep waiting, within
+    /// [`MAX_HELD_BODY`] and [`MAX_HELD_BODIES`]. A stream not waiting has room.
+    pub fn body_grew(&mut self, id: u32, size: usize) -> BodyRoom {
+        let Some(held) = self.down.iter_mut().flat_map(|d| d.waiting.iter_mut()).find(|h| h.id == id) else {
+            return BodyRoom::Kept;
+        };
+        let others = self.bodies - held.body;
+        if size > MAX_HELD_BODY {
+            return BodyRoom::TooLarge;
+        }
+        if others + size > MAX_HELD_BODIES {
+            return BodyRoom::NoRoom;
+        }
+        held.body = size;
+        self.bodies = others + size;
+        BodyRoom::Kept
+    }
+
+    /// The bytes the waiting requests' bodies take.
+    pub fn bodies(&self) -> usize {
+        self.bodies
+    }
+
+    fn gone(&mut self, out: &[(String, Held<T>)]) {
+        self.held -= out.len();
+        self.bodies -= out.iter().map(|(_, h)| h.body).sum::<usize>();
     }
 
     /// Stream `id` ended while it waited (the client went away): nothing to answer.
@@ -362,13 +411,37 @@ mod tests {
         assert_eq!(h.admit("c", 1, "r1", ms(0)), Admission::Held);
         assert_eq!(h.admit("d", 2, "r2", ms(0)), Admission::Held);
         let gone = h.retain_clusters(|c| c == "d");
-        assert_eq!(gone, [("c".to_string(), Held { id: 1, since: ms(0), payload: "r1" })]);
+        assert_eq!(gone, [("c".to_string(), Held { id: 1, since: ms(0), payload: "r1", body: 0 })]);
         assert_eq!(h.held(), 1);
         assert_eq!(h.probes_due(ms(0)), ["d"], "only the known one is probed");
         assert_eq!(h.admit("c", 3, "r3", ms(0)), Admission::Forward);
         assert_eq!(h.take(2).map(|(c, held)| (c, held.payload)), Some(("d".to_string(), "r2")));
         assert_eq!(h.held(), 0);
         assert!(h.take(2).is_none());
+    }
+
+    #[test]
+    fn waiting_bodies_are_bounded_each_and_together() {
+        let mut h = Holds::new(HoldPolicy { max_wait: ms(1000), max_held: 1000 });
+        h.failed("c", ms(0));
+        let n = MAX_HELD_BODIES / MAX_HELD_BODY;
+        for id in 0..n as u32 {
+            assert_eq!(h.admit("c", id, "w", ms(0)), Admission::Held);
+            assert_eq!(h.body_grew(id, MAX_HELD_BODY / 2), BodyRoom::Kept);
+            assert_eq!(h.body_grew(id, MAX_HELD_BODY), BodyRoom::Kept, "a body grows in place");
+        }
+        assert_eq!(h.bodies(), MAX_HELD_BODIES);
+        let next = n as u32;
+        assert_eq!(h.admit("c", next, "w", ms(0)), Admission::Held, "a request without a body still waits");
+        assert_eq!(h.body_grew(next, 1), BodyRoom::NoRoom);
+        assert_eq!(h.body_grew(0, MAX_HELD_BODY + 1), BodyRoom::TooLarge);
+        assert_eq!(h.body_grew(99_999, 1 << 30), BodyRoom::Kept, "not waiting: not ours to bound");
+        // A body that leaves frees its room, however it leaves.
+        assert!(h.take(0).is_some());
+        assert_eq!(h.body_grew(next, MAX_HELD_BODY), BodyRoom::Kept);
+        assert!(h.forget(1));
+        assert_eq!(h.expired(ms(1000)).len(), n - 1);
+        assert_eq!((h.held(), h.bodies()), (0, 0));
     }
 
     #[test]

@@ -144,14 +144,20 @@ impl<H: Host> Holding<H> {
         }
     }
 
-    /// Held stream `id`'s body grew past what Envoy can buffer for it: answered now, not held.
-    pub fn body_too_large(&self, id: u32) {
-        let Some((cluster, held)) = self.holds.borrow_mut().take(id) else { return };
+    /// Held stream `id`'s body has grown to `size` bytes: it keeps waiting while Envoy has room
+    /// for it, else it is answered now (503, `Retry-After`). Whether it still waits.
+    pub fn body_grew(&self, id: u32, size: usize) -> bool {
+        let room = self.holds.borrow_mut().body_grew(id, size);
+        if room == hold::BodyRoom::Kept {
+            return true;
+        }
+        let Some((cluster, held)) = self.holds.borrow_mut().take(id) else { return true };
         self.count(&cluster, "refused");
         let Waiter { active, routed, release } = held.payload;
         release.set(Release::Answered);
         active.metrics.unavailable(routed.serving);
-        self.send(id, &routed.body_too_large_to_hold(&active.table));
+        self.send(id, &routed.body_too_large_to_hold(&active.table, room));
+        false
     }
 
     /// A held stream Envoy ended before it was released.

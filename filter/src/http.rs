@@ -10,7 +10,6 @@ use skewgate_core::bypass::{self, ConnectionIdentity};
 use skewgate_core::certificate;
 use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit, Reply, Routed};
-use skewgate_core::hold;
 use skewgate_core::identity::{self, Identity};
 use skewgate_core::table::Serving;
 
@@ -170,11 +169,11 @@ impl<H: Host> HttpContext for Http<H> {
     /// first piece of it would send the request on while its cluster is still down.
     fn on_http_request_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
         match self.held.as_ref().map(|r| r.get()) {
-            Some(Release::Waiting) if body_size > hold::MAX_HELD_BODY => {
-                self.holding.body_too_large(self.id);
+            Some(Release::Waiting) => {
+                self.holding.body_grew(self.id, body_size);
                 Action::Pause
             }
-            Some(Release::Waiting | Release::Answered) => Action::Pause,
+            Some(Release::Answered) => Action::Pause,
             Some(Release::Resumed) | None => Action::Continue,
         }
     }

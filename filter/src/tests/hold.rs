@@ -7,7 +7,7 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::Action;
 use serde_json::json;
-use skewgate_core::hold::{MAX_HELD_BODY, PROBE_PATH, PROBE_PERIOD};
+use skewgate_core::hold::{MAX_HELD_BODIES, MAX_HELD_BODY, PROBE_PATH, PROBE_PERIOD};
 
 use super::{configure, configured, get, sample, sealed};
 use crate::host::fake::Fake;
@@ -347,4 +347,35 @@ fn a_cluster_the_new_table_has_not_is_no_longer_down() {
     assert!(probes(&fake).is_empty(), "set-c probed: {:?}", probes(&fake));
     let mut next = open(&fake, &root, 3, SUBSET);
     assert_eq!(next.on_http_request_headers(0, true), Action::Continue);
+}
+
+/// The bodies waiting on a worker are bounded together: once they reach [`MAX_HELD_BODIES`],
+/// the next body to grow gets the 503 at once, naming the bound.
+#[test]
+fn waiting_bodies_together_are_bounded() {
+    let (fake, mut root) = configured(&sample());
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+    let mut writes = Vec::new();
+    for id in 2..(2 + (MAX_HELD_BODIES / MAX_HELD_BODY) as u32) {
+        fake.request(&[(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")]);
+        let mut write = root.create_http_context(id).expect("an HTTP context");
+        assert_eq!(write.on_http_request_headers(0, false), Action::Pause);
+        assert_eq!(write.on_http_request_body(MAX_HELD_BODY, true), Action::Pause);
+        writes.push(write);
+    }
+    assert!(fake.state().replies_to.is_empty());
+    fake.request(&[(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")]);
+    let mut one_more = root.create_http_context(1000).expect("an HTTP context");
+    assert_eq!(one_more.on_http_request_headers(0, false), Action::Pause);
+    assert_eq!(one_more.on_http_request_body(10, true), Action::Pause);
+    let (id, (status, _, body)) = fake.state().replies_to.first().cloned().expect("answered");
+    assert_eq!((id, status), (1000, 503));
+    assert!(String::from_utf8_lossy(&body).contains("reach 32 MiB"), "{}", String::from_utf8_lossy(&body));
+
+    fake.state().dispatched.clear();
+    root.on_tick();
+    probe_answers(&fake, &mut root, 1, "200");
+    assert_eq!(fake.state().resumed.len(), 50, "the first 50 of those that kept their bodies go on");
 }
