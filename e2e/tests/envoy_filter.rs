@@ -1042,6 +1042,59 @@ async fn past_the_bound_a_request_gets_its_503_at_once() -> Result<()> {
     Ok(())
 }
 
+/// Waiting writes' bodies are bounded together: 80 writes of 512 KiB on one HTTP/2 connection
+/// (one worker) while c is away; 64 fit in the worker's 32 MiB and wait, the rest get the 503 at
+/// once naming the bound, and the waiting ones reach c whole. Prints what Envoy's heap holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_bodies_are_bounded_in_envoys_memory() -> Result<()> {
+    use skewgate_core::hold::{MAX_HELD_BODIES, MAX_HELD_BODY};
+    let f = Fixture::start_holding("hold-bodies", false, "60s", None).await?;
+    let client = listener_client(&f.pki, None, Duration::from_secs(60))?.http2_prior_knowledge().build()?;
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    mark_draining(&f, &["c"]).await?;
+    let first = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
+    ensure!(first.status() == 503 && first.version() == reqwest::Version::HTTP_2, "{first:?}");
+    let before = f.envoy.memory_allocated().await?;
+    let body = vec![b'x'; MAX_HELD_BODY];
+    let tasks: Vec<_> = (0..80)
+        .map(|_| {
+            let (client, url, body) = (client.clone(), url.clone(), body.clone());
+            tokio::spawn(async move {
+                let resp =
+                    client.post(url).header("Authorization", "Bearer token-1").body(body).send().await?;
+                let status = resp.status().as_u16();
+                anyhow::Ok((status, resp.text().await?))
+            })
+        })
+        .collect();
+    let refused = "wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=refused;";
+    f.envoy.wait_stat(refused, 16, Duration::from_secs(20)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let during = f.envoy.memory_allocated().await?;
+    mark_draining(&f, &[]).await?;
+    let (mut served, mut bounded) = (0, 0);
+    for task in tasks {
+        let (status, body) = task.await??;
+        match status {
+            200 => {
+                let echo: Value = serde_json::from_str(&body)?;
+                ensure!(echo["bodyBytes"].as_u64() == Some(MAX_HELD_BODY as u64), "{echo}");
+                served += 1;
+            }
+            503 if body.contains("reach 32 MiB") => bounded += 1,
+            other => bail!("{other}: {body}"),
+        }
+    }
+    println!(
+        "80 writes of 512 KiB while c was away: {served} waited and reached c whole, {bounded} got the 503 at \
+         once; Envoy's heap {:.1} MB before, {:.1} MB with them waiting",
+        before as f64 / 1e6,
+        during as f64 / 1e6
+    );
+    ensure!((served, bounded) == (MAX_HELD_BODIES / MAX_HELD_BODY, 80 - MAX_HELD_BODIES / MAX_HELD_BODY));
+    Ok(())
+}
+
 /// Envoy's own failure on a bypass route (every apiserver gone), the pool's or a rerouted GVR's,
 /// reaches the client as a Kubernetes `Status`, as the filter's 503 does on its routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
