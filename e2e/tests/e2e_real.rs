@@ -322,7 +322,9 @@ async fn r05_peer_loss() -> Result<()> {
 
 async fn peer_loss() -> Result<Row> {
     let mut row = Row::default();
-    let mut c = start("r05", |_| {}).await?;
+    // What the edge answers while c is away, at once: with the hold (R10 runs it on real
+    // apiservers) each answer would come 10 s later, past the suite's wait for them.
+    let mut c = start("r05", |o| o.hold = Some(Duration::ZERO)).await?;
     let before_outage = composed_table(&c).await?;
     let outage = SUITE.peer_loss(&mut c, &mut row, Duration::from_secs(30), Duration::from_secs(60)).await?;
     let e = &outage.kubectl_error;
@@ -783,11 +785,12 @@ async fn r12_watches_leave_a_draining_apiserver() -> Result<()> {
 
 /// A client that watches ConfigMaps as client-go's reflector does (a list for the
 /// resourceVersion, a watch from it, and another from the last resourceVersion it saw whenever
-/// the server ends one) while ConfigMaps are created 5 a second. The apiserver its watch is on
-/// is drained and restarted as an upgrade does it, twice: the apiserver ends the watch itself
-/// (`--shutdown-watch-termination-grace-period`, which the launcher gives), the client watches
-/// again through the edge, which sends it to another apiserver, and exits in seconds rather than
-/// at its 60 s shutdown timeout. Every ConfigMap created shows up exactly once, in order.
+/// the server ends one) while ConfigMaps are created 5 a second, and a rolling restart: each
+/// apiserver in turn drained, stopped and started again as an upgrade does it. The one the watch
+/// is on (at least one of them) ends it itself (`--shutdown-watch-termination-grace-period`,
+/// which the launcher gives), the client watches again through the edge, which sends it to
+/// another apiserver, and every apiserver exits in seconds rather than at its 60 s shutdown
+/// timeout. Every ConfigMap created shows up exactly once, in order.
 async fn watch_moves() -> Result<Row> {
     let mut row = Row::default();
     let mut c = start("r12", |_| {}).await?;
@@ -796,30 +799,28 @@ async fn watch_moves() -> Result<Row> {
     let path = "/api/v1/namespaces/e2e-drain/configmaps";
     let client = c.client(Credentials::AdminToken, Duration::from_secs(600))?;
     let reflector = Reflector::start(client.clone(), format!("{}{path}", c.envoy_url()?));
-    let mut holder = watch_holder(&c, None).await?;
     let writer = Writer::start(client, format!("{}{path}", c.envoy_url()?));
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut moves = Vec::new();
-    for _ in 0..2 {
-        let profile = ERAS.iter().find(|(id, _)| *id == holder).map(|(_, p)| *p).context("an apiserver")?;
+    ensure!(reflector.watching() == 1, "{} watches before any drain", reflector.watching());
+    let mut steps = Vec::new();
+    for (id, profile) in ERAS {
         let ends = reflector.ended().len();
         let terminated = Instant::now();
-        c.drain_apiserver(&holder, Duration::from_secs(30)).await?;
-        c.stop_apiserver(&holder).await?;
+        c.drain_apiserver(id, Duration::from_secs(30)).await?;
+        c.stop_apiserver(id).await?;
         let exited = terminated.elapsed();
-        let watch_ended = until("the watch ended", Duration::from_secs(5), || {
-            Ok(reflector.ended().get(ends).map(|at| at.duration_since(terminated)))
-        })
-        .await?;
-        let next = watch_holder(&c, Some(&holder)).await?;
-        moves.push(format!(
-            "{holder} drained: its watch ended {:.1}s after SIGTERM, it exited after {:.1}s, the watch went on on {next}",
-            watch_ended.as_secs_f64(),
-            exited.as_secs_f64()
-        ));
-        ensure!(exited < Duration::from_secs(20), "{holder} took {exited:?} to exit: its watch held it");
-        c.start_apiserver(&holder, profile).await?;
-        holder = next;
+        ensure!(exited < Duration::from_secs(20), "{id} took {exited:?} to exit: a watch held it");
+        let ended: Vec<Duration> =
+            reflector.ended().iter().skip(ends).map(|at| at.duration_since(terminated)).collect();
+        steps.push(match ended.as_slice() {
+            [] => format!("{id} exited after {:.1}s", exited.as_secs_f64()),
+            [at, ..] => format!(
+                "{id} ended the watch {:.1}s after SIGTERM and exited after {:.1}s",
+                at.as_secs_f64(),
+                exited.as_secs_f64()
+            ),
+        });
+        c.start_apiserver(id, profile).await?;
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let created = writer.stop().await?;
@@ -833,7 +834,7 @@ async fn watch_moves() -> Result<Row> {
     let versions: Vec<u64> = seen.events.iter().map(|(_, _, rv)| *rv).collect();
     row.figure(format!(
         "{}; {} ConfigMaps created, {} ADDED seen over {} watches, {} missing, {} twice",
-        moves.join("; "),
+        steps.join("; "),
         created.len(),
         added.len(),
         seen.watches,
@@ -843,37 +844,17 @@ async fn watch_moves() -> Result<Row> {
     ensure!(missing.is_empty(), "events lost: {missing:?}");
     ensure!(added.len() == unique.len(), "events seen twice: {added:?}");
     ensure!(versions.windows(2).all(|w| w[0] < w[1]), "events out of order: {versions:?}");
-    ensure!(seen.watches >= 3, "{} watches: it never moved", seen.watches);
+    ensure!(seen.watches >= 2, "{} watches: it never moved", seen.watches);
     finish(c, &mut row).await?;
     Ok(row)
-}
-
-/// The apiserver a watch is on: the one host Envoy has a request under way to (nothing else runs
-/// through the edge for long), other than `not`.
-async fn watch_holder(c: &Cluster, not: Option<&str>) -> Result<String> {
-    let admin = c.envoy()?.admin_url("/clusters");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let text = reqwest::get(&admin).await?.text().await?;
-        let active: BTreeSet<String> = text
-            .lines()
-            .filter_map(|l| l.strip_suffix("::rq_active::1"))
-            .filter_map(|l| l.rsplit_once(':')?.1.parse::<u16>().ok())
-            .filter_map(|port| c.apiserver_at(port))
-            .filter(|id| Some(id.as_str()) != not)
-            .collect();
-        if let [id] = Vec::from_iter(active).as_slice() {
-            return Ok(id.clone());
-        }
-        ensure!(Instant::now() < deadline, "no one apiserver with the watch on it:\n{text}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Watches as client-go's reflector does; see [`watch_moves`].
 struct Reflector {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     ended: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+    /// Watches answered so far (their stream open).
+    watching: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<Result<Seen>>,
 }
 
@@ -888,7 +869,8 @@ impl Reflector {
     fn start(client: reqwest::Client, url: String) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (stopped, ends) = (stop.clone(), ended.clone());
+        let watching = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stopped, ends, opened) = (stop.clone(), ended.clone(), watching.clone());
         let task = tokio::spawn(async move {
             let list: Value = client.get(&url).send().await?.error_for_status()?.json().await?;
             let mut rv =
@@ -913,6 +895,7 @@ impl Reflector {
                     }
                 };
                 seen.watches += 1;
+                opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let mut pending = Vec::new();
                 loop {
                     let chunk = tokio::select! {
@@ -942,7 +925,12 @@ impl Reflector {
             }
             Ok(seen)
         });
-        Self { stop, ended, task }
+        Self { stop, ended, watching, task }
+    }
+
+    /// Watches answered so far.
+    fn watching(&self) -> usize {
+        self.watching.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// When each watch so far ended.
