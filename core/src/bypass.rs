@@ -150,7 +150,9 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
             (*rerouted, *cluster, gvs.collect::<GroupVersions>())
         })
         .filter(|(_, _, gvs)| !gvs.is_empty())
-        .filter(|(rerouted, cluster, _)| !crate::hold::needs_the_filter(table, cluster, *rerouted))
+        .filter(|(rerouted, cluster, _)| {
+            !crate::hold::needs_the_filter(table, serving(table, cluster), *rerouted)
+        })
         .collect();
     named.sort_by_key(|(_, _, gvs)| std::cmp::Reverse(gvs.values().map(Vec::len).sum::<usize>()));
     for (rerouted, cluster, gvs) in &named {
@@ -181,8 +183,12 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
 
 /// The apiservers behind `cluster`, the pool's or a serving set's.
 fn servers(table: &RoutingTable, cluster: &str) -> Vec<String> {
-    let serving = table.sets().iter().position(|s| s.cluster == cluster).map_or(Serving::All, Serving::Set);
-    table.members(serving).map(str::to_owned).collect()
+    table.members(serving(table, cluster)).map(str::to_owned).collect()
+}
+
+/// Which apiservers `cluster` reaches: a serving set's, or the pool's.
+fn serving(table: &RoutingTable, cluster: &str) -> Serving {
+    table.sets().iter().position(|s| s.cluster == cluster).map_or(Serving::All, Serving::Set)
 }
 
 /// The `:path` (path and query) regex of requests the bypass takes of `resources` (alternatives

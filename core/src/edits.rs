@@ -205,7 +205,7 @@ impl Routed {
                 "no_healthy_upstream; the bodies of the requests waiting for an apiserver reach {} MiB",
                 crate::hold::MAX_HELD_BODIES >> 20
             ),
-            _ => format!(
+            crate::hold::BodyRoom::TooLarge | crate::hold::BodyRoom::Kept => format!(
                 "no_healthy_upstream; its body is over {} KiB, too large to wait for an apiserver",
                 crate::hold::MAX_HELD_BODY >> 10
             ),

@@ -59,17 +59,13 @@ pub const RELEASE_PER_TICK: usize = 50;
 /// and all. kube-apiserver takes bodies up to 3 MiB; a write is a few KiB.
 pub const MAX_HELD_BODY: usize = 512 * 1024;
 
-/// Whether requests for `cluster` (`rerouted`: a serving set, not the pool) must meet the
+/// Whether requests for `serving` (`rerouted`: a serving set, not the pool) must meet the
 /// proxy-wasm filter, the one part that holds requests: the set of one apiserver, the only
 /// server of its APIs, has nobody to take them while that apiserver restarts, and a route that
 /// skips the filter (a bypass route, the native module's) would answer 503 at once. Without a
 /// hold, a route does as well.
-pub fn needs_the_filter(table: &RoutingTable, cluster: &str, rerouted: bool) -> bool {
-    if !rerouted || table.policy().max_hold_ms == 0 {
-        return false;
-    }
-    let serving = table.sets().iter().position(|s| s.cluster == cluster).map_or(Serving::All, Serving::Set);
-    table.members(serving).count() == 1
+pub fn needs_the_filter(table: &RoutingTable, serving: Serving, rerouted: bool) -> bool {
+    rerouted && table.policy().max_hold_ms != 0 && table.members(serving).count() == 1
 }
 
 /// The bodies all waiting requests of a worker keep, together, at most: past it a request whose
@@ -155,13 +151,11 @@ pub struct Holds<T> {
     policy: HoldPolicy,
     down: Vec<Down<T>>,
     held: usize,
-    /// The bytes of all waiting requests' bodies.
-    bodies: usize,
 }
 
 impl<T> Holds<T> {
     pub fn new(policy: HoldPolicy) -> Self {
-        Self { policy, down: Vec::new(), held: 0, bodies: 0 }
+        Self { policy, down: Vec::new(), held: 0 }
     }
 
     pub fn policy(&self) -> HoldPolicy {
@@ -264,7 +258,7 @@ impl<T> Holds<T> {
             let n = down.waiting.len().min(RELEASE_PER_TICK);
             out.extend(down.waiting.drain(..n).map(|h| (down.cluster.clone(), h)));
         }
-        self.gone(&out);
+        self.held -= out.len();
         self.down.retain(|d| !(d.up && d.waiting.is_empty()));
         out
     }
@@ -282,7 +276,7 @@ impl<T> Holds<T> {
             down.waiting = kept;
             out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
         }
-        self.gone(&out);
+        self.held -= out.len();
         self.down.retain(|d| !d.waiting.is_empty() || now.saturating_sub(d.active) < max_wait);
         out
     }
@@ -297,7 +291,7 @@ impl<T> Holds<T> {
             down.waiting = kept;
             out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
         }
-        self.gone(&out);
+        self.held -= out.len();
         out
     }
 
@@ -308,7 +302,7 @@ impl<T> Holds<T> {
         for down in self.down.iter_mut().filter(|d| !known(&d.cluster)) {
             out.extend(std::mem::take(&mut down.waiting).into_iter().map(|h| (down.cluster.clone(), h)));
         }
-        self.gone(&out);
+        self.held -= out.len();
         self.down.retain(|d| known(&d.cluster));
         out
     }
@@ -317,9 +311,8 @@ impl<T> Holds<T> {
     pub fn take(&mut self, id: u32) -> Option<(String, Held<T>)> {
         for down in &mut self.down {
             if let Some(at) = down.waiting.iter().position(|h| h.id == id) {
-                let held = down.waiting.remove(at);
-                (self.held, self.bodies) = (self.held - 1, self.bodies - held.body);
-                return Some((down.cluster.clone(), held));
+                self.held -= 1;
+                return Some((down.cluster.clone(), down.waiting.remove(at)));
             }
         }
         None
@@ -328,10 +321,11 @@ impl<T> Holds<T> {
     /// Waiting stream `id`'s body has grown to `size` bytes: whether it may keep waiting, within
     /// [`MAX_HELD_BODY`] and [`MAX_HELD_BODIES`]. A stream not waiting has room.
     pub fn body_grew(&mut self, id: u32, size: usize) -> BodyRoom {
+        let all = self.bodies();
         let Some(held) = self.down.iter_mut().flat_map(|d| d.waiting.iter_mut()).find(|h| h.id == id) else {
             return BodyRoom::Kept;
         };
-        let others = self.bodies - held.body;
+        let others = all - held.body;
         if size > MAX_HELD_BODY {
             return BodyRoom::TooLarge;
         }
@@ -339,18 +333,17 @@ impl<T> Holds<T> {
             return BodyRoom::NoRoom;
         }
         held.body = size;
-        self.bodies = others + size;
         BodyRoom::Kept
     }
 
-    /// The bytes the waiting requests' bodies take.
+    /// The bytes the waiting requests' bodies take: counted only when a body grows, a few
+    /// hundred additions at most.
     pub fn bodies(&self) -> usize {
-        self.bodies
+        self.waiting().map(|h| h.body).sum()
     }
 
-    fn gone(&mut self, out: &[(String, Held<T>)]) {
-        self.held -= out.len();
-        self.bodies -= out.iter().map(|(_, h)| h.body).sum::<usize>();
+    fn waiting(&self) -> impl Iterator<Item = &Held<T>> {
+        self.down.iter().flat_map(|d| d.waiting.iter())
     }
 
     /// Stream `id` ended while it waited (the client went away): nothing to answer.

@@ -5,7 +5,7 @@
 //! answers itself from the table, as the filter does.
 
 use crate::decision::{Action, Decision};
-use crate::table::RoutingTable;
+use crate::table::{RoutingTable, Serving};
 
 /// Whether the module applies `d`, decided on `table`, itself: anything but an OpenAPI
 /// composition or a request the hold may keep waiting.
@@ -13,7 +13,8 @@ pub fn module_handles(table: &RoutingTable, d: &Decision<'_, '_>) -> bool {
     match &d.action {
         Action::Refuse(_) => true,
         Action::Route(r) => {
-            d.openapi.is_none() && !crate::hold::needs_the_filter(table, r.cluster, r.rerouted)
+            d.openapi.is_none()
+                && !crate::hold::needs_the_filter(table, d.serving.unwrap_or(Serving::All), r.rerouted)
         }
     }
 }

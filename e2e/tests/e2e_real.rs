@@ -13,6 +13,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -615,7 +617,7 @@ async fn kubectl_through_restarts() -> Result<Row> {
     until_ok(&k, &args).await?;
     let before = edge_5xx(&c).await?;
     let looping = clients::Looping::start(&k, &args);
-    let raw = RawLoop::start(c.client(Credentials::AdminToken, Duration::from_secs(30))?, c.envoy_url()?);
+    let raw = raw_loop(c.client(Credentials::AdminToken, Duration::from_secs(30))?, c.envoy_url()?);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut restarts = Vec::new();
     for _ in 0..2 {
@@ -653,35 +655,39 @@ async fn kubectl_through_restarts() -> Result<Row> {
 
 /// A client that lists ResourceClaims in a loop and never sends a request again: what each
 /// answer was, and the slowest.
-struct RawLoop {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<Result<(BTreeMap<u16, usize>, Duration)>>,
+fn raw_loop(client: reqwest::Client, base: String) -> Background<(BTreeMap<u16, usize>, Duration)> {
+    Background::start(|stopped| async move {
+        let (mut statuses, mut slowest) = (BTreeMap::new(), Duration::ZERO);
+        while !stopped.load(Ordering::SeqCst) {
+            let sent = Instant::now();
+            let status =
+                client.get(format!("{base}/apis/resource.k8s.io/v1/resourceclaims")).send().await?.status();
+            slowest = slowest.max(sent.elapsed());
+            *statuses.entry(status.as_u16()).or_default() += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok((statuses, slowest))
+    })
 }
 
-impl RawLoop {
-    fn start(client: reqwest::Client, base: String) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let (mut statuses, mut slowest) = (BTreeMap::new(), Duration::ZERO);
-            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                let sent = Instant::now();
-                let status = client
-                    .get(format!("{base}/apis/resource.k8s.io/v1/resourceclaims"))
-                    .send()
-                    .await?
-                    .status();
-                slowest = slowest.max(sent.elapsed());
-                *statuses.entry(status.as_u16()).or_default() += 1;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Ok((statuses, slowest))
-        });
+/// A task that runs until told to stop, then hands back what it found.
+struct Background<T> {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<T>>,
+}
+
+impl<T: Send + 'static> Background<T> {
+    fn start<F>(run: impl FnOnce(Arc<AtomicBool>) -> F) -> Self
+    where
+        F: std::future::Future<Output = Result<T>> + Send + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(run(stop.clone()));
         Self { stop, task }
     }
 
-    async fn stop(self) -> Result<(BTreeMap<u16, usize>, Duration)> {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    async fn stop(self) -> Result<T> {
+        self.stop.store(true, Ordering::SeqCst);
         self.task.await?
     }
 }
@@ -799,7 +805,7 @@ async fn watch_moves() -> Result<Row> {
     let path = "/api/v1/namespaces/e2e-drain/configmaps";
     let client = c.client(Credentials::AdminToken, Duration::from_secs(600))?;
     let reflector = Reflector::start(client.clone(), format!("{}{path}", c.envoy_url()?));
-    let writer = Writer::start(client, format!("{}{path}", c.envoy_url()?));
+    let writer = writer(client, format!("{}{path}", c.envoy_url()?));
     tokio::time::sleep(Duration::from_secs(2)).await;
     ensure!(reflector.watching() == 1, "{} watches before any drain", reflector.watching());
     let mut steps = Vec::new();
@@ -825,58 +831,65 @@ async fn watch_moves() -> Result<Row> {
     }
     let created = writer.stop().await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let seen = reflector.stop().await?;
-    row.requests += created.len() + seen.watches;
+    let watches = reflector.watching();
+    let events = reflector.run.stop().await?;
+    row.requests += created.len() + watches;
     let added: Vec<&str> =
-        seen.events.iter().filter(|(t, _, _)| t == "ADDED").map(|(_, n, _)| n.as_str()).collect();
+        events.iter().filter(|(t, _, _)| t == "ADDED").map(|(_, n, _)| n.as_str()).collect();
     let unique: BTreeSet<&str> = added.iter().copied().collect();
     let missing: Vec<&String> = created.iter().filter(|n| !unique.contains(n.as_str())).collect();
-    let versions: Vec<u64> = seen.events.iter().map(|(_, _, rv)| *rv).collect();
+    let versions: Vec<u64> = events.iter().map(|(_, _, rv)| *rv).collect();
     row.figure(format!(
         "{}; {} ConfigMaps created, {} ADDED seen over {} watches, {} missing, {} twice",
         steps.join("; "),
         created.len(),
         added.len(),
-        seen.watches,
+        watches,
         missing.len(),
         added.len() - unique.len()
     ));
     ensure!(missing.is_empty(), "events lost: {missing:?}");
     ensure!(added.len() == unique.len(), "events seen twice: {added:?}");
     ensure!(versions.windows(2).all(|w| w[0] < w[1]), "events out of order: {versions:?}");
-    ensure!(seen.watches >= 2, "{} watches: it never moved", seen.watches);
+    ensure!(watches >= 2, "{watches} watches: it never moved");
     finish(c, &mut row).await?;
     Ok(row)
 }
 
 /// Watches as client-go's reflector does; see [`watch_moves`].
 struct Reflector {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    ended: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+    run: Background<Vec<Event>>,
+    ended: Arc<std::sync::Mutex<Vec<Instant>>>,
     /// Watches answered so far (their stream open).
-    watching: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    task: tokio::task::JoinHandle<Result<Seen>>,
+    watching: Arc<AtomicUsize>,
 }
 
-/// What a [`Reflector`] saw: (type, name, resourceVersion) of every event but bookmarks, and how
-/// many watches it made.
-struct Seen {
-    events: Vec<(String, String, u64)>,
-    watches: usize,
-}
+/// (type, name, resourceVersion) of an event other than a bookmark.
+type Event = (String, String, u64);
 
 impl Reflector {
     fn start(client: reqwest::Client, url: String) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let ended = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let watching = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let (stopped, ends, opened) = (stop.clone(), ended.clone(), watching.clone());
-        let task = tokio::spawn(async move {
+        let ended = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let watching = Arc::new(AtomicUsize::new(0));
+        let (ends, opened) = (ended.clone(), watching.clone());
+        let run = Background::start(|stopped| async move {
             let list: Value = client.get(&url).send().await?.error_for_status()?.json().await?;
             let mut rv =
                 list["metadata"]["resourceVersion"].as_str().context("a list's resourceVersion")?.to_owned();
-            let mut seen = Seen { events: Vec::new(), watches: 0 };
-            while !stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            // What the list holds is the reflector's first ADDED events (an informer's initial sync):
+            // a ConfigMap written before the list is there, not in the watch.
+            let mut events: Vec<Event> = list["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|item| {
+                    let meta = &item["metadata"];
+                    let field = |k: &str| meta[k].as_str().unwrap_or_default().to_owned();
+                    ("ADDED".to_owned(), field("name"), field("resourceVersion").parse().unwrap_or_default())
+                })
+                .collect();
+            events.sort_by_key(|(_, _, rv)| *rv);
+            while !stopped.load(Ordering::SeqCst) {
                 let watch = format!("{url}?watch=1&allowWatchBookmarks=true&resourceVersion={rv}");
                 let mut resp = match client.get(&watch).send().await {
                     Ok(r) if r.status() == 200 => r,
@@ -894,14 +907,13 @@ impl Reflector {
                         continue;
                     }
                 };
-                seen.watches += 1;
-                opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                opened.fetch_add(1, Ordering::SeqCst);
                 let mut pending = Vec::new();
                 loop {
                     let chunk = tokio::select! {
                         chunk = resp.chunk() => chunk,
                         () = tokio::time::sleep(Duration::from_millis(200)) => {
-                            if stopped.load(std::sync::atomic::Ordering::SeqCst) { break }
+                            if stopped.load(Ordering::SeqCst) { break }
                             continue;
                         }
                     };
@@ -916,77 +928,57 @@ impl Reflector {
                         ensure!(kind != "ERROR", "watch error: {event}");
                         if kind != "BOOKMARK" {
                             let name = meta["name"].as_str().unwrap_or_default().to_owned();
-                            seen.events.push((kind, name, version.parse().unwrap_or_default()));
+                            events.push((kind, name, version.parse().unwrap_or_default()));
                         }
                         rv = version;
                     }
                 }
                 ends.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.push(Instant::now());
             }
-            Ok(seen)
+            Ok(events)
         });
-        Self { stop, ended, watching, task }
+        Self { run, ended, watching }
     }
 
     /// Watches answered so far.
     fn watching(&self) -> usize {
-        self.watching.load(std::sync::atomic::Ordering::SeqCst)
+        self.watching.load(Ordering::SeqCst)
     }
 
     /// When each watch so far ended.
     fn ended(&self) -> Vec<Instant> {
         self.ended.lock().map(|e| e.clone()).unwrap_or_default()
     }
-
-    async fn stop(self) -> Result<Seen> {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.task.await?
-    }
 }
 
 /// Creates ConfigMaps, 5 a second, sending one again (client-go's way) only when the edge says
 /// it reached no apiserver: the names created.
-struct Writer {
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    task: tokio::task::JoinHandle<Result<Vec<String>>>,
-}
-
-impl Writer {
-    fn start(client: reqwest::Client, url: String) -> Self {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let mut created = Vec::new();
-            for i in 0.. {
-                if stopped.load(std::sync::atomic::Ordering::SeqCst) {
-                    break;
-                }
-                let name = format!("cm-{i:05}");
-                let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
-                for _ in 0..10 {
-                    let resp = client.post(&url).json(&body).send().await?;
-                    match resp.status().as_u16() {
-                        201 => {
-                            created.push(name.clone());
-                            break;
-                        }
-                        503 if resp.headers().contains_key("retry-after") => {
-                            tokio::time::sleep(Duration::from_secs(1)).await
-                        }
-                        other => bail!("creating {name}: {other} {}", resp.text().await?),
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
+fn writer(client: reqwest::Client, url: String) -> Background<Vec<String>> {
+    Background::start(|stopped| async move {
+        let mut created = Vec::new();
+        for i in 0.. {
+            if stopped.load(Ordering::SeqCst) {
+                break;
             }
-            Ok(created)
-        });
-        Self { stop, task }
-    }
-
-    async fn stop(self) -> Result<Vec<String>> {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.task.await?
-    }
+            let name = format!("cm-{i:05}");
+            let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}});
+            for _ in 0..10 {
+                let resp = client.post(&url).json(&body).send().await?;
+                match resp.status().as_u16() {
+                    201 => {
+                        created.push(name.clone());
+                        break;
+                    }
+                    503 if resp.headers().contains_key("retry-after") => {
+                        tokio::time::sleep(Duration::from_secs(1)).await
+                    }
+                    other => bail!("creating {name}: {other} {}", resp.text().await?),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(created)
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -839,6 +839,27 @@ async fn requests_wait_at_the_edge_while_the_only_server_of_their_api_is_away() 
     Ok(())
 }
 
+/// A request sent in the background, to wait at the edge while the test goes on: its status,
+/// headers, body and how long it took.
+fn in_background(
+    req: reqwest::RequestBuilder,
+) -> tokio::task::JoinHandle<Result<(u16, reqwest::header::HeaderMap, String, Duration)>> {
+    tokio::spawn(async move {
+        let sent = Instant::now();
+        let resp = req.send().await?;
+        let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
+        Ok((status, headers, resp.text().await?, sent.elapsed()))
+    })
+}
+
+/// A request for c's API on `client`'s connection (one Envoy worker) meets c away: that worker
+/// finds set-c down, and holds the requests that follow.
+async fn finds_c_away(client: &reqwest::Client, url: &str) -> Result<()> {
+    let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
+    ensure!(resp.status() == 503, "{}: c is away", resp.status());
+    Ok(())
+}
+
 /// Writes wait too, body and all: a POST while c is away waits at the edge with its body in
 /// Envoy's buffer and reaches c whole once c is back. A body too large to keep there gets the
 /// 503 with `Retry-After` at once, rather than Envoy's 413, which no client sends again.
@@ -848,34 +869,22 @@ async fn a_write_waits_with_its_body() -> Result<()> {
     // One connection: one Envoy worker, which finds c down with the first request.
     let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
     let url = format!("{}{CLAIMS_V1}", f.base);
-    let find_down = || async {
-        let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
-        ensure!(resp.status() == 503, "{}: c is away", resp.status());
-        anyhow::Ok(())
-    };
     mark_draining(&f, &["c"]).await?;
-    find_down().await?;
+    finds_c_away(&client, &url).await?;
 
     let body = vec![b'x'; 200_000];
-    let write = {
-        let (client, url, body) = (client.clone(), url.clone(), body.clone());
-        tokio::spawn(async move {
-            let resp = client.post(url).header("Authorization", "Bearer token-1").body(body).send().await?;
-            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-            anyhow::Ok((status, headers, resp.text().await?))
-        })
-    };
+    let write = in_background(client.post(&url).header("Authorization", "Bearer token-1").body(body));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     ensure!(!write.is_finished(), "the write did not wait: {:?}", write.await?);
     mark_draining(&f, &[]).await?;
-    let (status, headers, answer) = write.await??;
+    let (status, headers, answer, _) = write.await??;
     ensure!(status == 200, "{status}: {answer}");
     assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
     let echo: Value = serde_json::from_str(&answer)?;
     assert_eq!((echo["method"].as_str(), echo["bodyBytes"].as_u64()), (Some("POST"), Some(200_000)));
 
     mark_draining(&f, &["c"]).await?;
-    find_down().await?;
+    finds_c_away(&client, &url).await?;
     let sent = Instant::now();
     let too_large = vec![b'x'; skewgate_core::hold::MAX_HELD_BODY + 100_000];
     let resp = client.post(&url).header("Authorization", "Bearer token-1").body(too_large).send().await?;
@@ -899,17 +908,8 @@ async fn requests_wait_through_a_new_table() -> Result<()> {
     let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
     let url = format!("{}{CLAIMS_V1}", f.base);
     mark_draining(&f, &["c"]).await?;
-    let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
-    ensure!(resp.status() == 503, "{}: c is away", resp.status());
-    let waiting = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let sent = Instant::now();
-            let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
-            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-            anyhow::Ok((status, headers, resp.text().await?, sent.elapsed()))
-        })
-    };
+    finds_c_away(&client, &url).await?;
+    let waiting = in_background(client.get(&url).header("Authorization", "Bearer token-1"));
     tokio::time::sleep(Duration::from_millis(1000)).await;
     ensure!(!waiting.is_finished(), "the request did not wait: {:?}", waiting.await?);
 
@@ -924,19 +924,13 @@ async fn requests_wait_through_a_new_table() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     ensure!(!waiting.is_finished(), "a new table that routes it alike ended the wait: {:?}", waiting.await?);
     // A request after the new table: the new filter learns of c's absence too.
-    let after = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
-            anyhow::Ok(resp.status().as_u16())
-        })
-    };
+    let after = in_background(client.get(&url).header("Authorization", "Bearer token-1"));
     tokio::time::sleep(Duration::from_millis(500)).await;
     mark_draining(&f, &[]).await?;
     let (status, headers, body, took) = waiting.await??;
     ensure!(status == 200, "{status} after {took:?}: {body}");
     assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
-    let after = after.await??;
+    let after = after.await??.0;
     ensure!(after == 200 || after == 503, "{after}");
     println!("held through a new table: served after {took:?}; the request sent after it: {after}");
     Ok(())
@@ -952,20 +946,12 @@ async fn with_the_native_module_requests_wait_too() -> Result<()> {
     let client = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
     let url = format!("{}{CLAIMS_V1}", f.base);
     mark_draining(&f, &["c"]).await?;
-    let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await?;
-    ensure!(resp.status() == 503, "{}: c is away", resp.status());
-    let waiting = {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let resp = client.get(url).header("Authorization", "Bearer token-1").send().await?;
-            let (status, headers) = (resp.status().as_u16(), resp.headers().clone());
-            anyhow::Ok((status, headers, resp.text().await?))
-        })
-    };
+    finds_c_away(&client, &url).await?;
+    let waiting = in_background(client.get(&url).header("Authorization", "Bearer token-1"));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     ensure!(!waiting.is_finished(), "the request did not wait: {:?}", waiting.await?);
     mark_draining(&f, &[]).await?;
-    let (status, headers, body) = waiting.await??;
+    let (status, headers, body, _) = waiting.await??;
     ensure!(status == 200, "{status}: {body}");
     assert_eq!(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()), Some("c"));
     let resumed =

@@ -145,19 +145,18 @@ impl<H: Host> Holding<H> {
     }
 
     /// Held stream `id`'s body has grown to `size` bytes: it keeps waiting while Envoy has room
-    /// for it, else it is answered now (503, `Retry-After`). Whether it still waits.
-    pub fn body_grew(&self, id: u32, size: usize) -> bool {
+    /// for it, else it is answered now (503, `Retry-After`).
+    pub fn body_grew(&self, id: u32, size: usize) {
         let room = self.holds.borrow_mut().body_grew(id, size);
         if room == hold::BodyRoom::Kept {
-            return true;
+            return;
         }
-        let Some((cluster, held)) = self.holds.borrow_mut().take(id) else { return true };
+        let Some((cluster, held)) = self.holds.borrow_mut().take(id) else { return };
         self.count(&cluster, "refused");
         let Waiter { active, routed, release } = held.payload;
         release.set(Release::Answered);
         active.metrics.unavailable(routed.serving);
         self.send(id, &routed.body_too_large_to_hold(&active.table, room));
-        false
     }
 
     /// A held stream Envoy ended before it was released.

@@ -22,6 +22,19 @@ fn open(fake: &Fake, root: &Root<Fake>, id: u32, path: &str) -> Box<dyn HttpCont
     root.create_http_context(id).expect("an HTTP context")
 }
 
+/// A write (`method`, with a body to come) for `SUBSET` on `root`, its context id `id`.
+fn open_write(fake: &Fake, root: &Root<Fake>, id: u32, method: &str) -> Box<dyn HttpContext> {
+    fake.request(&[(":method", method), (":path", SUBSET), ("authorization", "Bearer t")]);
+    root.create_http_context(id).expect("an HTTP context")
+}
+
+/// Stream 1's request for `set-c` meets Envoy's "no healthy upstream": the worker finds it down.
+fn found_down(fake: &Fake, root: &Root<Fake>) {
+    let mut first = open(fake, root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(fake, &mut first, "no_healthy_upstream");
+}
+
 /// Envoy's answer to a request for `set-c` that found no apiserver there.
 fn fails(fake: &Fake, http: &mut Box<dyn HttpContext>, detail: &str) {
     fake.respond(&[(":status", "503")]);
@@ -91,9 +104,7 @@ fn a_request_waits_at_most_the_tables_hold_then_gets_its_503_with_retry_after() 
     let mut table = sample();
     table["policy"] = json!({"maxHoldMs": 1000});
     let (fake, mut root) = configured(&table);
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
     let mut held = open(&fake, &root, 2, SUBSET);
     assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
     advance(&fake, Duration::from_millis(999));
@@ -126,9 +137,7 @@ fn past_the_bound_requests_are_not_held_and_a_client_that_leaves_frees_its_place
     let mut table = sample();
     table["policy"] = json!({"maxHeld": 1});
     let (fake, root) = configured(&table);
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
     let mut held = open(&fake, &root, 2, SUBSET);
     assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
     let mut over = open(&fake, &root, 3, SUBSET);
@@ -160,9 +169,7 @@ fn a_zero_hold_answers_at_once_as_before() {
     let mut table = sample();
     table["policy"] = json!({"maxHoldMs": 0});
     let (fake, root) = configured(&table);
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
     let mut next = open(&fake, &root, 2, SUBSET);
     assert_eq!(next.on_http_request_headers(0, true), Action::Continue);
 }
@@ -214,9 +221,7 @@ fn a_worker_tells_the_others_what_it_found_down() {
     let (fake, root) = configured(&sample());
     let mut other = Root::new(fake.clone());
     assert!(configure(&fake, &mut other, sealed(&sample())));
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
 
     let mut before = open(&fake, &other, 2, SUBSET);
     assert_eq!(before.on_http_request_headers(0, true), Action::Continue, "not before its tick");
@@ -264,12 +269,9 @@ fn a_refused_connection_marks_only_a_cluster_of_one_down() {
 #[test]
 fn a_held_request_keeps_its_body_until_it_goes_on() {
     let (fake, mut root) = configured(&sample());
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
 
-    fake.request(&[(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")]);
-    let mut write = root.create_http_context(2).expect("an HTTP context");
+    let mut write = open_write(&fake, &root, 2, "POST");
     assert_eq!(write.on_http_request_headers(0, false), Action::Pause, "held");
     assert_eq!(write.on_http_request_body(300, false), Action::Pause, "its body waits too");
     assert_eq!(write.on_http_request_body(600, true), Action::Pause);
@@ -294,12 +296,9 @@ fn a_held_request_keeps_its_body_until_it_goes_on() {
 #[test]
 fn a_body_too_large_to_keep_gets_the_503_at_once() {
     let (fake, mut root) = configured(&sample());
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
 
-    fake.request(&[(":method", "PUT"), (":path", SUBSET), ("authorization", "Bearer t")]);
-    let mut write = root.create_http_context(2).expect("an HTTP context");
+    let mut write = open_write(&fake, &root, 2, "PUT");
     assert_eq!(write.on_http_request_headers(0, false), Action::Pause);
     assert_eq!(write.on_http_request_body(MAX_HELD_BODY, false), Action::Pause);
     assert!(fake.state().replies_to.is_empty(), "up to the limit it waits");
@@ -326,9 +325,7 @@ fn a_body_too_large_to_keep_gets_the_503_at_once() {
 #[test]
 fn a_cluster_the_new_table_has_not_is_no_longer_down() {
     let (fake, mut root) = configured(&sample());
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
     let mut held = open(&fake, &root, 2, SUBSET);
     assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
 
@@ -354,20 +351,16 @@ fn a_cluster_the_new_table_has_not_is_no_longer_down() {
 #[test]
 fn waiting_bodies_together_are_bounded() {
     let (fake, mut root) = configured(&sample());
-    let mut first = open(&fake, &root, 1, SUBSET);
-    first.on_http_request_headers(0, true);
-    fails(&fake, &mut first, "no_healthy_upstream");
+    found_down(&fake, &root);
     let mut writes = Vec::new();
     for id in 2..(2 + (MAX_HELD_BODIES / MAX_HELD_BODY) as u32) {
-        fake.request(&[(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")]);
-        let mut write = root.create_http_context(id).expect("an HTTP context");
+        let mut write = open_write(&fake, &root, id, "POST");
         assert_eq!(write.on_http_request_headers(0, false), Action::Pause);
         assert_eq!(write.on_http_request_body(MAX_HELD_BODY, true), Action::Pause);
         writes.push(write);
     }
     assert!(fake.state().replies_to.is_empty());
-    fake.request(&[(":method", "POST"), (":path", SUBSET), ("authorization", "Bearer t")]);
-    let mut one_more = root.create_http_context(1000).expect("an HTTP context");
+    let mut one_more = open_write(&fake, &root, 1000, "POST");
     assert_eq!(one_more.on_http_request_headers(0, false), Action::Pause);
     assert_eq!(one_more.on_http_request_body(10, true), Action::Pause);
     let (id, (status, _, body)) = fake.state().replies_to.first().cloned().expect("answered");
