@@ -237,6 +237,17 @@ impl Routed {
         self.reply(table, detail, Some(RETRY_AFTER_SECONDS))
     }
 
+    /// A waiting request whose place a client with fewer waiting took ([`crate::hold`]: the
+    /// waiting room is shared): it reached no apiserver, so it may be sent again.
+    pub fn crowded_out(&self, table: &RoutingTable, waited: std::time::Duration) -> Reply {
+        let detail = format!(
+            "no_healthy_upstream; held {:.1}s at the edge, then its place given to another client's request \
+             (the waiting room is full and this client had the most waiting)",
+            waited.as_secs_f64()
+        );
+        self.reply(table, &detail, Some(RETRY_AFTER_SECONDS))
+    }
+
     fn reply(&self, table: &RoutingTable, envoy_detail: &str, retry_after: Option<u32>) -> Reply {
         let serving = self.serving.unwrap_or(Serving::All);
         let members: Vec<&str> = table.members(serving).collect();

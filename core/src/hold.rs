@@ -11,6 +11,7 @@
 //!
 //! A held request has reached no apiserver, so releasing it later cannot apply anything twice.
 
+use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use crate::table::{RoutingTable, Serving};
@@ -44,12 +45,12 @@ pub const PROBE_PERIOD: Duration = Duration::from_millis(200);
 pub const PROBE_PATH: &str = "/readyz?exclude=shutdown";
 /// Longer than Envoy's connect timeout: a probe that hangs is a down cluster.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-/// Requests released per cluster and tick, once it is back: all of a thousand at once to an
-/// apiserver that has just started means a thousand new upstream connections in a moment
-/// (measured with a stand-in: Envoy then found connections failing, ejected the apiserver and
-/// answered 1,331 of 1,823 released requests 503; 50 a tick, none failed on a quiet machine,
-/// while on one busy with other tests 1,219 still did). At the filter's 100 ms tick, 500 a
-/// second per worker.
+/// Requests released at once, every [`RELEASE_PERIOD`], once their cluster is back: all of a
+/// thousand at once to an apiserver that has just started means a thousand new upstream
+/// connections in a moment (measured with a stand-in: Envoy then found connections failing,
+/// ejected the apiserver and answered 1,331 of 1,823 released requests 503; 50 every 100 ms, none
+/// failed on a quiet machine, while on one busy with other tests 1,219 still did). 500 a second
+/// per worker.
 pub const RELEASE_PER_TICK: usize = 50;
 
 /// The largest request body a waiting request keeps. Envoy buffers what the client of a paused
@@ -122,6 +123,37 @@ pub enum Admission {
     Full,
 }
 
+/// The most stream actions (a waiting request released, or answered at the edge) one call into
+/// the filter's VM carries out. Envoy runs what a call asked for once the call returns, each
+/// action one inside the one before (an answer runs the filter's response callback, at whose
+/// end Envoy runs the remaining actions): measured, a few hundred answers at once overflowed
+/// V8's stack, the VM was reloaded and every stream waiting in it hung until its route timed
+/// out. [`RELEASE_PER_TICK`] releases and the rest of this in answers, per tick.
+pub const ACTIONS_PER_CALL: usize = 64;
+
+/// The filter's tick while answers are queued: [`ACTIONS_PER_CALL`] at each, so that a full
+/// waiting room (1,024) is answered within 160 ms of its time rather than in 1.6 s. Releases keep
+/// their own pace ([`RELEASE_PERIOD`]).
+pub const BUSY_TICK: Duration = Duration::from_millis(10);
+
+/// How often a cluster that is back gets its next [`RELEASE_PER_TICK`] waiting requests.
+pub const RELEASE_PERIOD: Duration = Duration::from_millis(100);
+
+/// Who sent a waiting request, as far as the edge can tell before any apiserver authenticated
+/// it: its source address without the port. The waiting room is shared between them.
+pub type Client = u64;
+
+/// `source` (Envoy's `source.address`: `ip:port`, `[v6]:port`) as a [`Client`]: every connection
+/// of one host is one client.
+pub fn client(source: &str) -> Client {
+    let host = match source.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => source,
+    };
+    // FNV-1a: stable across VMs and runs, and no dependency for eight bytes of state.
+    host.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
 /// A request waiting: the stream (its context id), since when, and what answering it needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held<T> {
@@ -130,6 +162,33 @@ pub struct Held<T> {
     pub payload: T,
     /// The bytes of its body Envoy keeps for it so far.
     pub body: usize,
+    pub client: Client,
+}
+
+/// Why a waiting request is answered at the edge rather than released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Why {
+    /// It waited the longest wait.
+    Expired,
+    /// A new table sends it elsewhere, or no longer has its cluster.
+    Changed,
+    /// The waiting room was full, and a client with fewer waiting needed its place.
+    Crowded,
+}
+
+/// A waiting request to answer (the 503 with `Retry-After`), with its cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer<T> {
+    pub cluster: String,
+    pub held: Held<T>,
+    pub why: Why,
+}
+
+/// What a tick carries out: at most [`ACTIONS_PER_CALL`] in all.
+#[derive(Debug)]
+pub struct Due<T> {
+    pub released: Vec<(String, Held<T>)>,
+    pub answers: Vec<Answer<T>>,
 }
 
 #[derive(Debug)]
@@ -137,25 +196,30 @@ struct Down<T> {
     cluster: String,
     /// A probe reached an apiserver: the waiting requests are being released.
     up: bool,
-    /// Since when nothing tells it is up: the failure that marked it, or the last request held.
-    active: Duration,
     last_probe: Option<Duration>,
+    last_release: Option<Duration>,
     probe: Option<u32>,
     waiting: Vec<Held<T>>,
 }
 
-/// Every down cluster of one worker, and the requests waiting for each. Times are any clock
-/// that does not go back (Envoy's, in the filter).
+/// Every down cluster of one worker, the requests waiting for each, and those taken out to be
+/// answered. Times are any clock that does not go back (Envoy's, in the filter).
 #[derive(Debug)]
 pub struct Holds<T> {
     policy: HoldPolicy,
     down: Vec<Down<T>>,
+    /// Requests waiting, all clusters together.
     held: usize,
+    /// Requests waiting, by client.
+    by_client: BTreeMap<Client, usize>,
+    /// Taken out, in order, to be answered [`ACTIONS_PER_CALL`] at a time: their streams are
+    /// still paused in Envoy.
+    answering: VecDeque<Answer<T>>,
 }
 
 impl<T> Holds<T> {
     pub fn new(policy: HoldPolicy) -> Self {
-        Self { policy, down: Vec::new(), held: 0 }
+        Self { policy, down: Vec::new(), held: 0, by_client: BTreeMap::new(), answering: VecDeque::new() }
     }
 
     pub fn policy(&self) -> HoldPolicy {
@@ -177,35 +241,79 @@ impl<T> Holds<T> {
         self.held
     }
 
-    /// A request for `cluster`, stream `id`.
-    pub fn admit(&mut self, cluster: &str, id: u32, payload: T, now: Duration) -> Admission {
-        let Some(down) = self.down.iter_mut().find(|d| d.cluster == cluster) else {
+    /// Answers are queued: the filter ticks at [`BUSY_TICK`] until they are out.
+    pub fn busy(&self) -> bool {
+        !self.answering.is_empty()
+    }
+
+    /// A request for `cluster`, stream `id`, from `client`. In a full waiting room it takes the
+    /// place of the newest request of the client with the most waiting, if that client has at
+    /// least two more than this one: one client cannot keep the others out.
+    pub fn admit(&mut self, cluster: &str, id: u32, client: Client, payload: T, now: Duration) -> Admission {
+        let Some(at) = self.down.iter().position(|d| d.cluster == cluster) else {
             return Admission::Forward;
         };
-        if self.held >= self.policy.max_held || self.policy.max_wait.is_zero() {
+        if self.policy.max_wait.is_zero() {
             return Admission::Full;
         }
-        down.active = now;
-        down.waiting.push(Held { id, since: now, payload, body: 0 });
+        if self.held >= self.policy.max_held && !self.make_room_for(client) {
+            return Admission::Full;
+        }
+        self.down[at].waiting.push(Held { id, since: now, payload, body: 0, client });
         self.held += 1;
+        *self.by_client.entry(client).or_default() += 1;
         Admission::Held
     }
 
-    /// Envoy found no apiserver of `cluster` to take a request.
-    pub fn failed(&mut self, cluster: &str, now: Duration) {
+    /// Answers the newest request of the client with the most waiting, if it has two more than
+    /// `client` and the answers queued are fewer than the room holds.
+    fn make_room_for(&mut self, client: Client) -> bool {
+        let mine = self.by_client.get(&client).copied().unwrap_or(0);
+        let Some((&top, &most)) = self.by_client.iter().max_by_key(|(_, n)| **n) else { return false };
+        if top == client || mine + 2 > most || self.answering.len() >= self.policy.max_held {
+            return false;
+        }
+        let newest = self
+            .down
+            .iter()
+            .enumerate()
+            .flat_map(|(d, down)| down.waiting.iter().enumerate().map(move |(w, h)| (d, w, h)))
+            .filter(|(_, _, h)| h.client == top)
+            .max_by_key(|(_, _, h)| h.since)
+            .map(|(d, w, _)| (d, w));
+        let Some((d, w)) = newest else { return false };
+        let held = self.down[d].waiting.remove(w);
+        let cluster = self.down[d].cluster.clone();
+        self.left(&held);
+        self.answering.push_back(Answer { cluster, held, why: Why::Crowded });
+        true
+    }
+
+    /// `held` no longer waits.
+    fn left(&mut self, held: &Held<T>) {
+        self.held -= 1;
+        if let Some(n) = self.by_client.get_mut(&held.client) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_client.remove(&held.client);
+            }
+        }
+    }
+
+    /// Envoy found no apiserver of `cluster` to take a request. It stays down until a probe
+    /// through it reaches an apiserver, however long that takes and whether or not anything
+    /// waits for it.
+    pub fn failed(&mut self, cluster: &str) {
         if self.policy.max_wait.is_zero() {
             return;
         }
         match self.down.iter_mut().find(|d| d.cluster == cluster) {
-            Some(down) => {
-                down.active = now;
-                down.up = false;
-            }
+            Some(down) => down.up = false,
             None => self.down.push(Down {
                 cluster: cluster.to_owned(),
                 up: false,
-                active: now,
                 last_probe: None,
+                last_release: None,
                 probe: None,
                 waiting: Vec::new(),
             }),
@@ -238,84 +346,93 @@ impl<T> Holds<T> {
 
     /// The answer to probe `token`: when an apiserver answered (`up`), its cluster is up again
     /// and the requests waiting for it go on, in the order they came, the first
-    /// [`RELEASE_PER_TICK`] now and as many at each [`Holds::releases`] after; requests that come
-    /// meanwhile queue behind them.
-    pub fn probed(&mut self, token: u32, up: bool) -> Vec<(String, Held<T>)> {
+    /// [`RELEASE_PER_TICK`] now and as many every [`RELEASE_PERIOD`] after ([`Holds::due`]);
+    /// requests that come meanwhile queue behind them.
+    pub fn probed(&mut self, token: u32, up: bool, now: Duration) -> Vec<(String, Held<T>)> {
         let Some(down) = self.down.iter_mut().find(|d| d.probe == Some(token)) else { return Vec::new() };
         down.probe = None;
         down.up = up;
         if !up {
             return Vec::new();
         }
-        self.releases()
+        down.last_release = None;
+        self.releases(now, RELEASE_PER_TICK)
     }
 
-    /// The next requests of every cluster that is back, at most [`RELEASE_PER_TICK`] each; a
-    /// cluster with none left waiting is up for good.
-    pub fn releases(&mut self) -> Vec<(String, Held<T>)> {
+    /// The next requests of every cluster that is back and has not released for
+    /// [`RELEASE_PERIOD`], at most `budget` in all; a cluster with none left waiting is up for
+    /// good.
+    fn releases(&mut self, now: Duration, budget: usize) -> Vec<(String, Held<T>)> {
         let mut out = Vec::new();
         for down in self.down.iter_mut().filter(|d| d.up) {
-            let n = down.waiting.len().min(RELEASE_PER_TICK);
+            if down.last_release.is_some_and(|at| now.saturating_sub(at) < RELEASE_PERIOD) {
+                continue;
+            }
+            let n = down.waiting.len().min(RELEASE_PER_TICK).min(budget - out.len());
+            if n > 0 {
+                down.last_release = Some(now);
+            }
             out.extend(down.waiting.drain(..n).map(|h| (down.cluster.clone(), h)));
         }
-        self.held -= out.len();
+        for (_, held) in &out {
+            self.left(held);
+        }
         self.down.retain(|d| !(d.up && d.waiting.is_empty()));
         out
     }
 
-    /// The requests that waited `max_wait`, with their cluster, to answer now. A cluster nobody
-    /// waited for in that time is forgotten: a request for it goes on again (and finds it down
-    /// again, if it still is).
-    pub fn expired(&mut self, now: Duration) -> Vec<(String, Held<T>)> {
+    /// What to carry out now: the requests that waited `max_wait` join the answers queued, then
+    /// the releases due and the first answers, [`ACTIONS_PER_CALL`] in all.
+    pub fn due(&mut self, now: Duration) -> Due<T> {
         let max_wait = self.policy.max_wait;
+        let waited = |h: &Held<T>| now.saturating_sub(h.since) >= max_wait;
+        self.take_out(Why::Expired, |_, h| waited(h));
+        let released = self.releases(now, RELEASE_PER_TICK.min(ACTIONS_PER_CALL));
+        let n = self.answering.len().min(ACTIONS_PER_CALL - released.len());
+        Due { released, answers: self.answering.drain(..n).collect() }
+    }
+
+    /// Moves the waiting requests `pick` chooses (by cluster and request) to the answers, in the
+    /// order they came.
+    fn take_out(&mut self, why: Why, mut pick: impl FnMut(&str, &Held<T>) -> bool) {
         let mut out = Vec::new();
         for down in &mut self.down {
             let (gone, kept) = std::mem::take(&mut down.waiting)
                 .into_iter()
-                .partition::<Vec<_>, _>(|h| now.saturating_sub(h.since) >= max_wait);
+                .partition::<Vec<_>, _>(|h| pick(&down.cluster, h));
             down.waiting = kept;
-            out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
+            out.extend(gone.into_iter().map(|held| Answer { cluster: down.cluster.clone(), held, why }));
         }
-        self.held -= out.len();
-        self.down.retain(|d| !d.waiting.is_empty() || now.saturating_sub(d.active) < max_wait);
-        out
+        out.sort_by_key(|a| a.held.since);
+        for answer in &out {
+            self.left(&answer.held);
+        }
+        self.answering.extend(out);
     }
 
-    /// The waiting requests `stale` picks (a new table sends them elsewhere), taken out to be
-    /// answered now rather than left to wait for a cluster they no longer belong to.
-    pub fn take_where(&mut self, mut stale: impl FnMut(&T) -> bool) -> Vec<(String, Held<T>)> {
-        let mut out = Vec::new();
-        for down in &mut self.down {
-            let (gone, kept) =
-                std::mem::take(&mut down.waiting).into_iter().partition::<Vec<_>, _>(|h| stale(&h.payload));
-            down.waiting = kept;
-            out.extend(gone.into_iter().map(|h| (down.cluster.clone(), h)));
-        }
-        self.held -= out.len();
-        out
+    /// The waiting requests `stale` picks (a new table sends them elsewhere), to be answered
+    /// rather than left to wait for a cluster they no longer belong to.
+    pub fn take_where(&mut self, mut stale: impl FnMut(&T) -> bool) {
+        self.take_out(Why::Changed, |_, h| stale(&h.payload));
     }
 
-    /// Forgets the down clusters `known` says no longer exist (a new table without them), with
-    /// whatever waits for them: nothing would probe or release them again.
-    pub fn retain_clusters(&mut self, mut known: impl FnMut(&str) -> bool) -> Vec<(String, Held<T>)> {
-        let mut out = Vec::new();
-        for down in self.down.iter_mut().filter(|d| !known(&d.cluster)) {
-            out.extend(std::mem::take(&mut down.waiting).into_iter().map(|h| (down.cluster.clone(), h)));
-        }
-        self.held -= out.len();
+    /// Forgets the down clusters `known` says no longer exist (a new table without them); what
+    /// waits for them is to be answered: nothing would probe or release them again.
+    pub fn retain_clusters(&mut self, mut known: impl FnMut(&str) -> bool) {
+        self.take_out(Why::Changed, |cluster, _| !known(cluster));
         self.down.retain(|d| known(&d.cluster));
-        out
     }
 
     /// Stream `id`, if it waits, taken out (to be answered now), with its cluster.
     pub fn take(&mut self, id: u32) -> Option<(String, Held<T>)> {
-        for down in &mut self.down {
-            if let Some(at) = down.waiting.iter().position(|h| h.id == id) {
-                self.held -= 1;
-                return Some((down.cluster.clone(), down.waiting.remove(at)));
-            }
-        }
-        None
+        let (d, w) = self
+            .down
+            .iter()
+            .enumerate()
+            .find_map(|(d, down)| down.waiting.iter().position(|h| h.id == id).map(|w| (d, w)))?;
+        let held = self.down[d].waiting.remove(w);
+        self.left(&held);
+        Some((self.down[d].cluster.clone(), held))
     }
 
     /// Waiting stream `id`'s body has grown to `size` bytes: whether it may keep waiting, within
@@ -336,19 +453,26 @@ impl<T> Holds<T> {
         BodyRoom::Kept
     }
 
-    /// The bytes the waiting requests' bodies take: counted only when a body grows, a few
-    /// hundred additions at most.
+    /// The bytes the waiting requests' bodies take (those queued to be answered included: Envoy
+    /// keeps them until then): counted only when a body grows, a few hundred additions at most.
     pub fn bodies(&self) -> usize {
-        self.waiting().map(|h| h.body).sum()
+        self.down
+            .iter()
+            .flat_map(|d| d.waiting.iter())
+            .chain(self.answering.iter().map(|a| &a.held))
+            .map(|h| h.body)
+            .sum()
     }
 
-    fn waiting(&self) -> impl Iterator<Item = &Held<T>> {
-        self.down.iter().flat_map(|d| d.waiting.iter())
-    }
-
-    /// Stream `id` ended while it waited (the client went away): nothing to answer.
+    /// Stream `id` ended while it waited or was about to be answered (the client went away):
+    /// nothing to answer.
     pub fn forget(&mut self, id: u32) -> bool {
-        self.take(id).is_some()
+        if self.take(id).is_some() {
+            return true;
+        }
+        let before = self.answering.len();
+        self.answering.retain(|a| a.held.id != id);
+        self.answering.len() < before
     }
 }
 
@@ -364,50 +488,64 @@ mod tests {
         Holds::new(HoldPolicy { max_wait: ms(1000), max_held: 2 })
     }
 
+    const ALICE: Client = 1;
+    const BOB: Client = 2;
+
+    fn ids<T>(released: &[(String, Held<T>)]) -> Vec<u32> {
+        released.iter().map(|(_, h)| h.id).collect()
+    }
+
+    fn answered<T>(due: &Due<T>) -> Vec<(u32, Why)> {
+        due.answers.iter().map(|a| (a.held.id, a.why)).collect()
+    }
+
     #[test]
     fn nothing_is_held_until_envoy_finds_a_cluster_down() {
         let mut h = holds();
         assert!(h.is_empty());
-        assert_eq!(h.admit("c", 1, "r1", ms(0)), Admission::Forward);
-        h.failed("c", ms(10));
+        assert_eq!(h.admit("c", 1, ALICE, "r1", ms(0)), Admission::Forward);
+        h.failed("c");
         assert!(!h.is_empty());
-        assert_eq!(h.admit("c", 2, "r2", ms(20)), Admission::Held);
-        assert_eq!(h.admit("other", 3, "r3", ms(20)), Admission::Forward, "only that cluster");
+        assert_eq!(h.admit("c", 2, ALICE, "r2", ms(20)), Admission::Held);
+        assert_eq!(h.admit("other", 3, ALICE, "r3", ms(20)), Admission::Forward, "only that cluster");
         assert_eq!(h.held(), 1);
     }
 
     #[test]
     fn an_answered_probe_releases_every_waiting_request_in_order() {
         let mut h = holds();
-        h.failed("c", ms(0));
-        h.admit("c", 1, "first", ms(1));
-        h.admit("c", 2, "second", ms(2));
+        h.failed("c");
+        h.admit("c", 1, ALICE, "first", ms(1));
+        h.admit("c", 2, ALICE, "second", ms(2));
         assert_eq!(h.probes_due(ms(5)), vec!["c".to_string()]);
         h.probing("c", 7);
         assert_eq!(h.probes_due(ms(500)), Vec::<String>::new(), "one probe at a time");
-        assert!(h.probed(7, false).is_empty(), "still down");
+        assert!(h.probed(7, false, ms(50)).is_empty(), "still down");
         assert_eq!(h.probes_due(ms(100)), Vec::<String>::new(), "not before the period");
         assert_eq!(h.probes_due(ms(205)), vec!["c".to_string()]);
         h.probing("c", 8);
-        let released: Vec<_> = h.probed(8, true).into_iter().map(|(c, r)| (c, r.id, r.payload)).collect();
+        let released: Vec<_> =
+            h.probed(8, true, ms(210)).into_iter().map(|(c, r)| (c, r.id, r.payload)).collect();
         assert_eq!(released, [("c".into(), 1, "first"), ("c".into(), 2, "second")]);
         assert!(h.is_empty() && h.held() == 0);
-        assert_eq!(h.admit("c", 3, "r", ms(300)), Admission::Forward, "up again");
-        assert!(h.probed(8, true).is_empty(), "an answer to a forgotten probe releases nothing");
+        assert_eq!(h.admit("c", 3, ALICE, "r", ms(300)), Admission::Forward, "up again");
+        assert!(h.probed(8, true, ms(300)).is_empty(), "an answer to a forgotten probe releases nothing");
     }
 
     #[test]
-    fn a_cluster_no_longer_known_is_forgotten_with_its_waiting_requests() {
+    fn a_cluster_no_longer_known_is_forgotten_and_its_waiting_requests_answered() {
         let mut h = holds();
-        h.failed("c", ms(0));
-        h.failed("d", ms(0));
-        assert_eq!(h.admit("c", 1, "r1", ms(0)), Admission::Held);
-        assert_eq!(h.admit("d", 2, "r2", ms(0)), Admission::Held);
-        let gone = h.retain_clusters(|c| c == "d");
-        assert_eq!(gone, [("c".to_string(), Held { id: 1, since: ms(0), payload: "r1", body: 0 })]);
+        h.failed("c");
+        h.failed("d");
+        assert_eq!(h.admit("c", 1, ALICE, "r1", ms(0)), Admission::Held);
+        assert_eq!(h.admit("d", 2, ALICE, "r2", ms(0)), Admission::Held);
+        h.retain_clusters(|c| c == "d");
+        assert!(h.busy());
         assert_eq!(h.held(), 1);
         assert_eq!(h.probes_due(ms(0)), ["d"], "only the known one is probed");
-        assert_eq!(h.admit("c", 3, "r3", ms(0)), Admission::Forward);
+        assert_eq!(answered(&h.due(ms(1))), [(1, Why::Changed)]);
+        assert!(!h.busy());
+        assert_eq!(h.admit("c", 3, ALICE, "r3", ms(0)), Admission::Forward);
         assert_eq!(h.take(2).map(|(c, held)| (c, held.payload)), Some(("d".to_string(), "r2")));
         assert_eq!(h.held(), 0);
         assert!(h.take(2).is_none());
@@ -416,16 +554,20 @@ mod tests {
     #[test]
     fn waiting_bodies_are_bounded_each_and_together() {
         let mut h = Holds::new(HoldPolicy { max_wait: ms(1000), max_held: 1000 });
-        h.failed("c", ms(0));
+        h.failed("c");
         let n = MAX_HELD_BODIES / MAX_HELD_BODY;
         for id in 0..n as u32 {
-            assert_eq!(h.admit("c", id, "w", ms(0)), Admission::Held);
+            assert_eq!(h.admit("c", id, ALICE, "w", ms(0)), Admission::Held);
             assert_eq!(h.body_grew(id, MAX_HELD_BODY / 2), BodyRoom::Kept);
             assert_eq!(h.body_grew(id, MAX_HELD_BODY), BodyRoom::Kept, "a body grows in place");
         }
         assert_eq!(h.bodies(), MAX_HELD_BODIES);
         let next = n as u32;
-        assert_eq!(h.admit("c", next, "w", ms(0)), Admission::Held, "a request without a body still waits");
+        assert_eq!(
+            h.admit("c", next, ALICE, "w", ms(0)),
+            Admission::Held,
+            "a request without a body still waits"
+        );
         assert_eq!(h.body_grew(next, 1), BodyRoom::NoRoom);
         assert_eq!(h.body_grew(0, MAX_HELD_BODY + 1), BodyRoom::TooLarge);
         assert_eq!(h.body_grew(99_999, 1 << 30), BodyRoom::Kept, "not waiting: not ours to bound");
@@ -433,80 +575,185 @@ mod tests {
         assert!(h.take(0).is_some());
         assert_eq!(h.body_grew(next, MAX_HELD_BODY), BodyRoom::Kept);
         assert!(h.forget(1));
-        assert_eq!(h.expired(ms(1000)).len(), n - 1);
-        assert_eq!((h.held(), h.bodies()), (0, 0));
+        let due = h.due(ms(1000));
+        assert_eq!(due.answers.len(), n - 1);
+        assert_eq!(h.held(), 0);
+        assert_eq!(h.bodies(), 0, "answered: Envoy no longer keeps them");
     }
 
     #[test]
     fn past_the_bound_a_request_goes_on_to_its_503() {
         let mut h = holds();
-        h.failed("c", ms(0));
-        assert_eq!(h.admit("c", 1, "a", ms(0)), Admission::Held);
-        assert_eq!(h.admit("c", 2, "b", ms(0)), Admission::Held);
-        assert_eq!(h.admit("c", 3, "c", ms(0)), Admission::Full);
+        h.failed("c");
+        assert_eq!(h.admit("c", 1, ALICE, "a", ms(0)), Admission::Held);
+        assert_eq!(h.admit("c", 2, ALICE, "b", ms(0)), Admission::Held);
+        assert_eq!(h.admit("c", 3, ALICE, "c", ms(0)), Admission::Full);
         assert_eq!(h.held(), 2);
         assert!(h.forget(1));
         assert!(!h.forget(1), "forgotten once");
-        assert_eq!(h.admit("c", 4, "d", ms(0)), Admission::Held, "room again");
+        assert_eq!(h.admit("c", 4, ALICE, "d", ms(0)), Admission::Held, "room again");
     }
 
     #[test]
     fn a_request_waits_at_most_max_wait() {
         let mut h = holds();
-        h.failed("c", ms(0));
-        h.admit("c", 1, "early", ms(100));
-        h.admit("c", 2, "late", ms(600));
-        assert!(h.expired(ms(1099)).is_empty());
-        let gone: Vec<_> = h.expired(ms(1100)).into_iter().map(|(c, r)| (c, r.id)).collect();
-        assert_eq!(gone, [("c".to_string(), 1)]);
+        h.failed("c");
+        h.admit("c", 1, ALICE, "early", ms(100));
+        h.admit("c", 2, ALICE, "late", ms(600));
+        assert!(h.due(ms(1099)).answers.is_empty());
+        assert_eq!(answered(&h.due(ms(1100))), [(1, Why::Expired)]);
         assert_eq!(h.held(), 1);
-        assert!(!h.is_empty(), "still down: a request waits");
-        assert_eq!(h.expired(ms(1600)).len(), 1);
+        assert_eq!(answered(&h.due(ms(1600))), [(2, Why::Expired)]);
         assert_eq!(h.held(), 0);
-        assert!(h.is_empty(), "a cluster nobody waited for in max_wait is forgotten");
+    }
+
+    #[test]
+    fn an_outage_is_remembered_until_a_probe_says_it_is_over() {
+        let mut h = holds();
+        h.failed("c");
+        h.admit("c", 1, ALICE, "r", ms(0));
+        assert_eq!(h.due(ms(1000)).answers.len(), 1);
+        // Long after the last wait ran out, nobody waiting: still down, so the next request
+        // waits too rather than finding it down again with a 503 of its own.
+        assert!(h.due(ms(60_000)).answers.is_empty());
+        assert!(!h.is_empty());
+        assert_eq!(h.admit("c", 2, ALICE, "r", ms(60_000)), Admission::Held);
+        assert_eq!(h.probes_due(ms(60_000)), ["c"], "probed all along");
+        h.probing("c", 9);
+        assert_eq!(ids(&h.probed(9, true, ms(60_100))), [2]);
+        assert!(h.is_empty(), "over");
     }
 
     #[test]
     fn a_zero_wait_holds_nothing() {
         let mut h: Holds<()> = Holds::new(HoldPolicy { max_wait: Duration::ZERO, max_held: 10 });
-        h.failed("c", ms(0));
+        h.failed("c");
         assert!(h.is_empty());
-        assert_eq!(h.admit("c", 1, (), ms(0)), Admission::Forward);
+        assert_eq!(h.admit("c", 1, ALICE, (), ms(0)), Admission::Forward);
     }
 
     #[test]
     fn a_failure_while_down_keeps_the_cluster_down() {
         let mut h = holds();
-        h.failed("c", ms(0));
-        h.failed("c", ms(900));
-        assert!(h.expired(ms(1500)).is_empty());
-        assert!(!h.is_empty(), "the later failure counts");
+        h.failed("c");
+        h.failed("c");
         assert_eq!(h.probes_due(ms(1500)).len(), 1, "one cluster, not two");
     }
 
     #[test]
     fn a_cluster_back_gets_its_requests_a_batch_at_a_time_and_newcomers_queue_behind() {
         let mut h: Holds<u32> = Holds::new(HoldPolicy { max_wait: ms(10_000), max_held: 1000 });
-        h.failed("c", ms(0));
+        h.failed("c");
         for id in 0..120 {
-            assert_eq!(h.admit("c", id, id, ms(1)), Admission::Held);
+            assert_eq!(h.admit("c", id, ALICE, id, ms(1)), Admission::Held);
         }
         h.probes_due(ms(2));
         h.probing("c", 1);
-        let first: Vec<u32> = h.probed(1, true).into_iter().map(|(_, r)| r.id).collect();
-        assert_eq!(first, (0..50).collect::<Vec<_>>());
-        assert_eq!(h.admit("c", 500, 500, ms(3)), Admission::Held, "behind the others");
+        assert_eq!(ids(&h.probed(1, true, ms(3))), (0..50).collect::<Vec<_>>());
+        assert_eq!(h.admit("c", 500, ALICE, 500, ms(3)), Admission::Held, "behind the others");
         assert!(h.probes_due(ms(1000)).is_empty(), "up: no probe");
-        let second: Vec<u32> = h.releases().into_iter().map(|(_, r)| r.id).collect();
-        assert_eq!(second, (50..100).collect::<Vec<_>>());
+        assert!(h.due(ms(50)).released.is_empty(), "not before the release period");
+        assert_eq!(ids(&h.due(ms(103)).released), (50..100).collect::<Vec<_>>());
         // Down again before the rest went: they wait for the next probe.
-        h.failed("c", ms(4));
-        assert!(h.releases().is_empty());
+        h.failed("c");
+        assert!(h.due(ms(300)).released.is_empty());
         assert_eq!(h.probes_due(ms(1000)), vec!["c".to_string()]);
         h.probing("c", 2);
-        let rest: Vec<u32> = h.probed(2, true).into_iter().map(|(_, r)| r.id).collect();
-        assert_eq!(rest, (100..120).chain([500]).collect::<Vec<_>>());
+        assert_eq!(ids(&h.probed(2, true, ms(1001))), (100..120).chain([500]).collect::<Vec<_>>());
         assert!(h.is_empty() && h.held() == 0);
+    }
+
+    /// Envoy carries out what one call into the VM asked for one action inside the other: a
+    /// full waiting room expiring together goes out a bounded batch at a time, in order.
+    #[test]
+    fn a_full_waiting_room_is_answered_a_bounded_batch_at_a_time() {
+        let mut h: Holds<u32> = Holds::new(HoldPolicy { max_wait: ms(10_000), max_held: 1024 });
+        h.failed("c");
+        h.failed("d");
+        for id in 0..1024 {
+            let cluster = if id % 2 == 0 { "c" } else { "d" };
+            assert_eq!(h.admit(cluster, id, ALICE, id, ms(u64::from(id % 7))), Admission::Held);
+        }
+        let mut out = Vec::new();
+        let mut calls = 0;
+        loop {
+            let due = h.due(ms(10_010));
+            assert!(due.released.len() + due.answers.len() <= ACTIONS_PER_CALL);
+            if due.answers.is_empty() {
+                break;
+            }
+            calls += 1;
+            out.extend(due.answers.iter().map(|a| (a.held.since, a.why)));
+        }
+        assert_eq!((out.len(), calls), (1024, 1024 / ACTIONS_PER_CALL));
+        assert!(out.windows(2).all(|w| w[0].0 <= w[1].0), "the longest waiting first");
+        assert!(out.iter().all(|(_, why)| *why == Why::Expired));
+        assert!(!h.busy() && h.held() == 0);
+    }
+
+    #[test]
+    fn releases_and_answers_share_a_calls_budget() {
+        let mut h: Holds<u32> = Holds::new(HoldPolicy { max_wait: ms(10_000), max_held: 1024 });
+        h.failed("c");
+        h.failed("d");
+        for id in 0..200 {
+            h.admit("c", id, ALICE, id, ms(0));
+            h.admit("d", 1000 + id, ALICE, id, ms(5_000));
+        }
+        h.probes_due(ms(9_000));
+        h.probing("d", 1);
+        assert_eq!(h.probed(1, true, ms(9_000)).len(), RELEASE_PER_TICK);
+        let due = h.due(ms(10_000));
+        assert_eq!(
+            (due.released.len(), due.answers.len()),
+            (RELEASE_PER_TICK, ACTIONS_PER_CALL - RELEASE_PER_TICK)
+        );
+        assert_eq!(h.due(ms(10_010)).answers.len(), ACTIONS_PER_CALL, "no release due: all answers");
+    }
+
+    #[test]
+    fn requests_a_new_table_sends_elsewhere_are_answered_in_batches() {
+        let mut h = holds();
+        h.failed("c");
+        h.admit("c", 1, ALICE, "stays", ms(0));
+        h.admit("c", 2, ALICE, "goes", ms(0));
+        h.take_where(|p| *p == "goes");
+        assert_eq!(h.held(), 1);
+        assert!(h.busy());
+        assert_eq!(answered(&h.due(ms(1))), [(2, Why::Changed)]);
+    }
+
+    #[test]
+    fn a_stream_that_ends_before_its_answer_is_not_answered() {
+        let mut h = holds();
+        h.failed("c");
+        h.admit("c", 1, ALICE, "r", ms(0));
+        h.take_where(|_| true);
+        assert!(h.forget(1));
+        assert!(!h.busy() && h.due(ms(1)).answers.is_empty());
+    }
+
+    /// One client cannot keep others out of a full waiting room: a newcomer with fewer waiting
+    /// takes the place of the newest request of the client with the most.
+    #[test]
+    fn a_full_waiting_room_is_shared_between_clients() {
+        let mut h: Holds<u32> = Holds::new(HoldPolicy { max_wait: ms(10_000), max_held: 10 });
+        h.failed("c");
+        for id in 0..10 {
+            assert_eq!(h.admit("c", id, ALICE, id, ms(u64::from(id))), Admission::Held);
+        }
+        assert_eq!(h.admit("c", 10, ALICE, 10, ms(20)), Admission::Full, "alice already has the most");
+        for id in 100..105 {
+            assert_eq!(h.admit("c", id, BOB, id, ms(30)), Admission::Held, "bob gets in");
+        }
+        assert_eq!(h.held(), 10);
+        assert_eq!(h.admit("c", 105, BOB, 105, ms(31)), Admission::Full, "an even share each: no more");
+        let crowded = h.due(ms(40));
+        assert_eq!(answered(&crowded), [9, 8, 7, 6, 5].map(|id| (id, Why::Crowded)), "alice's newest");
+        assert!(crowded.answers.iter().all(|a| a.held.client == ALICE));
+        assert_eq!(client("10.0.0.1:5555"), client("10.0.0.1:6666"), "one host, one client");
+        assert_ne!(client("10.0.0.1:5555"), client("10.0.0.2:5555"));
+        assert_eq!(client("[::1]:443"), client("[::1]:80"));
     }
 
     #[test]
@@ -519,16 +766,5 @@ mod tests {
         assert_eq!(board_entries(&board), [("c", 9000), ("x", 16_000)], "set-a found 11 s ago: gone");
         assert!(board_entries(b"\xff\xfe").is_empty());
         assert_eq!(board_entries(b"=1;c=x;d=2;junk"), [("d", 2)]);
-    }
-
-    #[test]
-    fn requests_a_new_table_sends_elsewhere_are_taken_out() {
-        let mut h = holds();
-        h.failed("c", ms(0));
-        h.admit("c", 1, "stays", ms(0));
-        h.admit("c", 2, "goes", ms(0));
-        let taken: Vec<_> = h.take_where(|p| *p == "goes").into_iter().map(|(c, r)| (c, r.id)).collect();
-        assert_eq!(taken, [("c".to_string(), 2)]);
-        assert_eq!(h.held(), 1);
     }
 }

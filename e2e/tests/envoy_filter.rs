@@ -1081,6 +1081,351 @@ async fn waiting_bodies_are_bounded_in_envoys_memory() -> Result<()> {
     Ok(())
 }
 
+/// What a flood of waiting requests got: status, `Retry-After`, body, and how long each took.
+type Answered = (u16, Option<String>, String, Duration);
+
+/// While c is away, `per_connection` GETs for c's API on each of `connections` HTTP/2
+/// connections (without credentials, as anyone may send them): at least two of three
+/// connections share one of Envoy's two workers, whose waiting room (1,024) fills. Returns the
+/// requests under way once every one has reached Envoy.
+async fn fill_the_waiting_room(
+    f: &Fixture,
+    connections: usize,
+    per_connection: usize,
+) -> Result<Vec<tokio::task::JoinHandle<Result<Answered>>>> {
+    let clients = (0..connections)
+        .map(|_| {
+            Ok(listener_client(&f.pki, None, Duration::from_secs(60))?.http2_prior_knowledge().build()?)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    for client in &clients {
+        let first = client.get(format!("{}{PODS}", f.base)).send().await?;
+        ensure!(first.status() == 200 && first.version() == reqwest::Version::HTTP_2, "{first:?}");
+    }
+    mark_draining(f, &["c"]).await?;
+    finds_c_away(&clients[0], &url).await?;
+    let tasks: Vec<_> = clients
+        .iter()
+        .flat_map(|c| (0..per_connection).map(move |_| c.clone()))
+        .map(|client| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let answer = async {
+                    let resp = client.get(url).send().await?;
+                    let status = resp.status().as_u16();
+                    let retry =
+                        resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(String::from);
+                    anyhow::Ok((status, retry, resp.text().await?))
+                };
+                // A stream Envoy reset is an answer too: status 0, the error as its body.
+                let (status, retry, body) = answer.await.unwrap_or_else(|e| (0, None, format!("{e:#}")));
+                Ok((status, retry, body, sent.elapsed()))
+            })
+        })
+        .collect();
+    let refused = "wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=refused;";
+    f.envoy.wait_stat(refused, 1, Duration::from_secs(20)).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(tasks)
+}
+
+/// Every answer a Kubernetes `Status` 503 with `Retry-After`, none from a VM that failed.
+async fn every_answer_a_status_503(
+    f: &Fixture,
+    tasks: Vec<tokio::task::JoinHandle<Result<Answered>>>,
+) -> Result<Vec<Answered>> {
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await??);
+    }
+    for (status, retry, body, took) in &answers {
+        let status_body: Value = serde_json::from_str(body).unwrap_or_default();
+        ensure!(
+            *status == 503 && retry.as_deref() == Some("1") && status_body["kind"] == "Status",
+            "after {took:?}: {status}, Retry-After {retry:?}: {body:?}\n{}",
+            tail(&f.envoy.log(), 20)
+        );
+        ensure!(status_body["details"]["retryAfterSeconds"] == 1, "{body}");
+    }
+    let log = f.envoy.log();
+    ensure!(
+        !log.contains("Maximum call stack") && !log.contains("wasm_fail_stream"),
+        "the filter's VM failed:\n{}",
+        tail(&log, 20)
+    );
+    Ok(answers)
+}
+
+fn tail(log: &str, n: usize) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A full waiting room (1,024 on a worker) whose wait runs out together: every request gets the
+/// 503 `Status` with `Retry-After` once it has waited the hold (10 s), none much later, and the
+/// filter's VM keeps running. Envoy carries out the local replies a VM call queued one inside the
+/// other (each reply runs the filter again, which carries out the rest): answered all at once,
+/// a few hundred overflowed V8's stack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_waiting_room_expires_together() -> Result<()> {
+    let f = Fixture::start_holding("hold-flood", false, "60s", None).await?;
+    let tasks = fill_the_waiting_room(&f, 3, 1000).await?;
+    let answers = every_answer_a_status_503(&f, tasks).await?;
+    let waited: Vec<Duration> =
+        answers.iter().map(|a| a.3).filter(|took| *took >= Duration::from_secs(5)).collect();
+    let expired =
+        f.envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=expired;").await?;
+    let longest = waited.iter().max().copied().unwrap_or_default();
+    println!(
+        "3,000 requests while c was away: {} waited and got the 503 after {:?} to {longest:?}, {} at once; \
+         {expired} expired",
+        waited.len(),
+        waited.iter().min().copied().unwrap_or_default(),
+        answers.len() - waited.len()
+    );
+    ensure!(expired >= 1024 && waited.len() as u64 == expired, "{} waited, {expired} expired", waited.len());
+    ensure!(longest < Duration::from_millis(11_500), "answered {longest:?} after it was sent");
+    Ok(())
+}
+
+/// A new table arrives while the waiting room is full and sends every waiting request elsewhere
+/// (resourceclaims served by a and b now): each is answered at once with the 503 `Status` and
+/// `Retry-After` (sent again, it is decided on the new table), and the VM keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_table_answers_a_full_waiting_room() -> Result<()> {
+    let f = Fixture::start_holding("hold-flood-reload", false, "60s", None).await?;
+    let tasks = fill_the_waiting_room(&f, 3, 1000).await?;
+    let next = holding_table(&["a", "b"]);
+    let stat = "extension_config_discovery.http_filter.skewgate.update_success";
+    let successes = f.envoy.stat(stat).await?;
+    let pushed = Instant::now();
+    f.envoy.write_ecds(&sealed_ecds(&next, &f.wasm)?)?;
+    f.envoy.wait_stat(stat, successes + 1, Duration::from_secs(5)).await?;
+    every_answer_a_status_503(&f, tasks).await?;
+    let since_push = pushed.elapsed();
+    let changed =
+        f.envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome=changed;").await?;
+    println!(
+        "a new table with 3,000 requests under way: {changed} waiting answered, the last {since_push:?} after the push"
+    );
+    ensure!(changed >= 1024, "{changed} answered for the new table");
+    ensure!(since_push < Duration::from_secs(5), "the last answered {since_push:?} after the push");
+    let served = f.get(CLAIMS_V1).await?;
+    ensure!(served.0 == 200, "after the new table: {served:?}");
+    Ok(())
+}
+
+/// A stand-in apiserver in a process of its own (so that it can be frozen with SIGSTOP), with
+/// the fixture's certificates and `token-1` as its admin token. Killed when dropped.
+struct Process {
+    child: std::process::Child,
+    endpoint: Endpoint,
+}
+
+impl Process {
+    fn standin(f: &Fixture, id: &str) -> Result<Self> {
+        use std::io::BufRead;
+        let port = free_port()?;
+        let token = f.dir.join("admin.token");
+        std::fs::write(&token, "token-1")?;
+        let mut child = std::process::Command::new(paths::harness_binary()?)
+            .args(["standin", "--id", id, "--profile", "1.36", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--pki")
+            .arg(f.dir.join("pki"))
+            .arg("--admin-token-file")
+            .arg(&token)
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().context("stand-in stdout")?;
+        let mut ready = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut ready)?;
+        ensure!(ready.contains("\"standin\""), "stand-in {id} did not start: {ready:?}");
+        Ok(Self { child, endpoint: Endpoint { id: id.into(), address: "127.0.0.1".into(), port } })
+    }
+
+    fn signal(&self, signal: &str) -> Result<()> {
+        let status =
+            std::process::Command::new("kill").args([signal, &self.child.id().to_string()]).status()?;
+        ensure!(status.success(), "kill {signal} {}", self.child.id());
+        Ok(())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.signal("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An apiserver that freezes (SIGSTOP: its connections stay open, nothing is answered) while
+/// reads are under way: its health checks fail within seconds and it gets no new request; a
+/// read it already had is given up on after a third of the route timeout without a byte (22 s
+/// of 65 s) and read again from the other apiserver that serves it. 16 keep-alive readers of
+/// configmaps (served by a and g) through the edge, g frozen for 35 s: every read answered 200,
+/// none waiting out the freeze.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_leave_a_frozen_apiserver_within_seconds() -> Result<()> {
+    const FREEZE: Duration = Duration::from_secs(35);
+    // The shipped route timeout: the fixture's 2 s one would end the stuck reads itself.
+    let f = Fixture::start_timed("frozen", false, "65s").await?;
+    let g = Process::standin(&f, "g")?;
+    let mut t: TableConfig = serde_json::from_value(json!({
+        "schema": 1,
+        "generation": "frozen",
+        "apiservers": [{"id": "a", "cluster": "apiserver-a"}, {"id": "g", "cluster": "apiserver-g"}],
+        "poolCluster": "pool",
+        "groupVersions": [
+            {"group": "", "version": "v1", "servedBy": ["a", "g"], "resources": {"configmaps": ["a", "g"]}}
+        ],
+        "discovery": {"etag": "0123ABCD", "document": MERGED_DOC}
+    }))?;
+    t.policy.max_hold_ms = 0;
+    seal_as_named(&mut t);
+    let endpoints = [f.endpoints[0].clone(), g.endpoint.clone()];
+    let before = f.envoy.stat("cluster_manager.cds.update_success").await?;
+    f.envoy.write_cds(&test_cds(&t, &endpoints, &f.tls, &[])?)?;
+    f.envoy.wait_stat("cluster_manager.cds.update_success", before + 1, Duration::from_secs(10)).await?;
+    f.envoy.write_ecds(&sealed_ecds(&t, &f.wasm)?)?;
+    let path = "/api/v1/namespaces/default/configmaps";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = BTreeSet::new();
+    while seen.len() < 2 {
+        ensure!(Instant::now() < deadline, "both a and g never answered: {seen:?}");
+        let req = f.anonymous.get(format!("{}{path}", f.base)).header("Authorization", "Bearer token-1");
+        if let Ok((200, headers, _)) = f.send(&f.anonymous, req).await {
+            seen.extend(headers.get(SERVED_BY).and_then(|v| v.to_str().ok()).map(String::from));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..16)
+        .map(|_| {
+            let client = listener_client(&f.pki, None, Duration::from_secs(60))?.build()?;
+            let (url, stop) = (format!("{}{path}", f.base), stop.clone());
+            Ok(tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let sent = Instant::now();
+                    let resp = client.get(&url).header("Authorization", "Bearer token-1").send().await;
+                    let status = match resp {
+                        Ok(r) => {
+                            let status = r.status().as_u16();
+                            let by =
+                                r.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(String::from);
+                            let _ = r.bytes().await;
+                            (status, by)
+                        }
+                        Err(e) => (0, Some(format!("{e:#}"))),
+                    };
+                    answers.push((sent, sent.elapsed(), status));
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                answers
+            }))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    g.signal("-STOP")?;
+    let frozen = Instant::now();
+    // When Envoy's health checks mark g down (the fixture's: every 500 ms, 2 s timeout, two
+    // failures).
+    let g_host = format!("127.0.0.1:{}::health_flags::", g.endpoint.port);
+    let out_of_rotation = loop {
+        let clusters = reqwest::get(f.envoy.admin_url("/clusters")).await?.text().await?;
+        if clusters
+            .lines()
+            .any(|l| l.starts_with("pool::") && l.contains(&g_host) && l.contains("failed_active_hc"))
+        {
+            break frozen.elapsed();
+        }
+        ensure!(frozen.elapsed() < FREEZE, "g still in rotation after {FREEZE:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(FREEZE.saturating_sub(frozen.elapsed())).await;
+    g.signal("-CONT")?;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut answers = Vec::new();
+    for reader in readers {
+        answers.extend(reader.await?);
+    }
+    let failed: Vec<_> = answers.iter().filter(|(_, _, (status, _))| *status != 200).collect();
+    let longest = answers.iter().map(|(_, took, _)| *took).max().unwrap_or_default();
+    let taken_back = answers
+        .iter()
+        .filter(|(sent, took, (_, by))| {
+            *sent < frozen + Duration::from_secs(1)
+                && *sent + *took > frozen + Duration::from_secs(5)
+                && by.as_deref() == Some("a")
+        })
+        .count();
+    println!(
+        "g frozen for {FREEZE:?} under 16 readers: out of rotation after {out_of_rotation:?}; {} reads, the \
+         longest {longest:?}; {taken_back} sent before the freeze were answered by a after it; {} not 200",
+        answers.len(),
+        failed.len()
+    );
+    ensure!(failed.is_empty(), "{failed:?}");
+    // 65 s / 3, and the second try's time.
+    ensure!(longest < Duration::from_secs(25), "a read waited {longest:?} of g's {FREEZE:?} freeze");
+    ensure!(out_of_rotation < Duration::from_secs(8), "g in rotation for {out_of_rotation:?}");
+    Ok(())
+}
+
+/// The waiting room is shared by source host: one host filling it (mallory, 150 requests on
+/// one HTTP/2 connection from 127.0.0.1, 100 waiting at most) does not keep another's out
+/// (alice, 10 from 127.0.0.2): alice's all wait and are served once c is back, in the place of
+/// mallory's newest, which get the 503 with `Retry-After`. One worker, so that both meet one
+/// waiting room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_cannot_keep_another_out_of_the_waiting_room() -> Result<()> {
+    let mut t = holding_table(&["c"]);
+    t.policy.max_held = 100;
+    seal_as_named(&mut t);
+    let edit = |s| Settings { route_timeout: "60s".into(), concurrency: 1, ..s };
+    let f = Fixture::start_table("hold-shared", false, t, edit).await?;
+    let from = |ip: [u8; 4]| -> Result<reqwest::Client> {
+        let builder = listener_client(&f.pki, None, Duration::from_secs(60))?;
+        Ok(builder.local_address(std::net::IpAddr::from(ip)).http2_prior_knowledge().build()?)
+    };
+    let (mallory, alice) = (from([127, 0, 0, 1])?, from([127, 0, 0, 2])?);
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    mark_draining(&f, &["c"]).await?;
+    finds_c_away(&mallory, &url).await?;
+    let send =
+        |client: &reqwest::Client| in_background(client.get(&url).header("Authorization", "Bearer token-1"));
+    let flood: Vec<_> = (0..150).map(|_| send(&mallory)).collect();
+    let stat =
+        |outcome: &str| format!("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome={outcome};");
+    f.envoy.wait_stat(&stat("refused"), 50, Duration::from_secs(20)).await?;
+    let theirs: Vec<_> = (0..10).map(|_| send(&alice)).collect();
+    f.envoy.wait_stat(&stat("crowded"), 10, Duration::from_secs(20)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    mark_draining(&f, &[]).await?;
+    let mut alices = BTreeMap::new();
+    for task in theirs {
+        *alices.entry(task.await??.0).or_insert(0) += 1;
+    }
+    let mut mallorys = BTreeMap::new();
+    for task in flood {
+        let (status, headers, body, _) = task.await??;
+        if status == 503 {
+            ensure!(headers.get("retry-after").is_some(), "{body}");
+        }
+        *mallorys.entry(status).or_insert(0) += 1;
+    }
+    println!(
+        "a waiting room of 100, mallory 150 requests then alice 10: alice {alices:?}, mallory {mallorys:?}"
+    );
+    ensure!(alices == BTreeMap::from([(200, 10)]), "alice: {alices:?}");
+    ensure!(mallorys == BTreeMap::from([(200, 90), (503, 60)]), "mallory: {mallorys:?}");
+    Ok(())
+}
+
 /// Envoy's own failure on a bypass route (every apiserver gone), the pool's or a rerouted GVR's,
 /// reaches the client as a Kubernetes `Status`, as the filter's 503 does on its routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1412,7 +1757,9 @@ async fn failures_become_503(native: bool) -> Result<()> {
 /// route and through the filter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_unfinished_headers_meet_the_header_timeout() -> Result<()> {
-    let f = Fixture::start_timed("header-timeout", false, "30s").await?;
+    // The shipped route timeout: a read's tries get a third of it each (22 s), longer than the
+    // 12 s answer.
+    let f = Fixture::start_timed("header-timeout", false, "65s").await?;
     log_every_request(&f).await?;
     let slowloris = async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -328,15 +328,33 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
 }
 
 /// `route` (where to) with the read routes' timeout and retries.
+///
+/// A read that gets no byte back for a third of `timeout` (22 s of the shipped 65 s) is given up
+/// on and sent to another apiserver of its cluster: an apiserver that froze (stopped, paused, cut
+/// off) keeps what Envoy sent it in the second before its health checks failed, and Envoy does
+/// not close an HTTP connection that has a request under way when its host fails them
+/// (measured). Three tries fit in the route's own timeout. A third, not less: kube-apiserver
+/// writes nothing of an answer until it has it, and a large list that is not paginated nor
+/// served from the watch cache may take many seconds; a read slower than that before its first
+/// byte is tried again elsewhere, and fails after the third try, where without this it would
+/// have waited out the whole timeout.
 fn read_route(route: Value, timeout: &str) -> Value {
     let mut route = request_timeout(route, timeout);
+    let mut retry = retry_policy("connect-failure,refused-stream,reset-before-request,reset");
+    if let Some(per_try) = parse_duration(timeout).filter(|t| !t.is_zero()).map(|t| t / 3) {
+        retry["per_try_idle_timeout"] = json!(envoy_duration(per_try));
+    }
     if let Some(fields) = route.as_object_mut() {
-        fields.insert(
-            "retry_policy".into(),
-            retry_policy("connect-failure,refused-stream,reset-before-request,reset"),
-        );
+        fields.insert("retry_policy".into(), retry);
     }
     route
+}
+
+/// An Envoy duration as [`envoy_duration`] writes it (`65s`, `1.500s`).
+fn parse_duration(d: &str) -> Option<std::time::Duration> {
+    let seconds: f64 = d.strip_suffix('s')?.parse().ok()?;
+    (seconds.is_finite() && seconds >= 0.0)
+        .then(|| std::time::Duration::from_millis((seconds * 1000.0).round() as u64))
 }
 
 /// `route` (where to) for a request that is not long-running: given up on once `timeout` (the

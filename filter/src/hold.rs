@@ -8,16 +8,16 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use skewgate_core::edits::Routed;
-use skewgate_core::hold::{self, Held, HoldPolicy, Holds};
+use skewgate_core::hold::{self, Answer, Held, HoldPolicy, Holds, Why};
 
 use crate::active::Active;
 use crate::host::Host;
 use crate::metrics;
 
 /// What became of a request that met a down cluster: released to its apiserver, answered after
-/// the longest wait, answered because the live table now sends it elsewhere, or not held (too
-/// many waiting, or its body too large to keep).
-const OUTCOMES: [&str; 4] = ["resumed", "expired", "changed", "refused"];
+/// the longest wait, answered because the live table now sends it elsewhere, answered to make
+/// room for another client's, or not held (too many waiting, or its body too large to keep).
+const OUTCOMES: [&str; 5] = ["resumed", "expired", "changed", "crowded", "refused"];
 
 /// Where a held stream stands: its own callbacks read it, the root context changes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +42,8 @@ pub struct Holding<H: Host> {
     /// The live table: a request decided on an older one goes on only if this one sends it to
     /// the same cluster.
     live: RefCell<Option<Rc<Active<H>>>>,
+    /// The root context that took the live table: its ticks carry out the hold.
+    live_root: Cell<Option<u32>>,
     holds: RefCell<Holds<Waiter<H>>>,
     /// The newest finding on the board this worker took over (milliseconds), if any.
     board_seen: Cell<Option<u64>>,
@@ -55,6 +57,7 @@ impl<H: Host> Holding<H> {
         let waited = host.define_histogram(metrics::HOLD_MILLISECONDS);
         Self {
             live: RefCell::default(),
+            live_root: Cell::new(None),
             board_seen: Cell::new(None),
             holds: RefCell::new(Holds::new(HoldPolicy::default())),
             counters: RefCell::default(),
@@ -65,21 +68,30 @@ impl<H: Host> Holding<H> {
 
     /// A new table, and its policy: requests already held keep waiting, under its bounds, but
     /// for those it sends elsewhere (an API no longer served, or by others now), which are
-    /// answered at once: sent again, they are decided on it.
-    pub fn set_live(&self, active: &Rc<Active<H>>) {
+    /// answered (in the ticks that follow, a bounded batch each: this is a call into the VM too):
+    /// sent again, they are decided on it.
+    pub fn set_live(&self, root: u32, active: &Rc<Active<H>>) {
         self.holds.borrow_mut().set_policy(active.table.policy().hold());
         *self.live.borrow_mut() = Some(active.clone());
+        self.live_root.set(Some(root));
         let stale = |w: &Waiter<H>| {
             !Rc::ptr_eq(&w.active, active) && !w.routed.routed_alike(&w.active.table, &active.table)
         };
-        let mut stale = self.holds.borrow_mut().take_where(stale);
+        let mut holds = self.holds.borrow_mut();
+        holds.take_where(stale);
         // A cluster the table no longer has is gone from Envoy too (or about to be): nothing
         // would answer its probes.
-        stale.extend(self.holds.borrow_mut().retain_clusters(|c| active.table.has_cluster(c)));
-        for (cluster, held) in stale {
-            let waited = self.now().saturating_sub(held.since);
-            self.answer_changed(&cluster, held, waited);
-        }
+        holds.retain_clusters(|c| active.table.has_cluster(c));
+    }
+
+    /// Whether root context `root` took the live table.
+    pub fn is_live(&self, root: u32) -> bool {
+        self.live_root.get() == Some(root)
+    }
+
+    /// Answers are queued: the root context ticks faster until they are out.
+    pub fn busy(&self) -> bool {
+        self.holds.borrow().busy()
     }
 
     /// `reply` as stream `id`'s local reply.
@@ -89,12 +101,29 @@ impl<H: Host> Holding<H> {
         self.host.send_response_to(id, reply.status, headers, Some(reply.body.as_bytes()));
     }
 
-    /// A request whose table changed under it: 503 with `Retry-After`.
-    fn answer_changed(&self, cluster: &str, held: Held<Waiter<H>>, waited: Duration) {
-        self.record(cluster, "changed", waited);
+    /// A waiting request answered at the edge: 503 with `Retry-After`.
+    fn answer(&self, answer: Answer<Waiter<H>>) {
+        let Answer { cluster, held, why } = answer;
+        let waited = self.now().saturating_sub(held.since);
         let Waiter { active, routed, release } = held.payload;
         release.set(Release::Answered);
-        self.send(held.id, &routed.table_changed(&active.table));
+        let reply = match why {
+            Why::Expired => {
+                self.record(&cluster, "expired", waited);
+                active.metrics.unavailable(routed.serving);
+                routed.held_too_long(&active.table, waited)
+            }
+            Why::Changed => {
+                self.record(&cluster, "changed", waited);
+                routed.table_changed(&active.table)
+            }
+            Why::Crowded => {
+                self.record(&cluster, "crowded", waited);
+                active.metrics.unavailable(routed.serving);
+                routed.crowded_out(&active.table, waited)
+            }
+        };
+        self.send(held.id, &reply);
     }
 
     /// Stream `id`'s request for `cluster`: held (what tells the stream it was released), or on
@@ -111,7 +140,10 @@ impl<H: Host> Holding<H> {
         }
         let release = Rc::new(Cell::new(Release::Waiting));
         let waiter = Waiter { active: active.clone(), routed: routed.clone(), release: release.clone() };
-        let admission = self.holds.borrow_mut().admit(cluster, id, waiter, self.now());
+        // The waiting room is shared by source host: read only while something is down.
+        let source = self.host.property(&["source", "address"]);
+        let client = hold::client(&String::from_utf8_lossy(source.as_deref().unwrap_or_default()));
+        let admission = self.holds.borrow_mut().admit(cluster, id, client, waiter, self.now());
         match admission {
             hold::Admission::Forward => None,
             hold::Admission::Held => Some(release),
@@ -137,7 +169,7 @@ impl<H: Host> Holding<H> {
     }
 
     fn mark(&self, cluster: &str) {
-        self.holds.borrow_mut().failed(cluster, self.now());
+        self.holds.borrow_mut().failed(cluster);
         // Every outcome's series from the first time the cluster is down, zeros included.
         for outcome in OUTCOMES {
             self.counter(cluster, outcome);
@@ -204,18 +236,12 @@ impl<H: Host> Holding<H> {
             }
         }
         // Taken out before any host call: Envoy may call back into the streams.
-        let released = self.holds.borrow_mut().releases();
-        for (cluster, held) in released {
+        let due = self.holds.borrow_mut().due(now);
+        for (cluster, held) in due.released {
             self.resume(&cluster, held);
         }
-        let expired = self.holds.borrow_mut().expired(now);
-        for (cluster, held) in expired {
-            let waited = now.saturating_sub(held.since);
-            self.record(&cluster, "expired", waited);
-            let Waiter { active, routed, release } = held.payload;
-            release.set(Release::Answered);
-            active.metrics.unavailable(routed.serving);
-            self.send(held.id, &routed.held_too_long(&active.table, waited));
+        for answer in due.answers {
+            self.answer(answer);
         }
     }
 
@@ -223,7 +249,7 @@ impl<H: Host> Holding<H> {
     /// other status that an apiserver took it.
     pub fn probed(&self, token: u32, status: Option<u16>) {
         let up = status.is_some_and(|s| s != 503);
-        let released = self.holds.borrow_mut().probed(token, up);
+        let released = self.holds.borrow_mut().probed(token, up, self.now());
         for (cluster, held) in released {
             self.resume(&cluster, held);
         }
@@ -237,7 +263,7 @@ impl<H: Host> Holding<H> {
             .as_ref()
             .is_none_or(|l| Rc::ptr_eq(l, active) || routed.routed_alike(&active.table, &l.table));
         if !alike {
-            self.answer_changed(cluster, held, waited);
+            self.answer(Answer { cluster: cluster.to_owned(), held, why: Why::Changed });
             return;
         }
         self.record(cluster, "resumed", waited);

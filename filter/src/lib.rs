@@ -14,12 +14,21 @@ mod root;
 #[cfg(test)]
 mod tests;
 
+use std::rc::Rc;
+
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
+
+thread_local! {
+    /// The VM's waiting requests, whichever root context (table) they were decided under.
+    static HOLDING: Rc<hold::Holding<host::ProxyWasm>> = Rc::new(hold::Holding::new(host::ProxyWasm));
+}
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     // A panic traps the VM; leave a line in Envoy's log saying where before it does.
     std::panic::set_hook(Box::new(|info| log::error!("skewgate filter panicked: {info}")));
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::new(host::ProxyWasm)) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> {
+        Box::new(root::Root::new(id, host::ProxyWasm, HOLDING.with(Rc::clone)))
+    });
 }}

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
-use skewgate_core::bypass;
 use skewgate_core::table::{self, RoutingTable};
+use skewgate_core::{bypass, hold};
 
 use crate::active::Active;
 use crate::hold::Holding;
@@ -17,22 +17,54 @@ use crate::metrics::{self, Metrics};
 
 /// Half the probe period of held requests' clusters, so that a probe is never a period late.
 const TICK_PERIOD: Duration = Duration::from_millis(100);
-/// Counts kept in the VM reach Envoy's stats at most this many ticks (1 s) late.
-const FLUSH_TICKS: u32 = 10;
+/// Counts kept in the VM reach Envoy's stats at most this late.
+const FLUSH_PERIOD: Duration = Duration::from_secs(1);
 
 pub struct Root<H: Host> {
+    /// This root context's id: Envoy makes a root context for every configuration (each table
+    /// the sidecar pushes), in the same VM, and keeps the older ones while streams decided on
+    /// their tables last.
+    id: u32,
     host: H,
     active: Option<Rc<Active<H>>>,
     /// Whether Envoy took the connection properties, once declared (with the first table).
     connection_identity: Option<bool>,
     holding: Rc<Holding<H>>,
-    ticks: u32,
+    /// The tick period asked of Envoy last.
+    tick: Option<Duration>,
+    flushed: Duration,
 }
 
 impl<H: Host> Root<H> {
-    pub fn new(host: H) -> Self {
-        let holding = Rc::new(Holding::new(host.clone()));
-        Self { host, active: None, connection_identity: None, holding, ticks: 0 }
+    /// Root context `id` of a VM whose waiting requests `holding` keeps (one for all of the VM's
+    /// root contexts: a new table must see the requests waiting under the tables before it).
+    pub fn new(id: u32, host: H, holding: Rc<Holding<H>>) -> Self {
+        Self {
+            id,
+            host,
+            active: None,
+            connection_identity: None,
+            holding,
+            tick: None,
+            flushed: Duration::ZERO,
+        }
+    }
+
+    /// The root context Envoy makes, in the same VM, for the next configuration.
+    #[cfg(test)]
+    pub fn next_configuration(&self, id: u32) -> Self {
+        Self::new(id, self.host.clone(), self.holding.clone())
+    }
+
+    /// Ticks at [`hold::BUSY_TICK`] while answers to waiting requests are queued (the live root
+    /// context only: it carries out the hold), at [`TICK_PERIOD`] otherwise.
+    fn pace(&mut self) {
+        let busy = self.holding.is_live(self.id) && self.holding.busy();
+        let period = if busy { hold::BUSY_TICK } else { TICK_PERIOD };
+        if self.tick != Some(period) {
+            self.host.set_tick_period(period);
+            self.tick = Some(period);
+        }
     }
 
     /// Declares the properties a mapped certificate identity is left in on its connection. If
@@ -92,11 +124,11 @@ impl<H: Host> RootContext for Root<H> {
                 let metrics = Metrics::define(self.host.clone(), &table);
                 let connection_identity = self.declare_connection_identity();
                 let active = Rc::new(Active { table, metrics, connection_identity });
-                self.holding.set_live(&active);
+                self.holding.set_live(self.id, &active);
                 if let Some(previous) = self.active.replace(active) {
                     previous.metrics.flush();
                 }
-                self.host.set_tick_period(TICK_PERIOD);
+                self.pace();
                 metrics::count_config(&self.host, true);
                 true
             }
@@ -109,10 +141,16 @@ impl<H: Host> RootContext for Root<H> {
     }
 
     fn on_tick(&mut self) {
-        self.holding.tick();
-        self.ticks = (self.ticks + 1) % FLUSH_TICKS;
-        if let (Some(active), 0) = (&self.active, self.ticks) {
-            active.metrics.flush();
+        if self.holding.is_live(self.id) {
+            self.holding.tick();
+        }
+        self.pace();
+        let now = self.host.now();
+        if now.saturating_sub(self.flushed) >= FLUSH_PERIOD {
+            self.flushed = now;
+            if let Some(active) = &self.active {
+                active.metrics.flush();
+            }
         }
     }
 

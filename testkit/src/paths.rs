@@ -37,17 +37,32 @@ pub fn filter_wasm() -> Result<PathBuf> {
 pub fn skewgate_binary() -> Result<PathBuf> {
     let path = match std::env::var_os("SKEWGATE_BIN") {
         Some(path) => PathBuf::from(path),
-        None => {
-            let exe = std::env::current_exe().context("finding the running program")?;
-            let dir = exe.parent().context("the running program has no directory")?;
-            let dir = if dir.ends_with("deps") { dir.parent().unwrap_or(dir) } else { dir };
-            dir.join("skewgate")
-        }
+        None => beside_this_program("skewgate")?,
     };
     if !path.is_file() {
         bail!("skewgate not built at {}: run `cargo build -p skewgate --bin skewgate`", path.display());
     }
     Ok(path)
+}
+
+/// The `skewgate-harness` binary cargo built beside the running program (`make test` builds
+/// every binary of the workspace before the tests).
+pub fn harness_binary() -> Result<PathBuf> {
+    let path = beside_this_program("skewgate-harness")?;
+    if !path.is_file() {
+        bail!(
+            "skewgate-harness not built at {}: run `cargo build -p skewgate-testkit --bin skewgate-harness`",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn beside_this_program(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding the running program")?;
+    let dir = exe.parent().context("the running program has no directory")?;
+    let dir = if dir.ends_with("deps") { dir.parent().unwrap_or(dir) } else { dir };
+    Ok(dir.join(name))
 }
 
 pub fn envoy_config_dir() -> PathBuf {

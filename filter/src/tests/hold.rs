@@ -148,6 +148,60 @@ fn past_the_bound_requests_are_not_held_and_a_client_that_leaves_frees_its_place
     assert_eq!(again.on_http_request_headers(0, true), Action::Pause, "the place is free");
 }
 
+/// The waiting room is shared by source host: a full one takes a request of a host with fewer
+/// waiting in place of the newest of the host with the most, which is answered (503,
+/// `Retry-After`) at the next tick.
+#[test]
+fn a_full_waiting_room_takes_another_hosts_request_in_place_of_the_busiest_hosts_newest() {
+    let mut table = sample();
+    table["policy"] = json!({"maxHeld": 2});
+    let (fake, mut root) = configured(&table);
+    found_down(&fake, &root);
+    let from = |host: &str| fake.set_property(&["source", "address"], &format!("{host}:40000"));
+    from("10.0.0.1");
+    let mut mallory: Vec<_> = (2..5).map(|id| open(&fake, &root, id, SUBSET)).collect();
+    let held: Vec<Action> = mallory.iter_mut().map(|h| h.on_http_request_headers(0, true)).collect();
+    assert_eq!(held, [Action::Pause, Action::Pause, Action::Continue], "two wait, the third is not held");
+    from("10.0.0.2");
+    let mut alice = open(&fake, &root, 5, SUBSET);
+    assert_eq!(alice.on_http_request_headers(0, true), Action::Pause, "alice gets in");
+    assert!(fake.state().replies_to.is_empty(), "answered at the next tick");
+    root.on_tick();
+    let (id, (status, headers, body)) = fake.state().replies_to.first().cloned().expect("answered");
+    assert_eq!((id, status), (3, 503), "mallory's newest");
+    assert!(headers.contains(&("retry-after".into(), "1".into())));
+    assert!(String::from_utf8_lossy(&body).contains("its place given to another client"));
+    assert_eq!(fake.counter(&format!("{HELD}crowded;")), 1);
+    from("10.0.0.3");
+    let mut bob = open(&fake, &root, 6, SUBSET);
+    assert_eq!(bob.on_http_request_headers(0, true), Action::Continue, "one each: no host has two more");
+}
+
+/// A full waiting room whose wait runs out together is answered a bounded batch per tick, the
+/// root context ticking faster meanwhile: Envoy carries out the answers of one call into the VM
+/// one inside the other.
+#[test]
+fn expired_requests_are_answered_a_bounded_batch_per_tick() {
+    use skewgate_core::hold::{ACTIONS_PER_CALL, BUSY_TICK};
+    let (fake, mut root) = configured(&sample());
+    found_down(&fake, &root);
+    let mut streams: Vec<_> = (2..202).map(|id| open(&fake, &root, id, SUBSET)).collect();
+    assert!(streams.iter_mut().all(|h| h.on_http_request_headers(0, true) == Action::Pause));
+    advance(&fake, Duration::from_secs(10));
+    let mut answered = Vec::new();
+    while answered.len() < 200 {
+        root.on_tick();
+        let now: Vec<u32> = fake.state().replies_to.drain(..).map(|(id, _)| id).collect();
+        assert!(!now.is_empty() && now.len() <= ACTIONS_PER_CALL, "{} in one tick", now.len());
+        answered.extend(now);
+        if answered.len() < 200 {
+            assert_eq!(fake.state().tick_period, Some(BUSY_TICK), "faster while answers are queued");
+        }
+    }
+    assert_eq!(answered, (2..202).collect::<Vec<_>>(), "in the order they came");
+    assert_eq!(fake.state().tick_period, Some(Duration::from_millis(100)), "back to its pace");
+}
+
 #[test]
 fn failures_after_an_apiserver_took_the_request_mark_nothing_down() {
     let (fake, root) = configured(&sample());
@@ -195,10 +249,15 @@ fn a_request_goes_on_only_where_the_live_table_still_sends_it() {
         let claims = claims.expect("resource.k8s.io/v1");
         claims["servedBy"] = json!(["a", "b", "c"]);
         claims["resources"]["resourceclaims"] = claims_by.clone();
-        assert!(configure(&fake, &mut root, sealed(&newer)), "{claims_by}");
+        // Envoy makes a root context for each configuration, in the same VM; the older one
+        // stays while streams decided on its table last, and keeps ticking.
+        let mut newer_root = root.next_configuration(2000);
+        assert!(configure(&fake, &mut newer_root, sealed(&newer)), "{claims_by}");
+        root.on_tick();
+        assert!(fake.state().dispatched.is_empty() && fake.state().replies_to.is_empty(), "not live: idle");
+        newer_root.on_tick();
         if resumed {
-            root.on_tick();
-            probe_answers(&fake, &mut root, 1, "200");
+            probe_answers(&fake, &mut newer_root, 1, "200");
         }
         let s = fake.state();
         match resumed {
@@ -219,7 +278,7 @@ fn a_request_goes_on_only_where_the_live_table_still_sends_it() {
 #[test]
 fn a_worker_tells_the_others_what_it_found_down() {
     let (fake, root) = configured(&sample());
-    let mut other = Root::new(fake.clone());
+    let mut other = super::new_vm(&fake);
     assert!(configure(&fake, &mut other, sealed(&sample())));
     found_down(&fake, &root);
 
@@ -334,6 +393,8 @@ fn a_cluster_the_new_table_has_not_is_no_longer_down() {
     let alike = alike.to_string().replace(r#"["c"]"#, r#"["a","b","c"]"#);
     let sealed_alike = sealed(&serde_json::from_str(&alike).expect("JSON"));
     assert!(configure(&fake, &mut root, sealed_alike));
+    assert!(fake.state().replies_to.is_empty(), "answered at the next tick, not inside the configuration");
+    root.on_tick();
     let (id, (status, _, body)) = fake.state().replies_to.first().cloned().expect("answered");
     assert_eq!((id, status), (2, 503));
     assert!(String::from_utf8_lossy(&body).contains("routing table changed"));

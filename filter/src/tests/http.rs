@@ -40,11 +40,15 @@ fn served_by_a_subset_is_rerouted_marked_and_counted() {
         assert_eq!(fake.header("x-kubernetes-peer-proxied"), ["true"]);
         assert!(fake.header("x-skewgate-route").is_empty());
     }
-    // Counted in the VM, handed to Envoy every tenth tick (every second).
+    // Counted in the VM, handed to Envoy once a second (on the tick after it, every 100 ms).
     assert_eq!(fake.counter(name), 0);
     let mut root = root;
-    let tick = |root: &mut Root<Fake>| (0..10).for_each(|_| proxy_wasm::traits::RootContext::on_tick(root));
-    proxy_wasm::traits::RootContext::on_tick(&mut root);
+    let once = |root: &mut Root<Fake>| {
+        fake.state().now += std::time::Duration::from_millis(100);
+        proxy_wasm::traits::RootContext::on_tick(root)
+    };
+    let tick = |root: &mut Root<Fake>| (0..10).for_each(|_| once(root));
+    once(&mut root);
     assert_eq!(fake.counter(name), 0, "not on every tick");
     tick(&mut root);
     assert_eq!(fake.counter(name), 2);
@@ -618,7 +622,7 @@ fn the_credential_id_is_left_only_where_the_policy_sends_it() {
 fn refused_declarations_leave_nothing_on_connections() {
     let fake = Fake::default();
     fake.state().refuse_declarations = true;
-    let mut root = Root::new(fake.clone());
+    let mut root = super::new_vm(&fake);
     assert!(configure(&fake, &mut root, sealed(&sample())));
     certificate_request(&fake, &root, "CN=bob", SUBSET);
     assert_eq!(fake.state().connection_sets, 0);

@@ -23,10 +23,15 @@ fn sample() -> Value {
     table
 }
 
+/// The root context of a VM of its own (another Envoy worker's), its id 1000.
+fn new_vm(fake: &Fake) -> Root<Fake> {
+    Root::new(1000, fake.clone(), std::rc::Rc::new(crate::hold::Holding::new(fake.clone())))
+}
+
 /// A root context that has taken `table`, sealed (asserted), and the fake it talks to.
 fn configured(table: &Value) -> (Fake, Root<Fake>) {
     let fake = Fake::default();
-    let mut root = Root::new(fake.clone());
+    let mut root = new_vm(&fake);
     assert!(configure(&fake, &mut root, sealed(table)), "sample table refused");
     (fake, root)
 }

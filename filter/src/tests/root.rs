@@ -87,7 +87,7 @@ fn an_announced_size_over_the_limit_is_refused_before_the_bytes_are_read() {
 #[test]
 fn without_any_good_table_requests_get_503_unconfigured() {
     let fake = Fake::default();
-    let mut root = Root::new(fake.clone());
+    let mut root = super::new_vm(&fake);
     assert!(!configure(&fake, &mut root, b"{}".to_vec()));
     let mut http = stream(&fake, &root, &get(SUBSET));
     assert_eq!(http.on_http_request_headers(0, true), Action::Pause);
