@@ -2,11 +2,19 @@
 //!
 //! Envoy (BoringSSL) verifies the chain and renders the subject, converting every string type it
 //! knows to UTF-8, so a CN of `admin` reads the same as a UTF8String, a PrintableString or a
-//! UniversalString. kube-apiserver's x509 authenticator reads the certificate with Go's
-//! `crypto/x509`, whose parser refuses the whole certificate when any attribute of its issuer or
-//! subject name is of a string type it does not read (UniversalString, VisibleString, ...) or not
-//! valid for its type (`parseName`, `parseASN1String`). skewgate must not take an identity from a
-//! certificate the apiserver would refuse, so the filter reads the names from the DER as Go does.
+//! UniversalString. kube-apiserver's TLS server parses every client certificate with Go's
+//! `crypto/x509`, and its x509 authenticator verifies it for client authentication. Go refuses
+//! the whole certificate for what BoringSSL lets through: an attribute of its issuer or subject
+//! name of a string type it does not read or not valid for its type (`parseName`,
+//! `parseASN1String`), a negative or badly encoded serial number, a version past 3, inner and
+//! outer signature algorithms that differ, duplicate extensions, a critical flag that is not DER,
+//! subject alternative names of the wrong syntax (an IP address of 5 bytes, a DNS name or e-mail
+//! address not ASCII, a URI its URL parser refuses), key usage, basic constraints, extended key
+//! usage and key identifiers that do not parse, a handshake message past 256 KiB; and its
+//! verification refuses an unknown critical extension and an extended key usage without client
+//! authentication. skewgate must not take an identity from a certificate the apiserver would
+//! refuse, so the filter reads the certificate from its DER as Go does (Go's own verdicts:
+//! testdata/x509-names, testdata/x509-certificates).
 
 use std::fmt;
 
@@ -45,6 +53,8 @@ pub enum Refusal {
     InvalidString { name: Name, attribute: Attribute, tag: u8 },
     /// The certificate's DER (or Envoy's PEM of it) could not be read this far.
     Malformed,
+    /// Go's parser or its verification for client authentication refuses it, for this reason.
+    Go(&'static str),
     /// The filter was not handed the certificate (a bootstrap without the header that carries
     /// it), so it cannot tell whether the apiserver would take it.
     Unseen,
@@ -68,6 +78,7 @@ impl fmt::Display for Refusal {
                 string_type(tag).unwrap_or("string")
             ),
             Refusal::Malformed => f.write_str("its names could not be read as kube-apiserver's x509 parser reads them"),
+            Refusal::Go(reason) => write!(f, "kube-apiserver's x509 parser or verification refuses it: {reason}"),
             Refusal::Unseen => f.write_str(
                 "Envoy did not hand skewgate the certificate (x-skewgate-peer-certificate, set by the bootstrap's \
                  skewgate-certificate filter), so skewgate cannot tell whether kube-apiserver would read it",
@@ -110,9 +121,38 @@ impl Attribute {
 
 const SEQUENCE: u8 = 0x30;
 const SET: u8 = 0x31;
+const BOOLEAN: u8 = 0x01;
 const INTEGER: u8 = 0x02;
+const BIT_STRING: u8 = 0x03;
+const OCTET_STRING: u8 = 0x04;
 const OBJECT_IDENTIFIER: u8 = 0x06;
 const VERSION: u8 = 0xa0;
+const ISSUER_UNIQUE_ID: u8 = 0x81;
+const SUBJECT_UNIQUE_ID: u8 = 0x82;
+const EXTENSIONS: u8 = 0xa3;
+
+/// Go's TLS reads a certificate handshake message of at most 256 KiB (`maxHandshakeCertificateMsg`);
+/// the message carries the certificate list's length, each certificate's length and, in TLS
+/// 1.3, its extensions' and the request context's: a leaf this close to the limit is refused
+/// at the handshake, whatever else the client sends with it.
+pub const MAX_CERTIFICATE_DER: usize = 262_144 - 16;
+
+/// id-ce (2.5.29) extensions Go's `processExtensions` reads, by their last arc, and the
+/// authority information access extension (1.3.6.1.5.5.7.1.1): any other one marked critical
+/// fails its verification (`UnhandledCriticalExtension`).
+const SUBJECT_KEY_ID: u8 = 14;
+const KEY_USAGE: u8 = 15;
+const SUBJECT_ALT_NAME: u8 = 17;
+const BASIC_CONSTRAINTS: u8 = 19;
+const NAME_CONSTRAINTS: u8 = 30;
+const CRL_DISTRIBUTION_POINTS: u8 = 31;
+const CERTIFICATE_POLICIES: u8 = 32;
+const AUTHORITY_KEY_ID: u8 = 35;
+const EXT_KEY_USAGE: u8 = 37;
+const AUTHORITY_INFO_ACCESS: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x01, 0x01];
+/// Extended key usages that allow client authentication: id-kp-clientAuth, anyExtendedKeyUsage.
+const CLIENT_AUTH: &[u8] = &[0x2b, 0x06, 0x01, 0x05, 0x05, 0x07, 0x03, 0x02];
+const ANY_EXTENDED_KEY_USAGE: &[u8] = &[0x55, 0x1d, 0x25, 0x00];
 
 const UTF8_STRING: u8 = 12;
 const NUMERIC_STRING: u8 = 18;
@@ -153,21 +193,291 @@ pub fn check_pem(url_encoded_pem: &[u8]) -> Result<(), Refusal> {
     check_der(&der)
 }
 
-/// Checks every attribute of the issuer and subject names of a DER certificate as Go's
-/// `parseName` does.
+/// Checks a DER certificate as Go's `x509.ParseCertificate` (kube-apiserver's TLS server) and its
+/// verification for client authentication (kube-apiserver's x509 authenticator) would, for what
+/// BoringSSL does not check.
 pub fn check_der(der: &[u8]) -> Result<(), Refusal> {
-    let (certificate, _) = read(der, SEQUENCE)?;
-    let (mut tbs, _) = read(certificate, SEQUENCE)?;
-    if tbs.first() == Some(&VERSION) {
-        tbs = read(tbs, VERSION)?.1;
+    if der.len() > MAX_CERTIFICATE_DER {
+        return Err(Refusal::Go("the TLS handshake message that carries it is over 256 KiB"));
     }
-    let (_serial, rest) = read(tbs, INTEGER)?;
-    let (_signature, rest) = read(rest, SEQUENCE)?;
+    let (certificate, _) = read(der, SEQUENCE)?;
+    let (mut tbs, rest) = read(certificate, SEQUENCE)?;
+    let outer_algorithm = element(rest)?.whole;
+    let mut version = 1;
+    if tbs.first() == Some(&VERSION) {
+        let (explicit, rest) = read(tbs, VERSION)?;
+        let (number, _) = read(explicit, INTEGER)?;
+        version = match integer(number) {
+            Some(Sign::Positive(&[n])) if n <= 2 => n + 1,
+            Some(Sign::Zero) => 1,
+            Some(Sign::Negative) | None => return Err(Refusal::Go("x509: malformed version")),
+            Some(Sign::Positive(_)) => return Err(Refusal::Go("x509: invalid version")),
+        };
+        tbs = rest;
+    }
+    let (serial, rest) = read(tbs, INTEGER)?;
+    match integer(serial) {
+        None => return Err(Refusal::Go("x509: malformed serial number")),
+        Some(Sign::Negative) => return Err(Refusal::Go("x509: negative serial number")),
+        Some(_) => {}
+    }
+    let Element { whole: algorithm, rest, .. } = element(rest)?;
+    if algorithm != outer_algorithm {
+        return Err(Refusal::Go("x509: inner and outer signature algorithm identifiers don't match"));
+    }
     let (issuer, rest) = read(rest, SEQUENCE)?;
     let (_validity, rest) = read(rest, SEQUENCE)?;
-    let (subject, _) = read(rest, SEQUENCE)?;
+    let (subject, rest) = read(rest, SEQUENCE)?;
     check_name(issuer, Name::Issuer)?;
-    check_name(subject, Name::Subject)
+    check_name(subject, Name::Subject)?;
+    let (_key, mut rest) = read(rest, SEQUENCE)?;
+    if version > 1 {
+        for optional in [ISSUER_UNIQUE_ID, SUBJECT_UNIQUE_ID] {
+            if rest.first() == Some(&optional) {
+                rest = read(rest, optional)?.1;
+            }
+        }
+    }
+    if version == 3 && rest.first() == Some(&EXTENSIONS) {
+        let (explicit, _) = read(rest, EXTENSIONS)?;
+        let (extensions, _) =
+            read(explicit, SEQUENCE).map_err(|_| Refusal::Go("x509: malformed extensions"))?;
+        check_extensions(extensions)?;
+    }
+    Ok(())
+}
+
+/// An INTEGER's sign, as Go's cryptobyte reads one: `None` when it is empty or not minimally
+/// encoded; a positive one's contents.
+enum Sign<'a> {
+    Negative,
+    Zero,
+    Positive(&'a [u8]),
+}
+
+fn integer(contents: &[u8]) -> Option<Sign<'_>> {
+    match contents {
+        [] => None,
+        [0, next, ..] if next & 0x80 == 0 => None,
+        [0xff, next, ..] if next & 0x80 != 0 => None,
+        [first, ..] if first & 0x80 != 0 => Some(Sign::Negative),
+        [0] => Some(Sign::Zero),
+        [0, rest @ ..] => Some(Sign::Positive(rest)),
+        _ => Some(Sign::Positive(contents)),
+    }
+}
+
+/// Go's reading of an OBJECT IDENTIFIER's contents: base-128 arcs, minimal, each below 2^31.
+fn valid_oid(contents: &[u8]) -> bool {
+    if contents.is_empty() || contents.last().is_some_and(|b| b & 0x80 != 0) {
+        return false;
+    }
+    let mut arc: u64 = 0;
+    let mut first = true;
+    for &b in contents {
+        if first && b == 0x80 {
+            return false;
+        }
+        arc = (arc << 7) | u64::from(b & 0x7f);
+        if arc >= 1 << 31 {
+            return false;
+        }
+        first = b & 0x80 == 0;
+        if first {
+            arc = 0;
+        }
+    }
+    true
+}
+
+/// The extensions, as Go's `parseExtension` and `processExtensions` read them, and what its
+/// verification for client authentication asks of them.
+fn check_extensions(mut extensions: &[u8]) -> Result<(), Refusal> {
+    let mut seen: Vec<&[u8]> = Vec::new();
+    while !extensions.is_empty() {
+        let (extension, rest) =
+            read(extensions, SEQUENCE).map_err(|_| Refusal::Go("x509: malformed extension"))?;
+        extensions = rest;
+        let (oid, rest) = read(extension, OBJECT_IDENTIFIER)
+            .map_err(|_| Refusal::Go("x509: malformed extension OID field"))?;
+        if !valid_oid(oid) {
+            return Err(Refusal::Go("x509: malformed extension OID field"));
+        }
+        let (critical, rest) = match rest.first() {
+            Some(&BOOLEAN) => match read(rest, BOOLEAN) {
+                Ok(([0x00], rest)) => (false, rest),
+                Ok(([0xff], rest)) => (true, rest),
+                _ => return Err(Refusal::Go("x509: malformed extension critical field")),
+            },
+            _ => (false, rest),
+        };
+        let (value, _) =
+            read(rest, OCTET_STRING).map_err(|_| Refusal::Go("x509: malformed extension value field"))?;
+        if seen.contains(&oid) {
+            return Err(Refusal::Go("x509: certificate contains duplicate extensions"));
+        }
+        seen.push(oid);
+        let handled = match oid {
+            [0x55, 0x1d, arc] => check_id_ce(*arc, value)?,
+            _ => oid == AUTHORITY_INFO_ACCESS,
+        };
+        if critical && !handled {
+            return Err(Refusal::Go("x509: unhandled critical extension"));
+        }
+    }
+    Ok(())
+}
+
+/// An id-ce extension's value; whether Go handles it (else, critical, it fails verification).
+fn check_id_ce(arc: u8, value: &[u8]) -> Result<bool, Refusal> {
+    let whole = |tag: u8, reason: &'static str| match read(value, tag) {
+        Ok((contents, [])) => Ok(contents),
+        _ => Err(Refusal::Go(reason)),
+    };
+    match arc {
+        KEY_USAGE => {
+            let bits = whole(BIT_STRING, "x509: invalid key usage")?;
+            if !valid_bit_string(bits) {
+                return Err(Refusal::Go("x509: invalid key usage"));
+            }
+        }
+        BASIC_CONSTRAINTS => {
+            let mut fields = whole(SEQUENCE, "x509: invalid basic constraints")?;
+            if fields.first() == Some(&BOOLEAN) {
+                match read(fields, BOOLEAN) {
+                    Ok(([0x00 | 0xff], rest)) => fields = rest,
+                    _ => return Err(Refusal::Go("x509: invalid basic constraints")),
+                }
+            }
+            if fields.first() == Some(&INTEGER) {
+                let (length, _) = read(fields, INTEGER)?;
+                if !matches!(
+                    integer(length),
+                    Some(Sign::Zero | Sign::Positive([_] | [_, _] | [_, _, _] | [_, _, _, _]))
+                ) {
+                    return Err(Refusal::Go("x509: invalid basic constraints"));
+                }
+            }
+        }
+        SUBJECT_ALT_NAME => {
+            return check_alt_names(whole(SEQUENCE, "x509: invalid subject alternative names")?);
+        }
+        EXT_KEY_USAGE => {
+            let mut usages = whole(SEQUENCE, "x509: invalid extended key usages")?;
+            let mut client = usages.is_empty();
+            while !usages.is_empty() {
+                let (oid, rest) = read(usages, OBJECT_IDENTIFIER)
+                    .map_err(|_| Refusal::Go("x509: invalid extended key usages"))?;
+                if !valid_oid(oid) {
+                    return Err(Refusal::Go("x509: invalid extended key usages"));
+                }
+                client |= oid == CLIENT_AUTH || oid == ANY_EXTENDED_KEY_USAGE;
+                usages = rest;
+            }
+            if !client {
+                return Err(Refusal::Go(
+                    "x509: certificate specifies an incompatible key usage (no client authentication)",
+                ));
+            }
+        }
+        SUBJECT_KEY_ID => {
+            whole(OCTET_STRING, "x509: invalid subject key identifier")?;
+        }
+        AUTHORITY_KEY_ID => {
+            whole(SEQUENCE, "x509: invalid authority key identifier")?;
+        }
+        NAME_CONSTRAINTS | CRL_DISTRIBUTION_POINTS | CERTIFICATE_POLICIES => {}
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// A BIT STRING's contents as Go's cryptobyte takes them: the count of unused bits (0 to 7, 0
+/// when empty), and those bits zero.
+fn valid_bit_string(bits: &[u8]) -> bool {
+    match bits {
+        [unused, rest @ ..] => {
+            *unused <= 7
+                && (!rest.is_empty() || *unused == 0)
+                && rest.last().is_none_or(|last| last & ((1u8 << unused) - 1) == 0)
+        }
+        [] => false,
+    }
+}
+
+/// The subject alternative names, as Go's `parseSANExtension` reads them; whether one of the
+/// kinds Go keeps was there (a critical extension with none is unhandled).
+fn check_alt_names(mut names: &[u8]) -> Result<bool, Refusal> {
+    let mut kept = false;
+    while !names.is_empty() {
+        let Element { tag, contents, rest, .. } =
+            element(names).map_err(|_| Refusal::Go("x509: invalid subject alternative name"))?;
+        names = rest;
+        let ascii = contents.is_ascii();
+        match tag {
+            0x81 if !ascii => return Err(Refusal::Go("x509: SAN rfc822Name is malformed")),
+            0x82 if !ascii => return Err(Refusal::Go("x509: SAN dNSName is malformed")),
+            0x86 if !ascii => return Err(Refusal::Go("x509: SAN uniformResourceIdentifier is malformed")),
+            0x86 if !go_parses_uri(contents) => return Err(Refusal::Go("x509: cannot parse URI")),
+            0x87 if contents.len() != 4 && contents.len() != 16 => {
+                return Err(Refusal::Go("x509: cannot parse IP address"));
+            }
+            0x81 | 0x82 | 0x86 | 0x87 => kept = true,
+            _ => {}
+        }
+    }
+    Ok(kept)
+}
+
+/// Whether Go's `url.Parse` takes an ASCII URI, and its host is a domain Go's x509 takes
+/// (`domainToReverseLabels`): no control character, escapes of two hex digits, a scheme of
+/// letters, digits, `+`, `-` and `.` before its first colon if that colon comes before any `/`,
+/// a bracketed host closed, a port of digits, labels that are neither empty nor outside `!`..`~`.
+fn go_parses_uri(uri: &[u8]) -> bool {
+    if uri.iter().any(|&b| b < 0x20 || b == 0x7f) {
+        return false;
+    }
+    let mut escapes = uri.split(|&b| b == b'%').skip(1);
+    if escapes.any(|after| after.len() < 2 || !after[..2].iter().all(u8::is_ascii_hexdigit)) {
+        return false;
+    }
+    let end_of_first_segment =
+        uri.iter().position(|&b| b == b'/' || b == b'?' || b == b'#').unwrap_or(uri.len());
+    let rest = match uri[..end_of_first_segment].iter().position(|&b| b == b':') {
+        Some(colon) => {
+            let scheme = &uri[..colon];
+            let valid = scheme.first().is_some_and(u8::is_ascii_alphabetic)
+                && scheme.iter().all(|&b| b.is_ascii_alphanumeric() || b"+-.".contains(&b));
+            if !valid {
+                return false;
+            }
+            &uri[colon + 1..]
+        }
+        None => uri,
+    };
+    let Some(authority) = rest.strip_prefix(b"//") else { return true };
+    let end = authority.iter().position(|&b| b == b'/' || b == b'?' || b == b'#').unwrap_or(authority.len());
+    let authority = &authority[..end];
+    let host = match authority.iter().rposition(|&b| b == b'@') {
+        Some(at) => &authority[at + 1..],
+        None => authority,
+    };
+    let port = if host.first() == Some(&b'[') {
+        let Some(close) = host.iter().position(|&b| b == b']') else { return false };
+        &host[close + 1..]
+    } else {
+        host.iter().rposition(|&b| b == b':').map_or(&[][..], |colon| &host[colon..])
+    };
+    match port {
+        [] => {}
+        [b':', digits @ ..] if digits.iter().all(u8::is_ascii_digit) => {}
+        _ => return false,
+    }
+    host.is_empty()
+        || (!host.ends_with(b".")
+            && host
+                .split(|&b| b == b'.')
+                .all(|label| !label.is_empty() && label.iter().all(|&c| (33..=126).contains(&c))))
 }
 
 fn check_name(mut rdns: &[u8], name: Name) -> Result<(), Refusal> {
@@ -232,6 +542,21 @@ fn read(input: &[u8], tag: u8) -> Result<(&[u8], &[u8]), Refusal> {
         (found, contents, rest) if found == tag => Ok((contents, rest)),
         _ => Err(Refusal::Malformed),
     }
+}
+
+/// One element read off the front of some DER.
+struct Element<'a> {
+    tag: u8,
+    /// Its whole encoding: tag, length and contents.
+    whole: &'a [u8],
+    contents: &'a [u8],
+    /// What follows it.
+    rest: &'a [u8],
+}
+
+fn element(input: &[u8]) -> Result<Element<'_>, Refusal> {
+    let (tag, contents, rest) = read_any(input)?;
+    Ok(Element { tag, whole: &input[..input.len() - rest.len()], contents, rest })
 }
 
 /// One element: its tag, contents and what follows it. DER only, as Go's cryptobyte reads it:
@@ -314,6 +639,69 @@ mod tests {
             accepted += usize::from(read.is_ok());
         }
         assert_eq!(accepted, 232);
+    }
+
+    /// Go 1.26's own verdicts on whole client certificates (testdata/x509-certificates/
+    /// generate.go: a TLS handshake with Go's server asking for a client certificate, then the
+    /// x509 authenticator's verification): each differs from a good one in one way, and the
+    /// edge takes exactly those Go takes.
+    #[test]
+    fn certificates_are_judged_as_go_judges_them() {
+        let fixture: serde_json::Value =
+            serde_json::from_str(include_str!("../../testdata/x509-certificates/certificates.json")).unwrap();
+        let mut judged = 0;
+        for v in fixture["verdicts"].as_array().unwrap() {
+            let Some(pem) = v["certificate"].as_str() else {
+                // Described only: the largest. One of its length is refused, one just under taken.
+                let length = usize::try_from(v["length"].as_u64().unwrap()).unwrap();
+                assert!(length > MAX_CERTIFICATE_DER && !v["accepted"].as_bool().unwrap(), "{v}");
+                continue;
+            };
+            let ours = check_pem(pem.replace('\n', "%0A").as_bytes());
+            let go = v["accepted"].as_bool().unwrap();
+            assert_eq!(
+                ours.is_ok(),
+                go,
+                "{}: ours {ours:?}, Go's {} {}",
+                v["name"],
+                v["handshake"],
+                v["verify"]
+            );
+            judged += 1;
+        }
+        assert_eq!(judged, 36);
+        assert_eq!(
+            check_der(&vec![0x30; MAX_CERTIFICATE_DER + 1]),
+            Err(Refusal::Go("the TLS handshake message that carries it is over 256 KiB"))
+        );
+    }
+
+    #[test]
+    fn uris_are_read_as_gos_url_parser_reads_them() {
+        for good in [
+            "spiffe://cluster/ns/default/sa/x",
+            "https://a.example:443/p?q#f",
+            "urn:x:y",
+            "mailto:a@b",
+            "https://[::1]:8443/",
+            "/relative",
+            "a%20b",
+        ] {
+            assert!(go_parses_uri(good.as_bytes()), "{good}");
+        }
+        for bad in [
+            "http://[::1",
+            "https://a..b/",
+            "https://a.example./",
+            "http://h:port/",
+            "1http://x",
+            "a%2",
+            "%zz",
+            "a\tb",
+            "https://a b/",
+        ] {
+            assert!(!go_parses_uri(bad.as_bytes()), "{bad}");
+        }
     }
 
     #[test]

@@ -89,6 +89,22 @@ pub fn certificate_der(issuer: Attributes<'_>, subject: Attributes<'_>) -> Vec<u
         name(issuer),
         validity,
         name(subject),
+        // An id-ecPublicKey P-256 key (its point is not read).
+        der(
+            0x30,
+            &[
+                der(
+                    0x30,
+                    &[
+                        der(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01]),
+                        der(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07]),
+                    ]
+                    .concat(),
+                ),
+                der(0x03, &[0, 4, 1, 2]),
+            ]
+            .concat(),
+        ),
     ]
     .concat();
     der(0x30, &[der(0x30, &tbs), algorithm, der(0x03, &[0])].concat())

@@ -456,6 +456,79 @@ async fn identity(native: bool) -> Result<()> {
     Ok(())
 }
 
+/// Client certificates that differ from a good one in one way each (serial, subject alternative
+/// names, extensions, size: testdata/x509-certificates), signed by a CA Envoy's listener trusts:
+/// through the edge, each gets the identity it gets from Go's TLS server and x509 authenticator
+/// (kube-apiserver's), as Go judged it, or none: no certificate Go refuses is given one (the
+/// ones the filter refuses get its 401; Envoy ends the handshake of some itself; curl's OpenSSL
+/// does not even load some). Sent with curl: rustls, as a client, presents no certificate its
+/// own parser refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_go_refuses_give_no_identity() -> Result<()> {
+    let vectors: Value = serde_json::from_str(&std::fs::read_to_string(
+        paths::workspace_root().join("testdata/x509-certificates/certificates.json"),
+    )?)?;
+    let ca = vectors["ca"].as_str().context("ca")?.to_owned();
+    let key = vectors["key"].as_str().context("key")?.to_owned();
+    let trust_both = |s: Settings| {
+        let bundle = s.client_ca.with_file_name("client-ca-and-vectors-ca.crt");
+        let ours = std::fs::read_to_string(&s.client_ca).unwrap_or_default();
+        std::fs::write(&bundle, format!("{ours}{ca}")).map(|()| Settings { client_ca: bundle, ..s })
+    };
+    let f = Fixture::start_custom("go-certificates", false, |s| trust_both(s.clone()).unwrap_or(s)).await?;
+    let mut rows = Vec::new();
+    for v in vectors["verdicts"].as_array().context("verdicts")? {
+        let (Some(certificate), Some(name)) = (v["certificate"].as_str(), v["name"].as_str()) else {
+            continue;
+        };
+        let go =
+            v["accepted"].as_bool().context("accepted")?.then(|| v["user"].as_str().unwrap_or("").to_owned());
+        // curl (OpenSSL) sends the certificate as it is; rustls, as a client, refuses to present
+        // one its own parser refuses.
+        let (cert_file, key_file) = (f.dir.join("vector.crt"), f.dir.join("vector.key"));
+        std::fs::write(&cert_file, certificate)?;
+        std::fs::write(&key_file, &key)?;
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}", "--cacert"])
+            .arg(&f.pki.cluster_ca.cert_path)
+            .arg("--cert")
+            .arg(&cert_file)
+            .arg("--key")
+            .arg(&key_file)
+            .arg(format!("{}{PODS}", f.base))
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').unwrap_or(("", "000"));
+        let edge = match status {
+            "200" => {
+                let echo: Value = serde_json::from_str(body)?;
+                format!("user {:?}", header_values(&echo, "x-remote-user"))
+            }
+            "000" => {
+                let error = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+                match error.contains("could not load") {
+                    true => "not sent: curl's OpenSSL does not load it".to_owned(),
+                    false => format!("no answer ({error})"),
+                }
+            }
+            other => format!("{other}: {}", body.chars().take(160).collect::<String>()),
+        };
+        let edge_user = edge.strip_prefix("user [\"").and_then(|u| u.strip_suffix("\"]"));
+        match (&go, edge_user) {
+            (None, Some(_)) => bail!("{name}: Go refuses it, the edge took {edge}"),
+            (Some(user), Some(taken)) => {
+                ensure!(user == taken, "{name}: Go's user {user:?}, the edge's {taken:?}")
+            }
+            _ => {}
+        }
+        let go = go.map_or_else(|| "refused".to_owned(), |u| format!("user {:.12}", u));
+        rows.push(format!("{name}: Go {go}; edge {:.100}", edge));
+    }
+    println!("{}", rows.join("\n"));
+    ensure!(rows.len() == 36, "{} certificates", rows.len());
+    Ok(())
+}
+
 /// Pushes `next`, with the clusters, routes and filter configuration the tests give it, through
 /// `pusher`; what it pushed and the steps it took.
 async fn push_table(

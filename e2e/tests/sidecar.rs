@@ -877,6 +877,8 @@ fn edit_table(ecds: &Value, edit: impl Fn(&mut Value)) -> Result<Value> {
     Ok(ecds)
 }
 
+const EARLIER_TABLE: &str = "ECDS of an earlier table of this sidecar's (resourceclaims to a set without c)";
+
 /// Files that parse but are not the sidecar's, written into Envoy's directories under load: ECDS
 /// naming an unknown pool, unknown set clusters, resourceclaims sent to a set without c, the same
 /// unsealed; CDS without the table's apiserver and set clusters, every endpoint on port 1; RDS
@@ -1004,6 +1006,27 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
                 t["poolCluster"] = json!("nope");
             })?,
         ),
+        // What a copy of an earlier ecds.json of this sidecar's is: sealed with the clusters of
+        // its cds.json, its hash intact (here: resourceclaims when c did not serve them yet).
+        // Nothing in the file tells it from a new one: Envoy takes it, and it routes until the
+        // sidecar puts its own back.
+        (EARLIER_TABLE, &ecds_path, {
+            let pointer = "/resources/0/typed_config/config/configuration/value";
+            let mut t: Value =
+                serde_json::from_str(ecds.pointer(pointer).and_then(Value::as_str).context("table")?)?;
+            for gv in t["groupVersions"].as_array_mut().into_iter().flatten() {
+                if gv["group"] == "resource.k8s.io" && gv["version"] == "v1" {
+                    gv["servedBy"] = json!(without_c);
+                    gv["resources"]["resourceclaims"] = json!(without_c);
+                }
+            }
+            let mut t: skewgate_core::table::TableConfig = serde_json::from_value(t)?;
+            let clusters = t.clusters.clone();
+            skewgate_core::seal::seal(&mut t, clusters);
+            let mut earlier = ecds.clone();
+            *earlier.pointer_mut(pointer).context("table")? = Value::String(serde_json::to_string(&t)?);
+            earlier
+        }),
         ("RDS sending the bypass routes of c's set to a set without c", &rds_path, {
             let mut bad = rds.clone();
             let routes = bad["resources"][0]["virtual_hosts"][0]["routes"].as_array_mut();
@@ -1081,9 +1104,10 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
         let count = |status: u16| failed.iter().filter(|r| r.status == Some(status)).count();
         let last_failure = failed.last().map(|r| r.started.saturating_sub(written_at));
         let shown = || failed.iter().map(|r| r.describe(load.targets())).collect::<Vec<_>>();
-        if *path == rds_path {
-            // Envoy takes any route file that parses: a foreign one routes until it is put back.
-            // Its harm is bounded by that window (a few ms to tens of ms here; docs/deploy.md).
+        if *path == rds_path || name == EARLIER_TABLE {
+            // Envoy takes any route file that parses, and any table sealed as the sidecar seals
+            // one: it routes until it is put back. Its harm is bounded by that window (a few ms
+            // to tens of ms here; docs/deploy.md).
             let bound = restored_at + Duration::from_millis(500);
             let late: Vec<&&Record> = failed.iter().filter(|r| r.started > bound).collect();
             assert!(late.is_empty(), "{name}: failures 500 ms after it was put back: {late:?}");

@@ -23,7 +23,7 @@ pub enum Capture {
 impl Capture {
     pub const ALL: [Capture; 2] = [Capture::Native136, Capture::Emulated133];
 
-    /// Its folder in the archive (and in `shared/fixtures/real-apiserver/`).
+    /// Its folder in the archive (`testdata/real-apiserver/documents.tar.xz`).
     pub fn folder(self) -> &'static str {
         match self {
             Capture::Native136 => "real-1.36.2",

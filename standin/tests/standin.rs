@@ -4,7 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use skewgate_pki::{Pair, Pki};
@@ -752,29 +752,17 @@ fn profiles_refuse_unknown_eras_and_versions() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The real profiles: what a real kube-apiserver v1.36.2 served, captured in
-// `shared/fixtures/real-apiserver/` (beside the clone, as in CI) and packed into testdata.
+// The real profiles: what a real kube-apiserver v1.36.2 served, packed in
+// testdata/real-apiserver/documents.tar.xz (the repository's own copy: a clone stands alone).
 
-/// `shared/fixtures/real-apiserver/`, beside the workspace.
-fn shared_fixtures() -> std::path::PathBuf {
-    skewgate_testkit::paths::workspace_root().join("../shared/fixtures/real-apiserver")
-}
-
-fn files_under(dir: &std::path::Path) -> Result<std::collections::BTreeMap<String, Vec<u8>>> {
-    let mut out = std::collections::BTreeMap::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(at) = pending.pop() {
-        for entry in std::fs::read_dir(&at)? {
-            let path = entry?.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                let name = path.strip_prefix(dir)?.to_string_lossy().into_owned();
-                out.insert(name, std::fs::read(&path)?);
-            }
-        }
-    }
-    Ok(out)
+/// The captured files of one server (`real-1.36.2`, `real-1.36.2-emulated-1.33-betas`), by their
+/// path inside its folder.
+fn captured(folder: &str) -> Result<std::collections::BTreeMap<String, Vec<u8>>> {
+    let prefix = format!("{folder}/");
+    Ok(standin::captured::archive_files()?
+        .into_iter()
+        .filter_map(|(name, body)| Some((name.strip_prefix(&prefix)?.to_owned(), body)))
+        .collect())
 }
 
 /// One GET with extra headers: (status, headers, body).
@@ -791,15 +779,27 @@ async fn raw(
     Ok((resp.status().as_u16(), resp.headers().clone(), resp.bytes().await?))
 }
 
+/// The packed documents are whole: both servers' folders, every document a JSON document, the
+/// emulated server's `/version` the one kept beside the archive.
 #[test]
-fn the_packed_documents_are_the_shared_fixtures() -> Result<()> {
-    let shared = files_under(&shared_fixtures())?;
+fn the_packed_documents_are_whole() -> Result<()> {
     let packed = standin::captured::archive_files()?;
-    assert_eq!(packed.keys().collect::<Vec<_>>(), shared.keys().collect::<Vec<_>>());
-    for (name, body) in &shared {
-        assert!(packed[name] == *body, "{name} differs from shared/fixtures/real-apiserver");
+    assert!(packed.len() > 200, "{} files", packed.len());
+    for folder in ["real-1.36.2", "real-1.36.2-emulated-1.33-betas"] {
+        let files = captured(folder)?;
+        for name in
+            ["version.json", "discovery/apis.aggregated_v2.json", "openapi/v3/index.json", "openapi/v2.json"]
+        {
+            assert!(files.contains_key(name), "{folder}/{name} missing");
+        }
+        for (name, body) in files.iter().filter(|(name, _)| name.ends_with(".json")) {
+            serde_json::from_slice::<Value>(body).with_context(|| format!("{folder}/{name}"))?;
+        }
     }
-    assert!(shared.len() > 200, "{} files", shared.len());
+    let beside = std::fs::read(
+        skewgate_testkit::paths::workspace_root().join("testdata/real-apiserver/version-emulated-1.33.json"),
+    )?;
+    assert_eq!(captured("real-1.36.2-emulated-1.33-betas")?["version.json"], beside);
     Ok(())
 }
 
@@ -824,7 +824,7 @@ async fn real_profiles_serve_every_captured_file_at_its_path() -> Result<()> {
     let f = Fixture::new("real-files", &[("a", "1.36-real"), ("b", "1.33-real")], 1000).await?;
     let mut checked = 0;
     for (index, folder) in [(0, "real-1.36.2"), (1, "real-1.36.2-emulated-1.33-betas")] {
-        let files = files_under(&shared_fixtures().join(folder))?;
+        let files = captured(folder)?;
         let openapi_index: Value = serde_json::from_slice(&files["openapi/v3/index.json"])?;
         for (file, expected) in &files {
             let (path, accept) = match served_at(file) {

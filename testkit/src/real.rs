@@ -42,9 +42,14 @@ pub const CONTROLLERS: &str = "garbagecollector,namespace";
 pub const SHUTDOWN_DELAY: Duration = Duration::from_secs(5);
 /// The etcd key prefix every apiserver of the cluster shares.
 pub const ETCD_PREFIX: &str = "/registry";
-/// The ClusterRole (and ClusterRoleBinding) that gives group `devs` (alice) every verb on the
-/// resources of the groups the scenarios use. Not cluster-admin: no RBAC objects, no CRDs.
+/// The ClusterRole (and ClusterRoleBinding) that gives group `devs` (alice) what the scenarios
+/// do with the resources of the groups they use: read, write and delete them ([`DEVS_VERBS`]).
+/// Not cluster-admin: no RBAC objects, no CRDs, and none of the verbs that reach beyond the
+/// objects themselves (`impersonate` on the core group's users and groups would make alice
+/// anyone, `system:masters` included; `escalate`, `bind`, `approve`, `sign`).
 pub const DEVS_ROLE: &str = "skewgate-demo-devs";
+const DEVS_VERBS: [&str; 8] =
+    ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
 const DEVS_GROUPS: [&str; 9] = [
     "",
     "apps",
@@ -56,6 +61,15 @@ const DEVS_GROUPS: [&str; 9] = [
     "admissionregistration.k8s.io",
     "storagemigration.k8s.io",
 ];
+
+/// [`DEVS_ROLE`] itself.
+pub fn devs_role() -> serde_json::Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": DEVS_ROLE},
+        "rules": [{"apiGroups": DEVS_GROUPS, "resources": ["*"], "verbs": DEVS_VERBS}],
+    })
+}
 
 /// Flags the launcher owns: a spec that set them would take the apiserver away from the
 /// cluster's etcd, port or version.
@@ -665,16 +679,12 @@ impl ControlPlane {
         }
     }
 
-    /// RBAC for the demo users: group `devs` (alice's certificate) gets [`DEVS_ROLE`]. The admin
+    /// RBAC for the demo users: group `devs` (alice's certificate) gets [`devs_role`]. The admin
     /// token is in `system:masters` and needs nothing.
     pub async fn bind_demo_users(&self) -> Result<()> {
         let addr = self.apiservers.first().context("no apiserver running")?.addr;
         let base = format!("https://{addr}/apis/rbac.authorization.k8s.io/v1");
-        let role = json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": DEVS_ROLE},
-            "rules": [{"apiGroups": DEVS_GROUPS, "resources": ["*"], "verbs": ["*"]}],
-        });
+        let role = devs_role();
         let binding = json!({
             "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
             "metadata": {"name": DEVS_ROLE},
@@ -716,6 +726,27 @@ impl ControlPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The demo users' role reaches no further than the objects: alice cannot become someone
+    /// else (`impersonate` on users, groups or service accounts) nor grant herself more.
+    #[test]
+    fn the_demo_role_grants_no_identity_and_no_escalation() {
+        let role = devs_role();
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let verbs: Vec<&str> =
+                rule["verbs"].as_array().into_iter().flatten().filter_map(|v| v.as_str()).collect();
+            for forbidden in ["*", "impersonate", "escalate", "bind", "approve", "sign"] {
+                assert!(!verbs.contains(&forbidden), "{forbidden} granted: {rule}");
+            }
+            let groups: Vec<&str> =
+                rule["apiGroups"].as_array().into_iter().flatten().filter_map(|g| g.as_str()).collect();
+            assert!(
+                !groups
+                    .iter()
+                    .any(|g| *g == "*" || g.starts_with("rbac.") || g.starts_with("apiextensions."))
+            );
+        }
+    }
 
     fn args_of(command: &Command) -> Vec<String> {
         command.get_args().map(|a| a.to_string_lossy().into_owned()).collect()
