@@ -529,6 +529,31 @@ async fn certificates_go_refuses_give_no_identity() -> Result<()> {
     Ok(())
 }
 
+/// Outlier detection never empties a cluster: e's port is closed, so each request for e's API
+/// (set-e, e alone, without health checks) is a local failure of e's, yet e stays in set-e
+/// (Envoy refuses the ejections: at most half of a cluster goes out) and every request is
+/// tried on it, answered `connect failure`, not `no healthy upstream`. Ejecting the whole of a
+/// cluster turned a burst of the edge's own failures (connect timeouts on a busy machine) into
+/// no_healthy_upstream for apiservers that were up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outlier_detection_never_empties_a_cluster() -> Result<()> {
+    let f = Fixture::start("ejection").await?;
+    let mut statuses = BTreeMap::new();
+    for i in 0..10 {
+        let (status, _, body) =
+            f.get(&format!("/apis/test.skewgate.io/v1/namespaces/ns/refuses/x{i}")).await?;
+        ensure!(!body.contains("no_healthy_upstream"), "e was ejected from set-e: {body}");
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    let enforced = f.envoy.stat("cluster.set-e.outlier_detection.ejections_enforced_total").await?;
+    let overflow = f.envoy.stat("cluster.set-e.outlier_detection.ejections_overflow").await?;
+    println!(
+        "10 requests to e, whose port is closed: {statuses:?}; set-e ejections enforced {enforced}, refused {overflow}"
+    );
+    ensure!(enforced == 0 && overflow > 0, "set-e: {enforced} ejections enforced, {overflow} refused");
+    Ok(())
+}
+
 /// Pushes `next`, with the clusters, routes and filter configuration the tests give it, through
 /// `pusher`; what it pushed and the steps it took.
 async fn push_table(

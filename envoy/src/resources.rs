@@ -212,7 +212,12 @@ fn cluster(
             "enforcing_success_rate": 0,
             "enforcing_local_origin_success_rate": 0,
             "base_ejection_time": "5s",
-            "max_ejection_percent": 100
+            // Never all of a cluster: a host goes out only while at least half stay, so a set of
+            // one or two always keeps one. A burst of local failures that is the edge's own (a
+            // busy machine's connect timeouts, a flood of watches) ejected every apiserver of a
+            // cluster at once, which then answered no_healthy_upstream though each was up; an
+            // apiserver truly down leaves by its health checks.
+            "max_ejection_percent": 50
         },
         // Each watch holds an HTTP/1.1 connection (upgrades need HTTP/1.1 upstream); Envoy's
         // default of 1024 would turn the 1025th watch into a 503.
