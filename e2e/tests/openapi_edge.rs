@@ -290,8 +290,8 @@ fn manifest_yaml() -> String {
 }
 
 /// kubectl with its default (client-side, OpenAPI-backed) validation through the edge on the
-/// 1.33/1.33/1.36 era cluster, a fresh cache each run: known issue #1 (a third to two thirds of
-/// these failed while OpenAPI went to one apiserver) is gone.
+/// 1.33/1.33/1.36 era cluster, a fresh cache each run: every run passes (a third to two thirds
+/// of them failed while OpenAPI requests went to one apiserver, not a composed document).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_validates_against_composed_openapi() -> Result<()> {
     let out = std::env::temp_dir().join(format!("sg-oa-era-{}", std::process::id()));
