@@ -436,32 +436,72 @@ impl<T> Holds<T> {
     }
 
     /// Waiting stream `id`'s body has grown to `size` bytes: whether it may keep waiting, within
-    /// [`MAX_HELD_BODY`] and [`MAX_HELD_BODIES`]. A stream not waiting has room.
+    /// [`MAX_HELD_BODY`] and [`MAX_HELD_BODIES`]. A stream not waiting has room. The room for
+    /// bodies is shared as the room for requests is: when it is full, the newest waiting body of
+    /// the client whose bodies take the most, if more than this client's would, is answered to
+    /// make room (one client cannot keep the others' writes out).
     pub fn body_grew(&mut self, id: u32, size: usize) -> BodyRoom {
-        let all = self.bodies();
-        let Some(held) = self.down.iter_mut().flat_map(|d| d.waiting.iter_mut()).find(|h| h.id == id) else {
+        let Some(client) = self.waiting().find(|h| h.id == id).map(|h| h.client) else {
             return BodyRoom::Kept;
         };
-        let others = all - held.body;
         if size > MAX_HELD_BODY {
             return BodyRoom::TooLarge;
         }
-        if others + size > MAX_HELD_BODIES {
-            return BodyRoom::NoRoom;
+        loop {
+            let all = self.bodies();
+            let Some(held) = self.down.iter_mut().flat_map(|d| d.waiting.iter_mut()).find(|h| h.id == id)
+            else {
+                return BodyRoom::Kept;
+            };
+            if all - held.body + size <= MAX_HELD_BODIES {
+                held.body = size;
+                return BodyRoom::Kept;
+            }
+            let before = held.body;
+            if !self.make_body_room_for(client, id, size - before.min(size)) {
+                return BodyRoom::NoRoom;
+            }
         }
-        held.body = size;
-        BodyRoom::Kept
     }
 
-    /// The bytes the waiting requests' bodies take (those queued to be answered included: Envoy
-    /// keeps them until then): counted only when a body grows, a few hundred additions at most.
-    pub fn bodies(&self) -> usize {
-        self.down
+    /// Answers the newest waiting body of the client whose waiting bodies take the most, if that
+    /// is more than `client`'s will once its stream `id` grows by `growth`.
+    fn make_body_room_for(&mut self, client: Client, id: u32, growth: usize) -> bool {
+        let mut by_client: BTreeMap<Client, usize> = BTreeMap::new();
+        for h in self.waiting() {
+            *by_client.entry(h.client).or_default() += h.body;
+        }
+        let mine = by_client.get(&client).copied().unwrap_or(0) + growth;
+        let Some((&top, &most)) = by_client.iter().max_by_key(|(_, bytes)| **bytes) else { return false };
+        if top == client || most <= mine {
+            return false;
+        }
+        let newest = self
+            .down
             .iter()
-            .flat_map(|d| d.waiting.iter())
-            .chain(self.answering.iter().map(|a| &a.held))
-            .map(|h| h.body)
-            .sum()
+            .enumerate()
+            .flat_map(|(d, down)| down.waiting.iter().enumerate().map(move |(w, h)| (d, w, h)))
+            .filter(|(_, _, h)| h.client == top && h.body > 0 && h.id != id)
+            .max_by_key(|(_, _, h)| h.since)
+            .map(|(d, w, _)| (d, w));
+        let Some((d, w)) = newest else { return false };
+        let held = self.down[d].waiting.remove(w);
+        let cluster = self.down[d].cluster.clone();
+        self.left(&held);
+        self.answering.push_back(Answer { cluster, held, why: Why::Crowded });
+        true
+    }
+
+    /// Every waiting request.
+    fn waiting(&self) -> impl Iterator<Item = &Held<T>> {
+        self.down.iter().flat_map(|d| d.waiting.iter())
+    }
+
+    /// The bytes the waiting requests' bodies take (those queued to be answered too keep theirs
+    /// in Envoy until then, one tick at most, and are not counted): counted only when a body
+    /// grows, a few hundred additions at most.
+    pub fn bodies(&self) -> usize {
+        self.waiting().map(|h| h.body).sum()
     }
 
     /// Stream `id` ended while it waited or was about to be answered (the client went away):
@@ -754,6 +794,29 @@ mod tests {
         assert_eq!(client("10.0.0.1:5555"), client("10.0.0.1:6666"), "one host, one client");
         assert_ne!(client("10.0.0.1:5555"), client("10.0.0.2:5555"));
         assert_eq!(client("[::1]:443"), client("[::1]:80"));
+    }
+
+    /// The room for bodies is shared too: once one client's writes fill it, another's write
+    /// takes the place of the newest of the first client's, not the 503.
+    #[test]
+    fn the_room_for_bodies_is_shared_between_clients() {
+        let mut h: Holds<u32> = Holds::new(HoldPolicy { max_wait: ms(10_000), max_held: 1000 });
+        h.failed("c");
+        let n = (MAX_HELD_BODIES / MAX_HELD_BODY) as u32;
+        for id in 0..n {
+            assert_eq!(h.admit("c", id, ALICE, id, ms(u64::from(id))), Admission::Held);
+            assert_eq!(h.body_grew(id, MAX_HELD_BODY), BodyRoom::Kept);
+        }
+        assert_eq!(h.admit("c", n, ALICE, n, ms(100)), Admission::Held);
+        assert_eq!(h.body_grew(n, 1), BodyRoom::NoRoom, "alice's own: no one to make room");
+        for id in 100..103 {
+            assert_eq!(h.admit("c", id, BOB, id, ms(200)), Admission::Held);
+            assert_eq!(h.body_grew(id, MAX_HELD_BODY / 2), BodyRoom::Kept, "bob's writes get in");
+            assert_eq!(h.body_grew(id, MAX_HELD_BODY), BodyRoom::Kept, "and grow");
+        }
+        assert!(h.bodies() <= MAX_HELD_BODIES);
+        let crowded = h.due(ms(300));
+        assert_eq!(answered(&crowded), [(n - 1, Why::Crowded), (n - 2, Why::Crowded), (n - 3, Why::Crowded)]);
     }
 
     #[test]

@@ -1547,6 +1547,55 @@ async fn one_host_cannot_keep_another_out_of_the_waiting_room() -> Result<()> {
     Ok(())
 }
 
+/// The room for waiting bodies (32 MiB per worker) is shared by source host too: mallory's 70
+/// writes of 512 KiB from 127.0.0.1 fill it (64 wait, 6 get the 503 at once), then alice's 4
+/// from 127.0.0.2 wait in the place of mallory's newest and reach c whole once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_cannot_keep_anothers_writes_out() -> Result<()> {
+    use skewgate_core::hold::MAX_HELD_BODY;
+    let edit = |s| Settings { route_timeout: "60s".into(), concurrency: 1, ..s };
+    let f = Fixture::start_table("hold-shared-bodies", false, holding_table(&["c"]), edit).await?;
+    let from = |ip: [u8; 4]| -> Result<reqwest::Client> {
+        let builder = listener_client(&f.pki, None, Duration::from_secs(60))?;
+        Ok(builder.local_address(std::net::IpAddr::from(ip)).http2_prior_knowledge().build()?)
+    };
+    let (mallory, alice) = (from([127, 0, 0, 1])?, from([127, 0, 0, 2])?);
+    let url = format!("{}{CLAIMS_V1}", f.base);
+    mark_draining(&f, &["c"]).await?;
+    finds_c_away(&mallory, &url).await?;
+    let body = vec![b'x'; MAX_HELD_BODY];
+    let write = |client: &reqwest::Client| {
+        in_background(client.post(&url).header("Authorization", "Bearer token-1").body(body.clone()))
+    };
+    let stat =
+        |outcome: &str| format!("wasmcustom.skewgate.held_requests_total.cluster=set-c;outcome={outcome};");
+    let theirs: Vec<_> = (0..70).map(|_| write(&mallory)).collect();
+    f.envoy.wait_stat(&stat("refused"), 6, Duration::from_secs(30)).await?;
+    let hers: Vec<_> = (0..4).map(|_| write(&alice)).collect();
+    f.envoy.wait_stat(&stat("crowded"), 4, Duration::from_secs(30)).await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    mark_draining(&f, &[]).await?;
+    let mut alices = BTreeMap::new();
+    for task in hers {
+        let (status, _, answer, _) = task.await??;
+        if status == 200 {
+            let echo: Value = serde_json::from_str(&answer)?;
+            ensure!(echo["bodyBytes"].as_u64() == Some(MAX_HELD_BODY as u64), "{echo}");
+        }
+        *alices.entry(status).or_insert(0) += 1;
+    }
+    let mut mallorys = BTreeMap::new();
+    for task in theirs {
+        *mallorys.entry(task.await??.0).or_insert(0) += 1;
+    }
+    println!(
+        "bodies of 32 MiB, mallory 70 writes of 512 KiB then alice 4: alice {alices:?}, mallory {mallorys:?}"
+    );
+    ensure!(alices == BTreeMap::from([(200, 4)]), "alice: {alices:?}");
+    ensure!(mallorys == BTreeMap::from([(200, 60), (503, 10)]), "mallory: {mallorys:?}");
+    Ok(())
+}
+
 /// Envoy's own failure on a bypass route (every apiserver gone), the pool's or a rerouted GVR's,
 /// reaches the client as a Kubernetes `Status`, as the filter's 503 does on its routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
