@@ -273,12 +273,18 @@ impl<T> Holds<T> {
         if top == client || mine + 2 > most || self.answering.len() >= self.policy.max_held {
             return false;
         }
+        self.crowd_out_newest(|h| h.client == top)
+    }
+
+    /// Answers the newest waiting request `pick` chooses, to make room for another client's:
+    /// whether there was one.
+    fn crowd_out_newest(&mut self, pick: impl Fn(&Held<T>) -> bool) -> bool {
         let newest = self
             .down
             .iter()
             .enumerate()
             .flat_map(|(d, down)| down.waiting.iter().enumerate().map(move |(w, h)| (d, w, h)))
-            .filter(|(_, _, h)| h.client == top)
+            .filter(|(_, _, h)| pick(h))
             .max_by_key(|(_, _, h)| h.since)
             .map(|(d, w, _)| (d, w));
         let Some((d, w)) = newest else { return false };
@@ -476,20 +482,7 @@ impl<T> Holds<T> {
         if top == client || most <= mine {
             return false;
         }
-        let newest = self
-            .down
-            .iter()
-            .enumerate()
-            .flat_map(|(d, down)| down.waiting.iter().enumerate().map(move |(w, h)| (d, w, h)))
-            .filter(|(_, _, h)| h.client == top && h.body > 0 && h.id != id)
-            .max_by_key(|(_, _, h)| h.since)
-            .map(|(d, w, _)| (d, w));
-        let Some((d, w)) = newest else { return false };
-        let held = self.down[d].waiting.remove(w);
-        let cluster = self.down[d].cluster.clone();
-        self.left(&held);
-        self.answering.push_back(Answer { cluster, held, why: Why::Crowded });
-        true
+        self.crowd_out_newest(|h| h.client == top && h.body > 0 && h.id != id)
     }
 
     /// Every waiting request.

@@ -1497,6 +1497,31 @@ async fn reads_leave_a_frozen_apiserver_within_seconds() -> Result<()> {
     Ok(())
 }
 
+/// An Envoy of one worker with `table`, and an HTTP/2 client from each of two hosts (mallory
+/// from 127.0.0.1, alice from 127.0.0.2), once Envoy has found c away: c's API's URL.
+struct TwoHosts {
+    f: Fixture,
+    mallory: reqwest::Client,
+    alice: reqwest::Client,
+    url: String,
+}
+
+impl TwoHosts {
+    async fn with_c_away(name: &str, table: TableConfig) -> Result<Self> {
+        let edit = |s| Settings { route_timeout: "60s".into(), concurrency: 1, ..s };
+        let f = Fixture::start_table(name, false, table, edit).await?;
+        let from = |ip: [u8; 4]| -> Result<reqwest::Client> {
+            let builder = listener_client(&f.pki, None, Duration::from_secs(60))?;
+            Ok(builder.local_address(std::net::IpAddr::from(ip)).http2_prior_knowledge().build()?)
+        };
+        let (mallory, alice) = (from([127, 0, 0, 1])?, from([127, 0, 0, 2])?);
+        let url = format!("{}{CLAIMS_V1}", f.base);
+        mark_draining(&f, &["c"]).await?;
+        finds_c_away(&mallory, &url).await?;
+        Ok(Self { f, mallory, alice, url })
+    }
+}
+
 /// The waiting room is shared by source host: one host filling it (mallory, 150 requests on
 /// one HTTP/2 connection from 127.0.0.1, 100 waiting at most) does not keep another's out
 /// (alice, 10 from 127.0.0.2): alice's all wait and are served once c is back, in the place of
@@ -1507,16 +1532,7 @@ async fn one_host_cannot_keep_another_out_of_the_waiting_room() -> Result<()> {
     let mut t = holding_table(&["c"]);
     t.policy.max_held = 100;
     seal_as_named(&mut t);
-    let edit = |s| Settings { route_timeout: "60s".into(), concurrency: 1, ..s };
-    let f = Fixture::start_table("hold-shared", false, t, edit).await?;
-    let from = |ip: [u8; 4]| -> Result<reqwest::Client> {
-        let builder = listener_client(&f.pki, None, Duration::from_secs(60))?;
-        Ok(builder.local_address(std::net::IpAddr::from(ip)).http2_prior_knowledge().build()?)
-    };
-    let (mallory, alice) = (from([127, 0, 0, 1])?, from([127, 0, 0, 2])?);
-    let url = format!("{}{CLAIMS_V1}", f.base);
-    mark_draining(&f, &["c"]).await?;
-    finds_c_away(&mallory, &url).await?;
+    let TwoHosts { f, mallory, alice, url } = TwoHosts::with_c_away("hold-shared", t).await?;
     let send =
         |client: &reqwest::Client| in_background(client.get(&url).header("Authorization", "Bearer token-1"));
     let flood: Vec<_> = (0..150).map(|_| send(&mallory)).collect();
@@ -1553,16 +1569,8 @@ async fn one_host_cannot_keep_another_out_of_the_waiting_room() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_host_cannot_keep_anothers_writes_out() -> Result<()> {
     use skewgate_core::hold::MAX_HELD_BODY;
-    let edit = |s| Settings { route_timeout: "60s".into(), concurrency: 1, ..s };
-    let f = Fixture::start_table("hold-shared-bodies", false, holding_table(&["c"]), edit).await?;
-    let from = |ip: [u8; 4]| -> Result<reqwest::Client> {
-        let builder = listener_client(&f.pki, None, Duration::from_secs(60))?;
-        Ok(builder.local_address(std::net::IpAddr::from(ip)).http2_prior_knowledge().build()?)
-    };
-    let (mallory, alice) = (from([127, 0, 0, 1])?, from([127, 0, 0, 2])?);
-    let url = format!("{}{CLAIMS_V1}", f.base);
-    mark_draining(&f, &["c"]).await?;
-    finds_c_away(&mallory, &url).await?;
+    let TwoHosts { f, mallory, alice, url } =
+        TwoHosts::with_c_away("hold-shared-bodies", holding_table(&["c"])).await?;
     let body = vec![b'x'; MAX_HELD_BODY];
     let write = |client: &reqwest::Client| {
         in_background(client.post(&url).header("Authorization", "Bearer token-1").body(body.clone()))
