@@ -269,25 +269,15 @@ fn integer(contents: &[u8]) -> Option<Sign<'_>> {
 
 /// Go's reading of an OBJECT IDENTIFIER's contents: base-128 arcs, minimal, each below 2^31.
 fn valid_oid(contents: &[u8]) -> bool {
-    if contents.is_empty() || contents.last().is_some_and(|b| b & 0x80 != 0) {
-        return false;
-    }
-    let mut arc: u64 = 0;
-    let mut first = true;
-    for &b in contents {
-        if first && b == 0x80 {
-            return false;
-        }
-        arc = (arc << 7) | u64::from(b & 0x7f);
-        if arc >= 1 << 31 {
-            return false;
-        }
-        first = b & 0x80 == 0;
-        if first {
-            arc = 0;
-        }
-    }
-    true
+    let below_2_31 = |arc: &[u8]| {
+        arc.iter()
+            .try_fold(0u64, |n, b| Some((n << 7) | u64::from(b & 0x7f)).filter(|n| *n < 1 << 31))
+            .is_some()
+    };
+    contents.last().is_some_and(|b| b & 0x80 == 0)
+        && contents
+            .split_inclusive(|b| b & 0x80 == 0)
+            .all(|arc| arc.first() != Some(&0x80) && below_2_31(arc))
 }
 
 /// The extensions, as Go's `parseExtension` and `processExtensions` read them, and what its

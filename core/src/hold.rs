@@ -463,8 +463,8 @@ impl<T> Holds<T> {
                 held.body = size;
                 return BodyRoom::Kept;
             }
-            let before = held.body;
-            if !self.make_body_room_for(client, id, size - before.min(size)) {
+            let growth = size.saturating_sub(held.body);
+            if !self.make_body_room_for(client, id, growth) {
                 return BodyRoom::NoRoom;
             }
         }

@@ -1247,6 +1247,25 @@ mod tests {
         assert!(with_it["request_headers_to_add"].to_string().contains("credential"));
     }
 
+    /// Every read route (the filter's and the bypass routes') gives each try a third of the route
+    /// timeout without a byte, so that a read a frozen apiserver holds goes to another; writes
+    /// and long-running requests get none.
+    #[test]
+    fn reads_get_a_third_of_the_route_timeout_per_try() {
+        let t = routing_table(|_| {});
+        for (timeout, per_try) in [("65s", json!("21.666s")), ("30s", json!("10s")), ("0s", Value::Null)] {
+            let v = rds(Some(&t), timeout);
+            for route in v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap() {
+                let retry = &route["route"]["retry_policy"]["per_try_idle_timeout"];
+                let read = route["route"]["retry_policy"]["retry_on"]
+                    .as_str()
+                    .is_some_and(|r| r.ends_with(",reset"));
+                let expected = if read { &per_try } else { &Value::Null };
+                assert_eq!(retry, expected, "{timeout}: {}", route["name"]);
+            }
+        }
+    }
+
     /// The listener's `stream_idle_timeout` (10 s) is its request-header timeout: a route without
     /// an `idle_timeout` of its own would cut off an answer that takes longer, or a quiet watch.
     #[test]
