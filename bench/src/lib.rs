@@ -180,10 +180,11 @@ pub fn discovery_answers(table: &skewgate_core::table::RoutingTable, requests: &
                 token: true,
             };
             let composed = match decide(table, &head).action {
-                Action::Route(route) => route
-                    .compose
-                    .and_then(|c| composed_reply(table, c.source, 200))
-                    .map(|reply| (reply.content_type.to_string(), reply.body.to_string())),
+                Action::Route(route) => {
+                    route.compose.and_then(|c| composed_reply(table, c.source, 200)).map(|reply| {
+                        (reply.content_type.to_string(), String::from_utf8_lossy(reply.body).into_owned())
+                    })
+                }
                 Action::Refuse(_) => None,
             };
             // `/apis` asked for one apiserver's own view (profile=nopeer): its own aggregated

@@ -1,9 +1,10 @@
 //! The per-request decision (docs/architecture.md, "Request path"): one pure function from a request head and a routing
 //! table to what Envoy must do. The filter and `skewgate explain` both call [`decide`].
 
-use crate::accept::{DiscoveryAccept, negotiate_discovery, negotiate_legacy};
+use crate::accept::{DiscoveryAccept, Encoding, negotiate};
 use crate::certificate;
 use crate::discovery::MEDIA_TYPE_V2_JSON;
+use crate::discovery::protobuf::{MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_V2_PROTOBUF};
 use crate::identity::{self, CertIdentity, Identity, Unforwardable};
 use crate::request_info::{RequestInfo, decode_path, split_target};
 use crate::table::{Gvr, LegacyPath, RoutingTable, Serving};
@@ -70,7 +71,7 @@ pub struct Route<'t> {
 
 /// What the filter answers in place of an authorized upstream answer: the merged aggregated
 /// discovery document (or a 304 when the client already has it), a composed legacy discovery
-/// document, or 406 for a composed document asked for in a type skewgate does not compose.
+/// document, in JSON or protobuf, or 406 for a composed document asked for in YAML.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reply<'t> {
     pub status: u16,
@@ -79,26 +80,37 @@ pub struct Reply<'t> {
     /// (legacy discovery).
     pub etag: &'t str,
     /// Empty for 304.
-    pub body: &'t str,
+    pub body: &'t [u8],
     /// Which document, so that the filter can find it again when the apiserver's answer comes.
     pub source: Composed,
 }
 
-/// Which composed document a [`Reply`] carries.
+/// Which composed document a [`Reply`] carries, in which encoding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Composed {
     /// The peer-aggregated `/apis`.
-    MergedDiscovery,
+    MergedDiscovery(Encoding),
     /// Index into the table's composed legacy documents.
-    Legacy(usize),
-    /// 406 Not Acceptable: the Accept header allows only protobuf or YAML.
+    Legacy(usize, Encoding),
+    /// 406 Not Acceptable: the Accept header allows only YAML, or the table's document does not
+    /// decode as its kind (so no faithful protobuf form exists).
     NotAcceptable,
 }
 
 const MEDIA_TYPE_JSON: &str = "application/json";
 
 /// kube-apiserver's wording for a media type it cannot produce, and why skewgate cannot.
-const NOT_ACCEPTABLE: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"only the following media types are accepted: application/json (skewgate composes this discovery document from several apiservers' documents, in JSON only)","reason":"NotAcceptable","code":406}"#;
+/// YAML is left out: Go's YAML writer (key order, quoting) is not one to imitate byte for byte
+/// for a type no Kubernetes client asks discovery in.
+const NOT_ACCEPTABLE: &str = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"only the following media types are accepted: application/json, application/vnd.kubernetes.protobuf (skewgate composes this discovery document from several apiservers' documents, and not in YAML)","reason":"NotAcceptable","code":406}"#;
+
+const NOT_ACCEPTABLE_REPLY: Reply<'static> = Reply {
+    status: 406,
+    content_type: MEDIA_TYPE_JSON,
+    etag: "",
+    body: NOT_ACCEPTABLE.as_bytes(),
+    source: Composed::NotAcceptable,
+};
 
 impl Reply<'_> {
     /// Response headers besides `:status`; an empty value means "no such header".
@@ -118,23 +130,34 @@ impl Reply<'_> {
 /// response callback (the table a request was decided on stays with the request).
 pub fn composed_reply(table: &RoutingTable, source: Composed, status: u16) -> Option<Reply<'_>> {
     let reply = match source {
-        Composed::MergedDiscovery => {
+        Composed::MergedDiscovery(encoding) => {
             let merged = table.merged_discovery()?;
-            Reply {
-                status,
-                content_type: MEDIA_TYPE_V2_JSON,
-                etag: &merged.quoted_etag,
-                body: if status == 304 { "" } else { &merged.document },
-                source,
-            }
+            // The ETag names the document, not its encoding: kube-apiserver answers 304 before it
+            // negotiates.
+            let (content_type, body) = match encoding {
+                _ if status == 304 => (MEDIA_TYPE_V2_JSON, &[][..]),
+                Encoding::Json => (MEDIA_TYPE_V2_JSON, merged.document.as_bytes()),
+                Encoding::Protobuf => match merged.protobuf() {
+                    Some(body) => (MEDIA_TYPE_V2_PROTOBUF, body),
+                    None => return Some(NOT_ACCEPTABLE_REPLY),
+                },
+                Encoding::Yaml => return Some(NOT_ACCEPTABLE_REPLY),
+            };
+            Reply { status, content_type, etag: &merged.quoted_etag, body, source }
         }
-        Composed::Legacy(index) => {
+        Composed::Legacy(index, encoding) => {
             let document = table.legacy_discovery().at(index)?;
-            Reply { status: 200, content_type: MEDIA_TYPE_JSON, etag: "", body: &document.document, source }
+            let (content_type, body) = match encoding {
+                Encoding::Json => (MEDIA_TYPE_JSON, document.document.as_bytes()),
+                Encoding::Protobuf => match document.protobuf() {
+                    Some(body) => (MEDIA_TYPE_PROTOBUF, body),
+                    None => return Some(NOT_ACCEPTABLE_REPLY),
+                },
+                Encoding::Yaml => return Some(NOT_ACCEPTABLE_REPLY),
+            };
+            Reply { status: 200, content_type, etag: "", body, source }
         }
-        Composed::NotAcceptable => {
-            Reply { status: 406, content_type: MEDIA_TYPE_JSON, etag: "", body: NOT_ACCEPTABLE, source }
-        }
+        Composed::NotAcceptable => NOT_ACCEPTABLE_REPLY,
     };
     Some(reply)
 }
@@ -161,8 +184,8 @@ pub enum Reason {
     LegacyGroupVersionDiscovery,
     /// Legacy discovery whose apiservers' documents differ: answered with the composed one.
     ComposedLegacyDiscovery,
-    /// The same, asked for in protobuf or YAML only: 406.
-    ComposedLegacyNotAcceptable,
+    /// A document composed at the edge (legacy or aggregated), asked for in YAML: 406.
+    ComposedNotAcceptable,
     OpenApiGroupVersion,
     /// `/openapi/v2`, the `/openapi/v3` index or a v3 document not of a group/version.
     OpenApiDocument,
@@ -186,7 +209,7 @@ impl Reason {
                 "aggregated discovery v2: If-None-Match matches the peer-aggregated document"
             }
             Reason::LocalDiscovery => {
-                "discovery without peer aggregation (nopeer, legacy, v2beta1 or protobuf): any apiserver"
+                "discovery without peer aggregation (nopeer, or legacy documents the apiservers answer alike), or a media type no apiserver serves: any apiserver"
             }
             Reason::NoMergedDocument => {
                 "aggregated discovery v2 but the table has no merged document: any apiserver"
@@ -200,8 +223,8 @@ impl Reason {
             Reason::ComposedLegacyDiscovery => {
                 "legacy discovery the apiservers answer differently: answered with the composed document"
             }
-            Reason::ComposedLegacyNotAcceptable => {
-                "legacy discovery composed at the edge (JSON only), asked for in protobuf or YAML only: 406"
+            Reason::ComposedNotAcceptable => {
+                "discovery document composed at the edge (in JSON and protobuf), asked for in YAML: 406"
             }
             Reason::OpenApiGroupVersion => "OpenAPI v3 of a group/version: apiservers that serve it",
             Reason::OpenApiDocument => "OpenAPI document: any apiserver",
@@ -376,13 +399,19 @@ fn non_resource<'t>(table: &'t RoutingTable, head: &RequestHead<'_>, path: &str)
         None => pool(table, Reason::NonResource),
     };
     let legacy = |path: LegacyPath<'_>, base: Outcome<'t>| {
-        compose_legacy(table, head, path, negotiate_legacy(head.accept), base)
+        compose_legacy(table, head, path, negotiate(path, head.accept), base)
     };
     match (first, more) {
         ([Some("apis"), None, ..], _) if path == "/apis" && head.method == "GET" => discovery(table, head),
         ([Some("api"), None, ..], _) if path == "/api" => {
             let base = pool(table, Reason::NonResource);
-            compose_legacy(table, head, LegacyPath::Versions, negotiate_discovery(head.accept), base)
+            compose_legacy(
+                table,
+                head,
+                LegacyPath::Versions,
+                negotiate(LegacyPath::Versions, head.accept),
+                base,
+            )
         }
         ([Some("api"), Some(v), None, ..], _) => {
             legacy(LegacyPath::GroupVersion("", v), pool(table, Reason::NonResource))
@@ -419,9 +448,11 @@ fn compose_legacy<'t>(
     }
     let Some((index, _)) = table.legacy_discovery().get(path) else { return base };
     let (source, reason) = match accept {
-        DiscoveryAccept::LegacyJson => (Composed::Legacy(index), Reason::ComposedLegacyDiscovery),
-        DiscoveryAccept::LegacyOther => (Composed::NotAcceptable, Reason::ComposedLegacyNotAcceptable),
-        DiscoveryAccept::MergedV2 | DiscoveryAccept::NoPeerV2 | DiscoveryAccept::Local => return base,
+        DiscoveryAccept::Legacy(Encoding::Yaml) => (Composed::NotAcceptable, Reason::ComposedNotAcceptable),
+        DiscoveryAccept::Legacy(encoding) => {
+            (Composed::Legacy(index, encoding), Reason::ComposedLegacyDiscovery)
+        }
+        DiscoveryAccept::MergedV2(_) | DiscoveryAccept::NoPeerV2(_) | DiscoveryAccept::Local => return base,
     };
     if let Action::Route(route) = &mut base.action {
         route.compose = composed_reply(table, source, 200);
@@ -431,9 +462,9 @@ fn compose_legacy<'t>(
 }
 
 fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t> {
-    match negotiate_discovery(head.accept) {
-        DiscoveryAccept::MergedV2 => {}
-        accept @ (DiscoveryAccept::LegacyJson | DiscoveryAccept::LegacyOther) => {
+    let encoding = match negotiate(LegacyPath::GroupList, head.accept) {
+        DiscoveryAccept::MergedV2(encoding) => encoding,
+        accept @ DiscoveryAccept::Legacy(_) => {
             return compose_legacy(
                 table,
                 head,
@@ -442,19 +473,21 @@ fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t>
                 pool(table, Reason::LocalDiscovery),
             );
         }
-        DiscoveryAccept::NoPeerV2 | DiscoveryAccept::Local => return pool(table, Reason::LocalDiscovery),
-    }
+        DiscoveryAccept::NoPeerV2(_) | DiscoveryAccept::Local => return pool(table, Reason::LocalDiscovery),
+    };
     let Some(merged) = table.merged_discovery() else {
         return pool(table, Reason::NoMergedDocument);
     };
     let (status, reason) = if head.if_none_match == Some(merged.quoted_etag.as_str()) {
         (304, Reason::MergedDiscoveryNotModified)
+    } else if encoding == Encoding::Yaml {
+        (406, Reason::ComposedNotAcceptable)
     } else {
         (200, Reason::MergedDiscovery)
     };
     let mut o = pool(table, reason);
     if let Action::Route(route) = &mut o.action {
-        route.compose = composed_reply(table, Composed::MergedDiscovery, status);
+        route.compose = composed_reply(table, Composed::MergedDiscovery(encoding), status);
     }
     o
 }
@@ -650,7 +683,7 @@ mod tests {
         let reply = d.route().and_then(|r| r.compose).unwrap();
         assert_eq!(
             (reply.status, reply.etag, reply.body),
-            (200, "\"ABC123\"", "{\"kind\":\"APIGroupDiscoveryList\"}")
+            (200, "\"ABC123\"", &b"{\"kind\":\"APIGroupDiscoveryList\"}"[..])
         );
         assert_eq!(reply.headers()[0], ("content-type", MEDIA_TYPE_V2_JSON));
         assert_eq!(reply.headers()[2], ("vary", "Accept"));
@@ -658,7 +691,7 @@ mod tests {
 
         h.if_none_match = Some("\"ABC123\"");
         let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
-        assert_eq!((reply.status, reply.body), (304, ""));
+        assert_eq!((reply.status, reply.body), (304, &b""[..]));
 
         h.if_none_match = Some("\"OLD\"");
         let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
@@ -700,13 +733,23 @@ mod tests {
         RoutingTable::from_json(v.to_string().as_bytes()).unwrap()
     }
 
+    /// The `kind` of a JSON or protobuf body.
+    fn kind_of(body: &[u8]) -> String {
+        if let Some((_, kind)) = crate::discovery::protobuf::type_meta(body) {
+            return kind.to_owned();
+        }
+        let document: serde_json::Value = serde_json::from_slice(body).unwrap();
+        document["kind"].as_str().unwrap_or_default().to_owned()
+    }
+
     /// (method, target, accept) → (cluster, reason, composed status and body kind).
     #[test]
     fn composed_legacy_discovery() {
         let t = table_with_legacy();
         let protobuf = "application/vnd.kubernetes.protobuf";
         type Case<'a> = (&'a str, &'a str, Option<&'a str>, &'a str, Reason, Option<(u16, &'a str)>);
-        let cases: [Case<'_>; 14] = [
+        let yaml = "application/yaml";
+        let cases: [Case<'_>; 17] = [
             (
                 "GET",
                 "/apis",
@@ -723,8 +766,25 @@ mod tests {
                 "/apis",
                 Some(protobuf),
                 "pool",
-                Reason::ComposedLegacyNotAcceptable,
-                Some((406, "Status")),
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIGroupList")),
+            ),
+            ("GET", "/apis", Some(yaml), "pool", Reason::ComposedNotAcceptable, Some((406, "Status"))),
+            (
+                "GET",
+                "/apis/resource.k8s.io",
+                Some("application/vnd.kubernetes.protobuf, */*"),
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIGroup")),
+            ),
+            (
+                "GET",
+                "/api/v1",
+                Some(protobuf),
+                "pool",
+                Reason::ComposedLegacyDiscovery,
+                Some((200, "APIResourceList")),
             ),
             (
                 "GET",
@@ -778,14 +838,15 @@ mod tests {
             let d = decide(&t, &h);
             let route = d.route().unwrap();
             assert_eq!((route.cluster, d.reason), (cluster, reason), "{method} {target} {accept:?}");
-            let got = route.compose.map(|r| {
-                let kind: serde_json::Value = serde_json::from_str(r.body).unwrap();
-                (r.status, kind["kind"].as_str().unwrap_or_default().to_owned())
-            });
+            let got = route.compose.map(|r| (r.status, kind_of(r.body)));
             assert_eq!(got, composed.map(|(s, k)| (s, k.to_owned())), "{method} {target} {accept:?}");
         }
         let mut h = head("GET", "/apis/resource.k8s.io/v1alpha3");
         h.accept = Some(protobuf);
+        let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
+        assert_eq!(reply.headers()[0], ("content-type", "application/vnd.kubernetes.protobuf"));
+        assert_eq!(composed_reply(&t, reply.source, 200), Some(reply));
+        h.accept = Some(yaml);
         let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
         assert_eq!(reply.status, 406);
         assert_eq!(

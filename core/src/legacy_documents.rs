@@ -4,8 +4,12 @@
 //! is the same are not here: an apiserver among them answers as is (and the table stays small).
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use serde::{Deserialize, Serialize};
+
+use crate::discovery::protobuf::ToProtobuf;
+use crate::discovery::{ApiGroup, ApiGroupList, ApiResourceList, ApiVersions};
 
 /// One composed document, as the table's JSON carries it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +73,33 @@ pub struct LegacyDocument {
     pub path: String,
     pub inputs: Vec<String>,
     pub document: String,
+    /// The document in protobuf, encoded the first time a client asks for it: most tables are
+    /// never asked, and a reload should not pay for it. `None`: the JSON is not a document of the
+    /// kind its path serves, so there is nothing faithful to encode.
+    protobuf: OnceLock<Option<Vec<u8>>>,
+}
+
+impl LegacyDocument {
+    pub fn new(path: String, inputs: Vec<String>, document: String) -> Self {
+        LegacyDocument { path, inputs, document, protobuf: OnceLock::new() }
+    }
+
+    /// The document as kube-apiserver writes it in `application/vnd.kubernetes.protobuf`.
+    pub fn protobuf(&self) -> Option<&[u8]> {
+        self.protobuf.get_or_init(|| legacy_protobuf(&self.path, self.document.as_bytes())).as_deref()
+    }
+}
+
+/// The protobuf form of the legacy document `json` served at `path` (its kind follows from the
+/// path); `None` if `json` is not a document of that kind.
+pub fn legacy_protobuf(path: &str, json: &[u8]) -> Option<Vec<u8>> {
+    let encoded = match LegacyPath::parse(path)? {
+        LegacyPath::Versions => ApiVersions::from_json(json).ok()?.to_protobuf(),
+        LegacyPath::GroupList => ApiGroupList::from_json(json).ok()?.to_protobuf(),
+        LegacyPath::Group(_) => ApiGroup::from_json(json).ok()?.to_protobuf(),
+        LegacyPath::GroupVersion(..) => ApiResourceList::from_json(json).ok()?.to_protobuf(),
+    };
+    Some(encoded)
 }
 
 /// The composed documents with their look-ups by path.
@@ -130,11 +161,7 @@ impl LegacyDocuments {
             if previous.is_some() {
                 return Err((format!("{field}.path"), format!("{} is listed twice", config.path)));
             }
-            out.documents.push(LegacyDocument {
-                path: config.path,
-                inputs: config.inputs,
-                document: config.document,
-            });
+            out.documents.push(LegacyDocument::new(config.path, config.inputs, config.document));
         }
         Ok(out)
     }

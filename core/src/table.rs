@@ -7,11 +7,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::OnceLock;
 
+use crate::discovery::ApiGroupDiscoveryList;
+use crate::discovery::protobuf::ToProtobuf;
 use crate::hold::HoldPolicy;
 use serde::{Deserialize, Serialize};
 
-pub use crate::legacy_documents::{LegacyDocument, LegacyDocumentConfig, LegacyDocuments, LegacyPath};
+pub use crate::legacy_documents::{
+    LegacyDocument, LegacyDocumentConfig, LegacyDocuments, LegacyPath, legacy_protobuf,
+};
 
 /// The only schema this build understands.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -351,9 +356,29 @@ pub struct RoutingTable {
 /// The peer-aggregated `/apis` answer, ready to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MergedDiscovery {
-    /// With the quotes the `ETag` header and `If-None-Match` carry.
+    /// With the quotes the `ETag` header and `If-None-Match` carry. kube-apiserver computes it
+    /// from the JSON form and sends the same one with every encoding.
     pub quoted_etag: String,
     pub document: String,
+    /// The protobuf form, encoded on first use (see [`LegacyDocument`](crate::legacy_documents::LegacyDocument)).
+    protobuf: OnceLock<Option<Vec<u8>>>,
+}
+
+impl MergedDiscovery {
+    pub fn new(quoted_etag: String, document: String) -> Self {
+        MergedDiscovery { quoted_etag, document, protobuf: OnceLock::new() }
+    }
+
+    /// The document as kube-apiserver writes it for
+    /// `application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList`.
+    pub fn protobuf(&self) -> Option<&[u8]> {
+        self.protobuf
+            .get_or_init(|| {
+                let list = ApiGroupDiscoveryList::from_json(self.document.as_bytes()).ok()?;
+                Some(list.to_protobuf())
+            })
+            .as_deref()
+    }
 }
 
 fn parse(bytes: &[u8]) -> Result<TableConfig, TableError> {
@@ -501,7 +526,7 @@ impl RoutingTable {
                 if serde_json::from_str::<serde::de::IgnoredAny>(&d.document).is_err() {
                     return Err(err("discovery.document", "is not a JSON document"));
                 }
-                Some(MergedDiscovery { quoted_etag: format!("\"{}\"", d.etag), document: d.document })
+                Some(MergedDiscovery::new(format!("\"{}\"", d.etag), d.document))
             }
             None => None,
         };

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
+use skewgate_core::discovery::ApiGroupDiscoveryList;
+use skewgate_core::discovery::protobuf::{MEDIA_TYPE_V2_PROTOBUF, ToProtobuf};
 use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
 use skewgate_envoy::{self as resources, Endpoint, Health, UpstreamTls};
@@ -1808,6 +1810,24 @@ async fn merged_discovery(native: bool) -> Result<()> {
     let req = f.anonymous.get(&url).header("accept", V2).header("if-none-match", "\"0123ABCD\"");
     let (status, _, body) = f.send(&f.anonymous, req).await?;
     assert_eq!((status, body.as_str()), (304, ""));
+    // In protobuf: the same document as kube-apiserver encodes it, with the same ETag (it names
+    // the document, not the encoding).
+    let resp = f.anonymous.get(&url).header("accept", MEDIA_TYPE_V2_PROTOBUF).send().await?;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], MEDIA_TYPE_V2_PROTOBUF);
+    assert_eq!(resp.headers()["etag"], "\"0123ABCD\"");
+    let want = ApiGroupDiscoveryList::from_json(MERGED_DOC.as_bytes())?.to_protobuf();
+    assert_eq!(resp.bytes().await?.to_vec(), want);
+    // YAML is not composed: 406 after the apiserver let the request through.
+    let (status, _, body) = f
+        .send(
+            &f.anonymous,
+            f.anonymous
+                .get(&url)
+                .header("accept", "application/yaml;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList"),
+        )
+        .await?;
+    assert_eq!(status, 406, "{body}");
     // The composed answers replaced the apiserver's once it was complete: Envoy closed no
     // upstream connection under a request (3 of 3 before: a new mTLS handshake each).
     let closed: u64 = f
@@ -1834,7 +1854,7 @@ async fn merged_discovery(native: bool) -> Result<()> {
         return wait_routes_logged(&f, "native-read", 1).await;
     }
     let prom = f.envoy.prometheus().await?;
-    assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"200\"} 2"), "{prom}");
+    assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"200\"} 3"), "{prom}");
     assert!(prom.lines().any(|l| l == "skewgate_merged_discovery_total{code=\"304\"} 1"), "{prom}");
     Ok(())
 }

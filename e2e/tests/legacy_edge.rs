@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use skewgate_core::table::LegacyPath;
+use skewgate_core::discovery::protobuf::MEDIA_TYPE_PROTOBUF;
+use skewgate_core::table::{LegacyPath, legacy_protobuf};
 use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
 use skewgate_testkit::echo::SERVED_BY;
 use skewgate_testkit::kubectl::Kubectl;
@@ -133,7 +134,8 @@ async fn check_cluster(c: &Cluster, extra_paths: &[&str]) -> Result<(usize, Vec<
             served_by != is_composed,
             "{path}: composed {is_composed}, answered by an apiserver {served_by}"
         );
-        let got = listed(&r.json().await?);
+        let json = r.bytes().await?;
+        let got = listed(&serde_json::from_slice(&json)?);
         ensure!(
             got == union,
             "{path}: through Envoy {:?} ≠ the union (missing {:?})",
@@ -153,14 +155,25 @@ async fn check_cluster(c: &Cluster, extra_paths: &[&str]) -> Result<(usize, Vec<
             let body: Value = r.json().await?;
             ensure!(body["kind"] == "Status", "{who} {path} got {body:.200}");
         }
-        // JSON only: protobuf-only gets 406 from the filter, after authorization.
+        // In protobuf, the same composed document, as kube-apiserver would encode it.
         let r = alice
             .get(format!("{base}{path}"))
             .header("accept", "application/vnd.kubernetes.protobuf")
             .send()
             .await?;
         requests += 1;
-        ensure!(r.status() == 406, "protobuf {path}: {}", r.status());
+        ensure!(r.status() == 200, "protobuf {path}: {}", r.status());
+        let content_type = r.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or_default();
+        ensure!(content_type == MEDIA_TYPE_PROTOBUF, "protobuf {path}: {content_type}");
+        let protobuf = r.bytes().await?;
+        ensure!(
+            Some(protobuf.to_vec()) == legacy_protobuf(path, &json),
+            "protobuf {path}: not the composed JSON document's protobuf form"
+        );
+        // YAML is not composed: 406 from the filter, after authorization.
+        let r = alice.get(format!("{base}{path}")).header("accept", "application/yaml").send().await?;
+        requests += 1;
+        ensure!(r.status() == 406, "yaml {path}: {}", r.status());
         let r = anonymous
             .get(format!("{base}{path}"))
             .header("accept", "application/vnd.kubernetes.protobuf")
@@ -208,7 +221,10 @@ async fn era_cluster_reads_the_union_of_legacy_discovery() -> Result<()> {
     };
     let e = explain("/apis/resource.k8s.io/v1alpha3", "application/json");
     ensure!(e["cluster"] == "skewgate-pool" && e["composed"]["status"] == 200, "{e:#}");
-    ensure!(e["composed"]["document"] == "composed legacy discovery /apis/resource.k8s.io/v1alpha3", "{e:#}");
+    ensure!(
+        e["composed"]["document"] == "composed legacy discovery /apis/resource.k8s.io/v1alpha3, JSON",
+        "{e:#}"
+    );
     ensure!(e["composed"]["inputs"] == serde_json::json!(["a", "b", "c"]), "{e:#}");
     ensure!(
         e["composed"]["body"]
@@ -217,6 +233,12 @@ async fn era_cluster_reads_the_union_of_legacy_discovery() -> Result<()> {
         "{e:#}"
     );
     let e = explain("/apis", "application/vnd.kubernetes.protobuf");
+    ensure!(e["composed"]["status"] == 200, "{e:#}");
+    ensure!(
+        e["composed"]["body"].as_str().is_some_and(|b| b.starts_with("APIGroupList in protobuf")),
+        "{e:#}"
+    );
+    let e = explain("/apis", "application/yaml");
     ensure!(e["composed"]["status"] == 406, "{e:#}");
     let e = explain("/apis/apps/v1", "application/json");
     ensure!(

@@ -312,7 +312,7 @@ impl<H: Host> Http<H> {
         let Some(reply) = self.composed(&active) else { return Action::Continue };
         count(&active, &reply);
         let headers = reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
-        let body = (!reply.body.is_empty()).then_some(reply.body.as_bytes());
+        let body = (!reply.body.is_empty()).then_some(reply.body);
         self.reply(u32::from(reply.status), headers, body)
     }
 
@@ -322,7 +322,7 @@ impl<H: Host> Http<H> {
         self.replacing = false;
         let Some(active) = self.active.clone() else { return };
         let Some(reply) = self.composed(&active) else { return };
-        if !self.host.replace_response_body(size, reply.body.as_bytes()) {
+        if !self.host.replace_response_body(size, reply.body) {
             // No body to put it in: the answer, complete, no longer holds an upstream stream.
             self.compose_reply();
             return;
@@ -346,7 +346,7 @@ impl<H: Host> Http<H> {
 
 /// Every composed answer sent, counted once.
 fn count<H: Host>(active: &Active<H>, reply: &decision::Reply) {
-    if reply.source == decision::Composed::MergedDiscovery {
+    if matches!(reply.source, decision::Composed::MergedDiscovery(_)) {
         active.metrics.merged_discovery(reply.status);
     }
 }

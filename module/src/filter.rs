@@ -201,12 +201,7 @@ impl Filter {
                 let headers: Vec<(&str, &str)> =
                     reply.headers().into_iter().filter(|(_, v)| !v.is_empty()).collect();
                 self.replied = true;
-                stream.send_response(
-                    u32::from(reply.status),
-                    &headers,
-                    reply.body.as_bytes(),
-                    "skewgate_composed",
-                );
+                stream.send_response(u32::from(reply.status), &headers, reply.body, "skewgate_composed");
                 return Next::Stop;
             }
             // The apiserver's body is still coming: answering now would reset the upstream
@@ -277,6 +272,6 @@ impl Filter {
             stream.set_response_header(name.as_bytes(), (!value.is_empty()).then_some(value.as_bytes()));
         }
         stream.set_response_header(b"content-length", Some(reply.body.len().to_string().as_bytes()));
-        stream.append_response_body(body, reply.body.as_bytes());
+        stream.append_response_body(body, reply.body);
     }
 }

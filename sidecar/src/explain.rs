@@ -3,7 +3,9 @@
 //! before the filter sees the request ([`skewgate_envoy::path`]).
 
 use serde_json::{Map, Value, json};
+use skewgate_core::accept::Encoding;
 use skewgate_core::decision::{self, Action, Composed, Reason, RequestHead};
+use skewgate_core::discovery::protobuf;
 use skewgate_core::edits::{self, Carrier, Edit};
 use skewgate_core::identity;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
@@ -205,22 +207,40 @@ fn header_edits(
 fn composed_from(table: &RoutingTable, source: Composed) -> (String, Vec<String>) {
     let everyone = || table.apiservers().iter().map(|a| a.id.clone()).collect();
     match source {
-        Composed::MergedDiscovery => ("peer-aggregated /apis (apidiscovery.k8s.io/v2)".into(), everyone()),
-        Composed::Legacy(index) => match table.legacy_discovery().at(index) {
-            Some(d) => (format!("composed legacy discovery {}", d.path), d.inputs.clone()),
+        Composed::MergedDiscovery(encoding) => (
+            format!("peer-aggregated /apis (apidiscovery.k8s.io/v2), {}", encoding_name(encoding)),
+            everyone(),
+        ),
+        Composed::Legacy(index, encoding) => match table.legacy_discovery().at(index) {
+            Some(d) => (
+                format!("composed legacy discovery {}, {}", d.path, encoding_name(encoding)),
+                d.inputs.clone(),
+            ),
             None => ("(missing)".into(), Vec::new()),
         },
-        Composed::NotAcceptable => {
-            ("406 Not Acceptable: composed legacy discovery is served as JSON only".into(), Vec::new())
-        }
+        Composed::NotAcceptable => (
+            "406 Not Acceptable: composed discovery is served in JSON and protobuf, not YAML".into(),
+            Vec::new(),
+        ),
     }
 }
 
-fn body_summary(body: &str) -> String {
+fn encoding_name(encoding: Encoding) -> &'static str {
+    match encoding {
+        Encoding::Json => "JSON",
+        Encoding::Yaml => "YAML",
+        Encoding::Protobuf => "protobuf",
+    }
+}
+
+fn body_summary(body: &[u8]) -> String {
     if body.is_empty() {
         return "(empty)".into();
     }
-    let Ok(doc) = serde_json::from_str::<Value>(body) else { return format!("{} bytes", body.len()) };
+    if let Some((_, kind)) = protobuf::type_meta(body) {
+        return format!("{kind} in protobuf, {} bytes", body.len());
+    }
+    let Ok(doc) = serde_json::from_slice::<Value>(body) else { return format!("{} bytes", body.len()) };
     let count = |key: &str| doc.get(key).and_then(Value::as_array).map_or(0, Vec::len);
     let size = body.len();
     match doc.get("kind").and_then(Value::as_str).unwrap_or_default() {

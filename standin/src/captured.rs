@@ -82,15 +82,15 @@ pub fn documents(capture: Capture) -> Result<&'static Documents> {
     }
 }
 
-fn untar_xz() -> Result<Vec<u8>> {
+fn untar_xz(archive: &[u8]) -> Result<Vec<u8>> {
     let mut tar = Vec::new();
-    lzma_rs::xz_decompress(&mut std::io::BufReader::new(ARCHIVE), &mut tar)
+    lzma_rs::xz_decompress(&mut std::io::BufReader::new(archive), &mut tar)
         .map_err(|e| anyhow!("xz: {e:?}"))?;
     Ok(tar)
 }
 
 fn unpack() -> Result<[Documents; 2]> {
-    let tar = untar_xz()?;
+    let tar = untar_xz(ARCHIVE)?;
     let mut split = Capture::ALL.map(|_| BTreeMap::new());
     for (path, body) in tar_files(&tar)? {
         for (capture, files) in Capture::ALL.iter().zip(split.iter_mut()) {
@@ -138,7 +138,13 @@ fn tar_files(tar: &[u8]) -> Result<Vec<(String, &[u8])>> {
 
 /// The whole archive's files, by path (for tests that compare it with its source).
 pub fn archive_files() -> Result<BTreeMap<String, Vec<u8>>> {
-    let tar = untar_xz()?;
+    files_of(ARCHIVE)
+}
+
+/// The files of any xz-compressed ustar archive, by path: the other captures of
+/// `testdata/real-apiserver/` are packed the same way.
+pub fn files_of(archive: &[u8]) -> Result<BTreeMap<String, Vec<u8>>> {
+    let tar = untar_xz(archive)?;
     let mut out = BTreeMap::new();
     for (path, body) in tar_files(&tar)? {
         out.insert(path, body.to_vec());

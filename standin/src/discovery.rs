@@ -9,11 +9,13 @@ use bytes::Bytes;
 use hyper::HeaderMap;
 use hyper::header::{CACHE_CONTROL, ETAG, HeaderValue, IF_NONE_MATCH, VARY};
 use serde_json::{Value, json};
-use skewgate_core::accept::{DiscoveryAccept, negotiate_discovery};
+use skewgate_core::accept::{DiscoveryAccept, Encoding, negotiate as negotiate_path};
+use skewgate_core::discovery::protobuf::{MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_V2_PROTOBUF, ToProtobuf};
 use skewgate_core::discovery::{
     API_VERSION_V2BETA1, ApiGroup, ApiGroupDiscoveryList, ApiGroupList, ApiResource, ApiResourceDiscovery,
     ApiResourceList, GroupVersionForDiscovery, KIND_API_GROUP_LIST, KIND_API_RESOURCE_LIST, etag,
 };
+use skewgate_core::table::{LegacyPath, legacy_protobuf};
 
 use super::captured::{self, Capture};
 use super::profile::Profile;
@@ -21,24 +23,42 @@ use super::reply::{self, Reply};
 use super::status::{Errors, Status};
 
 const CORE_V1: &str = include_str!("../../testdata/discovery/legacy_core-v1/api__v1.json");
+const MEDIA_TYPE_JSON: &str = "application/json";
 const MEDIA_V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 const MEDIA_V2BETA1: &str = "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList";
 
 /// The representation an Accept header selects for `/api` and `/apis`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Form {
-    V2,
+    V2(Encoding),
     V2Beta1,
-    Legacy,
+    Legacy(Encoding),
 }
 
-/// kube-apiserver negotiates against its discovery serializers: v2 (with or without the
-/// `nopeer` profile; a stand-in has no peers), then v2beta1 where the server still has it, then
-/// the legacy types.
-pub fn negotiate(accept: Option<&str>, v2beta1: bool) -> Option<Form> {
-    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else { return Some(Form::Legacy) };
-    if matches!(negotiate_discovery(Some(accept)), DiscoveryAccept::MergedV2 | DiscoveryAccept::NoPeerV2) {
-        return Some(Form::V2);
+/// kube-apiserver's negotiation (skewgate's mirror of it, checked against a real server's
+/// answers); a stand-in has no peers, so `nopeer` changes nothing. A server that still has
+/// v2beta1 (1.32 and older) negotiates alike unless a range asks for v2beta1; then it is
+/// approximated: JSON only, ranges by quality.
+pub fn negotiate(path: LegacyPath<'_>, accept: Option<&str>, v2beta1: bool) -> Option<Form> {
+    if v2beta1 && accept.is_some_and(|a| a.contains("v=v2beta1")) {
+        return negotiate_with_v2beta1(path, accept);
+    }
+    match negotiate_path(path, accept) {
+        DiscoveryAccept::MergedV2(encoding) | DiscoveryAccept::NoPeerV2(encoding) => Some(Form::V2(encoding)),
+        DiscoveryAccept::Legacy(encoding) => Some(Form::Legacy(encoding)),
+        DiscoveryAccept::Local => None,
+    }
+}
+
+fn negotiate_with_v2beta1(path: LegacyPath<'_>, accept: Option<&str>) -> Option<Form> {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return Some(Form::Legacy(Encoding::Json));
+    };
+    if matches!(
+        negotiate_path(path, Some(accept)),
+        DiscoveryAccept::MergedV2(Encoding::Json) | DiscoveryAccept::NoPeerV2(Encoding::Json)
+    ) {
+        return Some(Form::V2(Encoding::Json));
     }
     let mut ranges: Vec<(u16, usize, Form)> = Vec::new();
     for (index, range) in accept.split(',').enumerate() {
@@ -58,8 +78,8 @@ pub fn negotiate(accept: Option<&str>, v2beta1: bool) -> Option<Form> {
         }
         let json = matches!(media.as_str(), "application/json" | "*/*" | "application/*");
         let form = match (json, g, v, kind) {
-            (true, "", "", "") => Form::Legacy,
-            (true, "apidiscovery.k8s.io", "v2beta1", "APIGroupDiscoveryList") if v2beta1 => Form::V2Beta1,
+            (true, "", "", "") => Form::Legacy(Encoding::Json),
+            (true, "apidiscovery.k8s.io", "v2beta1", "APIGroupDiscoveryList") => Form::V2Beta1,
             _ => continue,
         };
         if q > 0 {
@@ -73,6 +93,7 @@ pub fn negotiate(accept: Option<&str>, v2beta1: bool) -> Option<Form> {
 /// One aggregated document in the encodings the server speaks.
 struct Aggregated {
     v2: Bytes,
+    v2_protobuf: Bytes,
     /// None where the server no longer speaks v2beta1.
     v2beta1: Option<Bytes>,
     etag: String,
@@ -84,6 +105,7 @@ impl Aggregated {
         beta.api_version = API_VERSION_V2BETA1.to_string();
         Aggregated {
             v2: serde_json::to_vec(list).unwrap_or_default().into(),
+            v2_protobuf: list.to_protobuf().into(),
             v2beta1: v2beta1.then(|| serde_json::to_vec(&beta).unwrap_or_default().into()),
             etag: format!("\"{}\"", etag(list)),
         }
@@ -91,7 +113,12 @@ impl Aggregated {
 
     /// The captured body, with the ETag upstream computes for the same list.
     fn captured(body: &Bytes, list: &ApiGroupDiscoveryList) -> Aggregated {
-        Aggregated { v2: body.clone(), v2beta1: None, etag: format!("\"{}\"", etag(list)) }
+        Aggregated {
+            v2: body.clone(),
+            v2_protobuf: list.to_protobuf().into(),
+            v2beta1: None,
+            etag: format!("\"{}\"", etag(list)),
+        }
     }
 }
 
@@ -201,25 +228,39 @@ impl Discovery {
         let reply = match segments.as_slice() {
             ["api"] => self.aggregated(&self.api, "/api", headers),
             ["apis"] => self.aggregated(&self.apis, "/apis", headers),
-            ["api", _] | ["apis", _] | ["apis", _, _] => self.legacy(path),
+            ["api", _] | ["apis", _] | ["apis", _, _] => {
+                match LegacyPath::parse(path).map(|p| negotiate_path(p, accept_of(headers))) {
+                    Some(DiscoveryAccept::Legacy(encoding)) => self.legacy(path, encoding),
+                    Some(_) => reply::error(&Status::not_acceptable()),
+                    None => reply::error(&Status::no_route()),
+                }
+            }
             _ => return None,
         };
         Some(reply)
     }
 
-    fn legacy(&self, path: &str) -> Reply {
-        match self.legacy.get(path) {
-            Some(body) => reply::bytes(200, "application/json", body.clone()),
-            None => reply::error(&Status::no_route()),
+    /// A legacy document in JSON or, encoded as kube-apiserver does, protobuf; YAML is beyond a
+    /// stand-in.
+    fn legacy(&self, path: &str, encoding: Encoding) -> Reply {
+        let Some(body) = self.legacy.get(path) else { return reply::error(&Status::no_route()) };
+        match encoding {
+            Encoding::Json => reply::bytes(200, MEDIA_TYPE_JSON, body.clone()),
+            Encoding::Protobuf => match legacy_protobuf(path, body) {
+                Some(protobuf) => reply::bytes(200, MEDIA_TYPE_PROTOBUF, protobuf),
+                None => reply::error(&Status::internal(format!("{path}: no protobuf form"))),
+            },
+            Encoding::Yaml => reply::error(&Status::not_acceptable()),
         }
     }
 
     fn aggregated(&self, doc: &Aggregated, path: &str, headers: &HeaderMap) -> Reply {
-        let accept = headers.get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok());
-        let (media, body) = match negotiate(accept, doc.v2beta1.is_some()) {
-            None => return reply::error(&Status::not_acceptable()),
-            Some(Form::Legacy) => return self.legacy(path),
-            Some(Form::V2) => (MEDIA_V2, &doc.v2),
+        let root = if path == "/api" { LegacyPath::Versions } else { LegacyPath::GroupList };
+        let (media, body) = match negotiate(root, accept_of(headers), doc.v2beta1.is_some()) {
+            None | Some(Form::V2(Encoding::Yaml)) => return reply::error(&Status::not_acceptable()),
+            Some(Form::Legacy(encoding)) => return self.legacy(path, encoding),
+            Some(Form::V2(Encoding::Json)) => (MEDIA_V2, &doc.v2),
+            Some(Form::V2(Encoding::Protobuf)) => (MEDIA_TYPE_V2_PROTOBUF, &doc.v2_protobuf),
             Some(Form::V2Beta1) => match &doc.v2beta1 {
                 Some(body) => (MEDIA_V2BETA1, body),
                 None => return reply::error(&Status::not_acceptable()),
@@ -238,6 +279,10 @@ impl Discovery {
         h.insert(CACHE_CONTROL, HeaderValue::from_static("public"));
         resp
     }
+}
+
+fn accept_of(headers: &HeaderMap) -> Option<&str> {
+    headers.get(hyper::header::ACCEPT).and_then(|v| v.to_str().ok())
 }
 
 fn to_bytes(value: &impl serde::Serialize) -> Bytes {
@@ -283,21 +328,30 @@ mod tests {
 
     #[test]
     fn negotiation() {
+        use Encoding::*;
+        const APIS: LegacyPath<'static> = LegacyPath::GroupList;
         let client_go = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList,application/json";
         for v2beta1 in [true, false] {
-            assert_eq!(negotiate(Some(client_go), v2beta1), Some(Form::V2));
-            assert_eq!(negotiate(Some(&format!("{MEDIA_V2};profile=nopeer")), v2beta1), Some(Form::V2));
-            assert_eq!(negotiate(Some("application/json"), v2beta1), Some(Form::Legacy));
-            assert_eq!(negotiate(Some("*/*"), v2beta1), Some(Form::Legacy));
-            assert_eq!(negotiate(None, v2beta1), Some(Form::Legacy));
-            assert_eq!(negotiate(Some("application/vnd.kubernetes.protobuf"), v2beta1), None);
-            assert_eq!(negotiate(Some("text/html"), v2beta1), None);
+            assert_eq!(negotiate(APIS, Some(client_go), v2beta1), Some(Form::V2(Json)));
+            assert_eq!(
+                negotiate(APIS, Some(&format!("{MEDIA_V2};profile=nopeer")), v2beta1),
+                Some(Form::V2(Json))
+            );
+            assert_eq!(negotiate(APIS, Some("application/json"), v2beta1), Some(Form::Legacy(Json)));
+            assert_eq!(negotiate(APIS, Some("*/*"), v2beta1), Some(Form::Legacy(Json)));
+            assert_eq!(negotiate(APIS, None, v2beta1), Some(Form::Legacy(Json)));
+            assert_eq!(negotiate(APIS, Some("text/html"), v2beta1), None);
         }
+        assert_eq!(
+            negotiate(APIS, Some("application/vnd.kubernetes.protobuf"), false),
+            Some(Form::Legacy(Protobuf))
+        );
+        assert_eq!(negotiate(APIS, Some(MEDIA_TYPE_V2_PROTOBUF), false), Some(Form::V2(Protobuf)));
         let beta_first = format!("{MEDIA_V2BETA1},application/json");
-        assert_eq!(negotiate(Some(&beta_first), true), Some(Form::V2Beta1));
+        assert_eq!(negotiate(APIS, Some(&beta_first), true), Some(Form::V2Beta1));
         // 1.36 no longer has the v2beta1 serializer: the next range wins, or nothing does.
-        assert_eq!(negotiate(Some(&beta_first), false), Some(Form::Legacy));
-        assert_eq!(negotiate(Some(MEDIA_V2BETA1), false), None);
+        assert_eq!(negotiate(APIS, Some(&beta_first), false), Some(Form::Legacy(Json)));
+        assert_eq!(negotiate(APIS, Some(MEDIA_V2BETA1), false), None);
     }
 
     #[test]

@@ -21,6 +21,8 @@ use super::model::{
 pub const KIND_API_RESOURCE_LIST: &str = "APIResourceList";
 /// `kind` of the legacy `/apis`.
 pub const KIND_API_GROUP_LIST: &str = "APIGroupList";
+/// `kind` of the legacy `/apis/<group>`.
+pub const KIND_API_GROUP: &str = "APIGroup";
 /// `kind` of the legacy `/api`.
 pub const KIND_API_VERSIONS: &str = "APIVersions";
 
@@ -143,6 +145,11 @@ impl ApiVersions {
 }
 
 impl ApiGroup {
+    /// Decodes the legacy `/apis/<group>`.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, DiscoveryError> {
+        decode(bytes, KIND_API_GROUP, |group: &Self| &group.kind)
+    }
+
     /// The group's versions, preferred first, then the others in listed order: the order
     /// [`group_from_resource_lists`] wants its lists in, since aggregated discovery has no
     /// separate "preferred" field.

@@ -11,6 +11,7 @@ mod legacy_merge;
 mod merge;
 mod model;
 mod order;
+pub mod protobuf;
 
 #[cfg(test)]
 mod fixtures;
@@ -18,7 +19,7 @@ mod fixtures;
 pub use etag::etag;
 pub use legacy::{
     ApiGroup, ApiGroupList, ApiResource, ApiResourceList, ApiVersions, GroupVersionForDiscovery,
-    KIND_API_GROUP_LIST, KIND_API_RESOURCE_LIST, KIND_API_VERSIONS, core_group_list,
+    KIND_API_GROUP, KIND_API_GROUP_LIST, KIND_API_RESOURCE_LIST, KIND_API_VERSIONS, core_group_list,
     group_from_resource_lists,
 };
 pub use legacy_merge::{
