@@ -30,6 +30,9 @@ pub struct ServerApis<'a> {
     /// Its legacy discovery documents as it served them, for the composed ones
     /// ([`build_table_with`]).
     pub legacy: Option<&'a LegacySet>,
+    /// The states of the feature gates the edge routes on, as the apiserver reported them
+    /// ([`crate::features`]); `None`: not known.
+    pub features: Option<&'a BTreeMap<String, bool>>,
 }
 
 /// How the Envoy clusters are named.
@@ -151,6 +154,7 @@ pub fn build_table_with(
                 id: s.id.to_owned(),
                 cluster: format!("{}{}", names.apiserver_prefix, s.id),
                 version: s.version.to_owned(),
+                features: s.features.cloned().unwrap_or_default(),
             })
             .collect(),
         pool_cluster: names.pool.clone(),
@@ -370,9 +374,27 @@ mod tests {
     /// a and b run the 1.33 era, c the 1.36 era.
     fn skewed(d: &Docs) -> Vec<ServerApis<'_>> {
         vec![
-            ServerApis { id: "a", version: "v1.33.0", documents: vec![&d.core, &d.old], legacy: None },
-            ServerApis { id: "b", version: "v1.33.0", documents: vec![&d.core, &d.old], legacy: None },
-            ServerApis { id: "c", version: "v1.36.0", documents: vec![&d.core, &d.new], legacy: None },
+            ServerApis {
+                id: "a",
+                version: "v1.33.0",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            },
+            ServerApis {
+                id: "b",
+                version: "v1.33.0",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            },
+            ServerApis {
+                id: "c",
+                version: "v1.36.0",
+                documents: vec![&d.core, &d.new],
+                legacy: None,
+                features: None,
+            },
         ]
     }
 
@@ -500,8 +522,20 @@ mod tests {
     fn group_versions_are_sorted_and_served_by_follows_apiserver_order() {
         let d = docs();
         let servers = vec![
-            ServerApis { id: "z", version: "", documents: vec![&d.core, &d.new], legacy: None },
-            ServerApis { id: "m", version: "", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis {
+                id: "z",
+                version: "",
+                documents: vec![&d.core, &d.new],
+                legacy: None,
+                features: None,
+            },
+            ServerApis {
+                id: "m",
+                version: "",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            },
         ];
         let config = build(&servers);
         let keys: Vec<(&str, &str)> =
@@ -576,6 +610,7 @@ mod tests {
             version: "v1.36.0",
             documents: vec![&d.core, &d.new],
             legacy: None,
+            features: None,
         }]);
         assert!(config.sets.is_empty());
         let discovery = config.discovery.clone().unwrap();
@@ -587,8 +622,14 @@ mod tests {
     fn a_server_with_only_core_still_counts() {
         let d = docs();
         let config = build(&[
-            ServerApis { id: "a", version: "", documents: vec![&d.core, &d.old], legacy: None },
-            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None },
+            ServerApis {
+                id: "a",
+                version: "",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            },
+            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None, features: None },
         ]);
         assert_eq!(resource_servers(&config, "", "v1", "pods"), ["a", "b"]);
         assert_eq!(resource_servers(&config, "apps", "v1", "deployments"), ["a"]);
@@ -602,7 +643,13 @@ mod tests {
     fn a_silent_server_stays_but_serves_nothing() {
         let d = docs();
         let config = build(&[
-            ServerApis { id: "a", version: "v1.33.0", documents: vec![&d.core, &d.old], legacy: None },
+            ServerApis {
+                id: "a",
+                version: "v1.33.0",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            },
             ServerApis { id: "b", ..ServerApis::default() },
         ]);
         assert_eq!(config.apiservers.len(), 2);
@@ -611,8 +658,14 @@ mod tests {
         assert_eq!(counts.gvrs, counts.rerouted);
         assert!(config.group_versions.iter().all(|gv| gv.served_by == ["a"]));
         let both = build(&[
-            ServerApis { id: "a", version: "", documents: vec![&d.core, &d.old], legacy: None },
-            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None },
+            ServerApis {
+                id: "a",
+                version: "",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            },
+            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None, features: None },
         ]);
         let counts = both.counts();
         assert!(counts.rerouted > 0 && counts.rerouted < counts.gvrs, "pods are served by both: {counts:?}");
@@ -625,7 +678,13 @@ mod tests {
         odd.items[0].versions[0].resources[0].resource = "a b".into();
         odd.items[1].versions[0].version = String::new();
         odd.items[2].metadata.name = "x/y".into();
-        let config = build(&[ServerApis { id: "a", version: "", documents: vec![&odd], legacy: None }]);
+        let config = build(&[ServerApis {
+            id: "a",
+            version: "",
+            documents: vec![&odd],
+            legacy: None,
+            features: None,
+        }]);
         let names: Vec<&str> =
             config.group_versions.iter().flat_map(|gv| gv.resources.keys()).map(String::as_str).collect();
         assert!(!names.contains(&"a b"));
@@ -636,7 +695,8 @@ mod tests {
     #[test]
     fn ids_are_checked() {
         let d = docs();
-        let server = |id| ServerApis { id, version: "", documents: vec![&d.core], legacy: None };
+        let server =
+            |id| ServerApis { id, version: "", documents: vec![&d.core], legacy: None, features: None };
         let names = ClusterNames::default();
         assert_eq!(build_table(&[], &names).unwrap_err(), BuildError::NoServers);
         let (long, longest) = ("x".repeat(63), "x".repeat(64));
@@ -661,7 +721,7 @@ mod tests {
         let d = docs();
         let names = ClusterNames { pool: "a pool".into(), ..ClusterNames::default() };
         let error = build_table(
-            &[ServerApis { id: "a", version: "", documents: vec![&d.core], legacy: None }],
+            &[ServerApis { id: "a", version: "", documents: vec![&d.core], legacy: None, features: None }],
             &names,
         )
         .unwrap_err();
@@ -676,7 +736,13 @@ mod tests {
         let ids: Vec<String> = ["a", "b", "c", "d"].iter().map(|c| c.repeat(63)).collect();
         let mut servers: Vec<ServerApis<'_>> = ids
             .iter()
-            .map(|id| ServerApis { id, version: "", documents: vec![&d.core, &d.old], legacy: None })
+            .map(|id| ServerApis {
+                id,
+                version: "",
+                documents: vec![&d.core, &d.old],
+                legacy: None,
+                features: None,
+            })
             .collect();
         servers[3].documents = vec![&d.core, &d.new];
         let config = build(&servers);
@@ -722,9 +788,22 @@ mod tests {
                 version: "v1.36.0",
                 documents: vec![&d.core, &d.new, &stale],
                 legacy: None,
+                features: None,
             },
-            ServerApis { id: "b", version: "v1.36.0", documents: vec![&d.core, &d.new, &both], legacy: None },
-            ServerApis { id: "a", version: "v1.36.0", documents: vec![&d.core, &d.new, &none], legacy: None },
+            ServerApis {
+                id: "b",
+                version: "v1.36.0",
+                documents: vec![&d.core, &d.new, &both],
+                legacy: None,
+                features: None,
+            },
+            ServerApis {
+                id: "a",
+                version: "v1.36.0",
+                documents: vec![&d.core, &d.new, &none],
+                legacy: None,
+                features: None,
+            },
         ];
         let extensions = Extensions::new([
             ("example.com".to_owned(), "v1".to_owned()),

@@ -200,9 +200,11 @@ fn path_regex(resources: &str) -> String {
 
 /// The `:path` regex of watches the bypass takes of `resources`: a collection with exactly one
 /// parameter beginning with `w`, `watch=true` or `watch=1` (Go's `ParseBool` takes more
-/// spellings; those, and a repeated `watch`, go through the filter).
+/// spellings; those, and a repeated `watch`, go through the filter), and none beginning with `s`:
+/// `sendInitialEvents` makes a streaming list, which goes only to apiservers that have the
+/// feature (`RoutingTable::with_watch_list`).
 fn watch_regex(resources: &str) -> String {
-    const OTHER: &str = "[^w&#%;][^&#%;]*";
+    const OTHER: &str = "[^ws&#%;][^&#%;]*";
     format!("^(?:{resources})\\?(?:{OTHER}&)*watch=(?:true|1)(?:&{OTHER})*$")
 }
 
@@ -406,6 +408,34 @@ mod tests {
     #[allow(clippy::unwrap_used)] // a test helper: the sample table always compiles
     fn table() -> RoutingTable {
         RoutingTable::from_json(sample().to_string().as_bytes()).unwrap()
+    }
+
+    /// The sample where only c has `WatchList`: streaming lists of what all serve go to c.
+    fn table_with_watch_list_skew() -> RoutingTable {
+        let mut v = sample();
+        for i in 0..2 {
+            v["apiservers"][i]["features"] = serde_json::json!({"WatchList": false});
+        }
+        RoutingTable::from_json(v.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn streaming_lists_are_never_bypassed() {
+        let t = table_with_watch_list_skew();
+        let plan = plan(&t).unwrap();
+        let watches: Vec<String> = plan.targets.iter().flat_map(|t| t.watch_regexes.clone()).collect();
+        let watches = compiled(&watches);
+        assert!(any_match(&watches, "/api/v1/configmaps?watch=1"));
+        for query in [
+            "watch=1&sendInitialEvents=true",
+            "sendInitialEvents=false&watch=true",
+            "watch=1&resourceVersionMatch=NotOlderThan&sendInitialEvents=",
+        ] {
+            let target = format!("/api/v1/configmaps?{query}");
+            assert!(!any_match(&watches, &target), "{target}");
+            let head = RequestHead { method: "GET", target: &target, token: true, ..RequestHead::default() };
+            assert_eq!(decide(&t, &head).route().map(|r| r.cluster), Some("set-c"), "{target}");
+        }
     }
 
     #[test]
@@ -653,7 +683,7 @@ mod tests {
             // match often), half paths built from pieces of uniform and rerouted group/versions.
             path in "(/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods|/apis/resource\\.k8s\\.io/v1/resourceclaims|/apis/resource\\.k8s\\.io/v1/namespaces/default/resourceclaims|/apis/resource\\.k8s\\.io/v1alpha3/deviceclasses|/apis/resource\\.k8s\\.io/v1alpha3/devicetaintrules|/apis/x\\.io/v2/namespaces/default/widgets|/apis/lifecycle\\.k8s\\.io/v1alpha1/evictions){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/api/v2|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/resource\\.k8s\\.io/v1alpha3|/apis/resource\\.k8s\\.io/v1alpha|/apis/lifecycle\\.k8s\\.io/v1alpha1|/apis/x\\.io/v2|/apis/apps/v1|/apis|/api|)(/(namespaces|default|watch|proxy|pods|resourceclaims|deviceclasses|devicetaintrules|widgets|log|status|finalize|web-1|a\\.b|%2F|\\.\\.|v1|)){0,4}",
             query in proptest::option::of(proptest::collection::vec(
-                "(watch=(true|1|false|True|t|0|)|watch|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|;|[a-zW=;+]{0,6})",
+                "(watch=(true|1|false|True|t|0|)|watch|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|sendInitialEvents=(true|false|)|resourceVersionMatch=NotOlderThan|;|[a-zW=;+]{0,6})",
                 0..4,
             ).prop_map(|params| params.join("&"))),
             // A certificate subject as Envoy renders it (RFC 2253), or a token client.
@@ -664,7 +694,8 @@ mod tests {
             // The pool's first target naming the uniform group/versions, or taking any.
             named in prop_oneof![Just(NAMED_GROUP_VERSIONS_BUDGET), Just(0)],
         ) {
-            let t = table();
+            // Half the time only c has WatchList: a streaming list must then not be bypassed.
+            let t = if budget % 2 == 0 { table_with_watch_list_skew() } else { table() };
             let plan = plan_within(&t, budget, named).unwrap();
             let whole = plan_within(&t, usize::MAX, named).unwrap();
             let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };

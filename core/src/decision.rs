@@ -6,7 +6,7 @@ use crate::certificate;
 use crate::discovery::MEDIA_TYPE_V2_JSON;
 use crate::discovery::protobuf::{MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_V2_PROTOBUF};
 use crate::identity::{self, CertIdentity, Identity, Unforwardable};
-use crate::request_info::{RequestInfo, decode_path, split_target};
+use crate::request_info::{RequestInfo, decode_path, has_send_initial_events, split_target};
 use crate::table::{Gvr, LegacyPath, RoutingTable, Serving};
 
 /// What the decision needs to know about a request: the few headers it reads.
@@ -174,6 +174,9 @@ pub enum Reason {
     /// Nobody lists it: any apiserver answers 404, or serves a CRD newer than the table.
     ServedByNone,
     ServedBySubset,
+    /// A streaming list (`watch` with `sendInitialEvents`): to the apiservers of its resource
+    /// that have the `WatchList` feature, when only some do.
+    WatchListSubset,
     MergedDiscovery,
     MergedDiscoveryNotModified,
     /// `/apis` asked for one apiserver's own view (`profile=nopeer`, legacy, v2beta1, protobuf).
@@ -204,6 +207,9 @@ impl Reason {
                 "GVR served by no apiserver in the table: any apiserver answers (404, or a CRD newer than the table)"
             }
             Reason::ServedBySubset => "GVR served by a subset of apiservers: rerouted to them",
+            Reason::WatchListSubset => {
+                "streaming list (sendInitialEvents): to the apiservers of the GVR that have the WatchList feature"
+            }
             Reason::MergedDiscovery => "aggregated discovery v2: answered with the peer-aggregated document",
             Reason::MergedDiscoveryNotModified => {
                 "aggregated discovery v2: If-None-Match matches the peer-aggregated document"
@@ -274,8 +280,11 @@ pub fn decide_parsed<'t, 'r>(
     head: &RequestHead<'r>,
     info: &RequestInfo<'_>,
 ) -> Decision<'t, 'r> {
-    let outcome =
-        if info.is_resource_request { resource(table, info) } else { non_resource(table, head, info.path) };
+    let outcome = if info.is_resource_request {
+        resource(table, info, split_target(head.target).1)
+    } else {
+        non_resource(table, head, info.path)
+    };
     finish(table, head, outcome)
 }
 
@@ -350,7 +359,7 @@ fn to_serving(table: &RoutingTable, serving: Serving, long_running: bool) -> Rou
     }
 }
 
-fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>) -> Outcome<'t> {
+fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>, query: &str) -> Outcome<'t> {
     if info.error.is_some() {
         return pool(table, Reason::InvalidResourcePath);
     }
@@ -371,11 +380,20 @@ fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>) -> Outcome<'t> 
         Serving::All => Reason::ServedByAll,
         Serving::Set(_) => Reason::ServedBySubset,
     };
+    // A streaming list, to the apiservers of the resource that have the feature. Only a watch
+    // is one: the parameter on a list is refused by every apiserver alike.
+    let (serving, reason) = match info.verb == "watch" && has_send_initial_events(query) {
+        true => match table.with_watch_list(gvr.serving) {
+            Some(narrowed) => (narrowed, Reason::WatchListSubset),
+            None => (gvr.serving, reason),
+        },
+        false => (gvr.serving, reason),
+    };
     Outcome {
-        action: Action::Route(to_serving(table, gvr.serving, long_running)),
+        action: Action::Route(to_serving(table, serving, long_running)),
         reason,
         gvr: Some(gvr),
-        serving: Some(gvr.serving),
+        serving: Some(serving),
     }
 }
 
@@ -656,6 +674,62 @@ mod tests {
                 "{method} {target}"
             );
         }
+    }
+
+    /// a and b without WatchList, c with it (its metrics say so, or nothing: unknown is "may").
+    fn watch_list_table(c_reports: bool) -> RoutingTable {
+        let mut v = sample();
+        v["apiservers"][0]["features"] = serde_json::json!({"WatchList": false});
+        v["apiservers"][1]["features"] = serde_json::json!({"WatchList": false});
+        if c_reports {
+            v["apiservers"][2]["features"] = serde_json::json!({"WatchList": true});
+        }
+        RoutingTable::from_json(v.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn streaming_lists_go_to_the_apiservers_that_have_the_feature() {
+        for c_reports in [true, false] {
+            let t = watch_list_table(c_reports);
+            let route = |target: &str| {
+                let d = decide(&t, &head("GET", target));
+                let r = *d.route().unwrap();
+                (r.cluster, r.rerouted, r.long_running, d.reason)
+            };
+            let stream =
+                "?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true";
+            // Served by all: only c has the feature.
+            assert_eq!(
+                route(&format!("/api/v1/configmaps{stream}")),
+                ("set-c", true, true, Reason::WatchListSubset)
+            );
+            assert_eq!(
+                route(
+                    "/api/v1/namespaces/x/pods?watch=true&sendInitialEvents=false&resourceVersionMatch=NotOlderThan"
+                ),
+                ("set-c", true, true, Reason::WatchListSubset)
+            );
+            // Only c serves it: nothing to narrow.
+            assert_eq!(
+                route(&format!("/apis/resource.k8s.io/v1/resourceclaims{stream}")),
+                ("set-c", true, true, Reason::ServedBySubset)
+            );
+            // Nobody who serves it has the feature: each answers the same 422.
+            assert_eq!(
+                route(&format!("/apis/resource.k8s.io/v1alpha3/deviceclasses{stream}")),
+                ("set-a-b", true, true, Reason::ServedBySubset)
+            );
+            // Not a streaming list: as ever.
+            assert_eq!(route("/api/v1/configmaps?watch=1"), ("pool", false, true, Reason::ServedByAll));
+            assert_eq!(
+                route("/api/v1/configmaps?sendInitialEvents=true"),
+                ("pool", false, false, Reason::ServedByAll)
+            );
+        }
+        // Every apiserver may have it (no metrics read): nothing narrows.
+        let t = table();
+        let d = decide(&t, &head("GET", "/api/v1/configmaps?watch=1&sendInitialEvents=true"));
+        assert_eq!((d.route().unwrap().cluster, d.reason), ("pool", Reason::ServedByAll));
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod decision;
 pub mod discovery;
 pub mod edits;
 pub mod extensions;
+pub mod features;
 pub mod hold;
 pub mod identity;
 pub mod legacy_build;

@@ -115,6 +115,18 @@ pub struct ApiserverConfig {
     /// What the apiserver reports as its version (informational).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub version: String,
+    /// The states of the feature gates the edge routes on ([`crate::features::ROUTED`]), as the
+    /// apiserver reports them. A gate not listed is unknown and taken as enabled: the edge never
+    /// narrows where an apiserver goes on a guess.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub features: BTreeMap<String, bool>,
+}
+
+impl ApiserverConfig {
+    /// Whether the apiserver has `gate`, or may have it (not reported).
+    pub fn may_have(&self, gate: &str) -> bool {
+        self.features.get(gate) != Some(&false)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -351,6 +363,8 @@ pub struct RoutingTable {
     legacy: LegacyDocuments,
     policy: PolicyConfig,
     openapi_cluster: Option<String>,
+    /// The apiservers that have (or may have) `WatchList`, as a member mask.
+    watch_list: u64,
 }
 
 /// The peer-aggregated `/apis` answer, ready to send.
@@ -531,6 +545,12 @@ impl RoutingTable {
             None => None,
         };
 
+        let watch_list = config
+            .apiservers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.may_have(crate::features::WATCH_LIST))
+            .fold(0u64, |m, (i, _)| m | (1u64 << i));
         let legacy = LegacyDocuments::compile(config.legacy_discovery, |g, v| {
             groups.get(g).is_some_and(|entry| v.is_none_or(|v| entry.versions.contains_key(v)))
         })
@@ -548,7 +568,27 @@ impl RoutingTable {
             legacy,
             policy: config.policy,
             openapi_cluster: config.openapi_cluster,
+            watch_list,
         })
+    }
+
+    /// Where a streaming list (`WatchList`) of a resource served by `serving` goes: the members
+    /// that have the feature, when only some of them do and the table has their set. `None`: as
+    /// any other request, since they all have it, or none does (each answers the same 422).
+    pub fn with_watch_list(&self, serving: Serving) -> Option<Serving> {
+        let members = self.mask(serving);
+        let narrowed = members & self.watch_list;
+        if narrowed == members || narrowed == 0 {
+            return None;
+        }
+        self.sets.iter().position(|s| s.mask == narrowed).map(Serving::Set)
+    }
+
+    fn mask(&self, serving: Serving) -> u64 {
+        match serving {
+            Serving::All => full_mask(self.apiservers.len()),
+            Serving::Set(i) => self.sets.get(i).map_or(0, |s| s.mask),
+        }
     }
 
     pub fn generation(&self) -> &str {
@@ -634,10 +674,7 @@ impl RoutingTable {
 
     /// The apiserver ids of `serving`, in table order.
     pub fn members(&self, serving: Serving) -> impl Iterator<Item = &str> {
-        let mask = match serving {
-            Serving::All => full_mask(self.apiservers.len()),
-            Serving::Set(i) => self.sets.get(i).map_or(0, |s| s.mask),
-        };
+        let mask = self.mask(serving);
         self.apiservers
             .iter()
             .enumerate()
@@ -666,6 +703,18 @@ impl TableConfig {
             masks.extend(gv.resources.values().map(|ids| mask_of(ids)));
         }
         masks.extend(groups.into_values());
+        // A streaming list goes to the apiservers of its resource that have the feature: each
+        // serving set (and the pool) cut down to them is a set too.
+        let watch_list = self
+            .apiservers
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.may_have(crate::features::WATCH_LIST))
+            .fold(0u64, |m, (i, _)| m | (1u64 << (i % 64)));
+        if watch_list != all {
+            let narrowed: Vec<u64> = masks.iter().chain([&all]).map(|m| m & watch_list).collect();
+            masks.extend(narrowed);
+        }
         masks
             .into_iter()
             .filter(|&m| m != 0 && m != all)
@@ -1038,6 +1087,19 @@ pub(crate) mod tests {
         v["sets"].as_array_mut().unwrap().push(json!({"cluster": "set-a-c", "members": ["a", "c"]}));
         let t = compile(&v).unwrap();
         assert_eq!(t.group("lifecycle.k8s.io").map(|s| t.cluster(s)), Some("set-a-c"));
+    }
+
+    #[test]
+    fn streaming_lists_need_each_set_cut_to_the_apiservers_with_the_feature() {
+        let mut config: TableConfig = serde_json::from_value(sample()).unwrap();
+        config.apiservers[1].features = BTreeMap::from([(crate::features::WATCH_LIST.to_owned(), false)]);
+        let sets = config.needed_sets();
+        // a and c: the pool and the sets of every-but-b cut down; a alone from {a, b}.
+        for members in [vec!["a", "c"], vec!["a"], vec!["c"], vec!["a", "b"]] {
+            assert!(sets.iter().any(|s| *s == members), "{members:?} in {sets:?}");
+        }
+        config.apiservers[1].features.clear();
+        assert!(!config.needed_sets().iter().any(|s| *s == ["a", "c"]));
     }
 
     #[test]

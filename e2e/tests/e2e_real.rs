@@ -219,6 +219,56 @@ async fn discovery() -> Result<Row> {
     Ok(row)
 }
 
+/// A streaming list (client-go's reflectors with WatchListClient: a watch with
+/// `sendInitialEvents`) is refused with 422 by an apiserver without the WatchList feature (1.33's
+/// default) and served by one with it. The sidecar reads each apiserver's gates from its
+/// `/metrics`; the edge sends streaming lists only where the feature is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r13_streaming_lists() -> Result<()> {
+    scenario("R13", "streaming lists only where WatchList is on (real)", streaming_lists()).await
+}
+
+async fn streaming_lists() -> Result<Row> {
+    let mut row = Row::default();
+    let c = start("r13", |_| {}).await?;
+    let table = table_json(&c)?;
+    let gates: BTreeMap<String, Value> = table["apiservers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| (a["id"].as_str().unwrap_or_default().to_owned(), a["features"]["WatchList"].clone()))
+        .collect();
+    let want: BTreeMap<String, Value> =
+        [("a", false), ("b", false), ("c", true)].map(|(id, on)| (id.to_owned(), Value::Bool(on))).into();
+    ensure!(gates == want, "WatchList per apiserver in the table: {gates:?}");
+    let path = "/api/v1/namespaces/default/configmaps?watch=1&sendInitialEvents=true\
+                &resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&timeoutSeconds=1";
+    let direct = c.direct_client(TIMEOUT)?;
+    for id in ["a", "b"] {
+        let r = direct.get(format!("{}{path}", c.apiserver_url(id)?)).send().await?;
+        row.requests += 1;
+        ensure!(r.status() == 422, "straight to {id}: {} (want 422)", r.status());
+    }
+    let edge = c.client(Credentials::AdminToken, TIMEOUT)?;
+    let base = c.envoy_url()?;
+    let runs = 30;
+    for _ in 0..runs {
+        let r = edge.get(format!("{base}{path}")).send().await?;
+        row.requests += 1;
+        ensure!(r.status() == 200, "through the edge: {} {}", r.status(), r.text().await.unwrap_or_default());
+        r.bytes().await?;
+    }
+    // Every one to the cluster of c alone.
+    let to_c = access_log(&c)?
+        .iter()
+        .filter(|a| a.path.contains("sendInitialEvents") && a.apiserver.as_deref() == Some("c"))
+        .count();
+    ensure!(to_c == runs, "{to_c} of {runs} streaming lists reached c");
+    row.figure(format!("{runs} streaming lists through the edge, all to c (a and b: 422 straight)"));
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Shared state
 

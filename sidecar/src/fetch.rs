@@ -5,10 +5,11 @@
 //! Every failure is a [`FetchError`] with a [`ErrorKind`] that becomes a metrics label; nothing
 //! here panics or retries: the sync loop decides what a failure means.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
@@ -17,6 +18,7 @@ use skewgate_core::discovery::{
     ACCEPT_NOPEER, ApiGroupDiscoveryList, ApiGroupList, ApiResourceList, ApiVersions, DiscoveryError,
     KIND_API_GROUP_LIST, KIND_API_VERSIONS, group_from_resource_lists,
 };
+use skewgate_core::features;
 use skewgate_core::identity::{PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 
 use skewgate_core::legacy_build::LegacySet;
@@ -50,6 +52,10 @@ pub struct Documents {
     /// when they could not be read yet (the table then composes no legacy document).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub legacy_documents: Option<LegacySet>,
+    /// The feature gates the edge routes on, from its `/metrics` ([`skewgate_core::features`]);
+    /// empty when they could not be read (then none is taken as off).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub features: BTreeMap<String, bool>,
 }
 
 /// `ETag`s of `/api` and `/apis` (quotes included, as sent).
@@ -248,7 +254,14 @@ pub struct Fetcher {
     identity: HeaderMap,
     /// The last legacy set read, with the aggregated documents and version it was read with.
     legacy_cache: Arc<std::sync::Mutex<Option<LegacyCache>>>,
+    /// The last feature gates read, with the version and ETags they were read under.
+    features_cache: Arc<std::sync::Mutex<Option<FeaturesCache>>>,
 }
+
+type FeaturesCache = ((String, Etags), Instant, BTreeMap<String, bool>);
+
+/// How long feature gates read from `/metrics` are trusted while nothing else changes.
+pub const FEATURES_MAX_AGE: Duration = Duration::from_secs(600);
 
 /// The legacy documents say what the aggregated ones say (plus `storageVersionHash`, set by the
 /// binary's storage versions): they are walked again only when the aggregated documents or the
@@ -360,6 +373,7 @@ impl Fetcher {
             limits,
             identity: headers,
             legacy_cache: Arc::default(),
+            features_cache: Arc::default(),
         })
     }
 
@@ -390,7 +404,36 @@ impl Fetcher {
             false => Etags { api: api_etag, apis: apis_etag },
         };
         let legacy_documents = self.legacy_documents(&core, &apis, &version).await;
-        Ok(Documents { version, core, apis, legacy, etags, legacy_documents })
+        let features = self.features(&version, &etags).await;
+        Ok(Documents { version, core, apis, legacy, etags, legacy_documents, features })
+    }
+
+    /// The routed feature gates from `/metrics`: read again when the apiserver's version or
+    /// discovery changes, or after [`FEATURES_MAX_AGE`]. `/metrics` is large and gates change
+    /// only when an apiserver restarts, which a new binary or a new API set shows at once; a
+    /// restart with new `--feature-gates` alone is seen within the age. An apiserver that does
+    /// not let the sidecar's identity read it (403: see docs/kubeadm/rbac.yaml) leaves them
+    /// unknown, and the edge then narrows nothing on them.
+    async fn features(&self, version: &str, etags: &Etags) -> BTreeMap<String, bool> {
+        let key = (version.to_owned(), etags.clone());
+        if let Ok(cache) = self.features_cache.lock()
+            && let Some((cached_key, read_at, gates)) = cache.as_ref()
+            && *cached_key == key
+            && read_at.elapsed() < FEATURES_MAX_AGE
+        {
+            return gates.clone();
+        }
+        let gates = match self.get("/metrics", "text/plain").await {
+            Ok(body) => features::from_metrics(&String::from_utf8_lossy(&body)),
+            Err(error) => {
+                tracing::warn!(apiserver = %self.id, %error, "feature gates unknown (/metrics)");
+                BTreeMap::new()
+            }
+        };
+        if let Ok(mut cache) = self.features_cache.lock() {
+            *cache = Some((key, Instant::now(), gates.clone()));
+        }
+        gates
     }
 
     /// The legacy set for these aggregated documents: cached, or walked. A failed walk keeps

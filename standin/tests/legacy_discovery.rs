@@ -191,9 +191,27 @@ fn the_table_carries_the_composed_documents() -> Result<()> {
     let (old_core, old_apis) = aggregated(Capture::Emulated133)?;
     let (new_core, new_apis) = aggregated(Capture::Native136)?;
     let servers = [
-        ServerApis { id: "a", version: "v1.33", documents: vec![&old_core, &old_apis], legacy: None },
-        ServerApis { id: "b", version: "v1.33", documents: vec![&old_core, &old_apis], legacy: None },
-        ServerApis { id: "c", version: "v1.36", documents: vec![&new_core, &new_apis], legacy: None },
+        ServerApis {
+            id: "a",
+            version: "v1.33",
+            documents: vec![&old_core, &old_apis],
+            legacy: None,
+            features: None,
+        },
+        ServerApis {
+            id: "b",
+            version: "v1.33",
+            documents: vec![&old_core, &old_apis],
+            legacy: None,
+            features: None,
+        },
+        ServerApis {
+            id: "c",
+            version: "v1.36",
+            documents: vec![&new_core, &new_apis],
+            legacy: None,
+            features: None,
+        },
     ];
     let names = ClusterNames::default();
     let started = std::time::Instant::now();

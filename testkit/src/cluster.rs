@@ -761,6 +761,7 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                     version: &p.git_version,
                     documents: vec![&p.api, &p.apis],
                     legacy: None,
+                    features: None,
                 })
                 .collect();
             let mut table = build_table(&servers, &ClusterNames::default())?;
@@ -824,7 +825,8 @@ pub async fn start(o: &Options) -> Result<Cluster> {
                 1,
             );
             std::fs::write(&config, admin)?;
-            Some(real::ControllerManager::start(binary, &config, &out)?)
+            let controllers = o.real.as_ref().map_or(real::CONTROLLERS, |b| b.controllers.as_str());
+            Some(real::ControllerManager::start(binary, &config, &out, controllers, &pki)?)
         }
         None => None,
     };

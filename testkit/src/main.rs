@@ -56,6 +56,10 @@ enum Command {
         /// garbage collector and namespace controller; log in OUT/kube-controller-manager.log.
         #[arg(long, requires = "etcd")]
         kube_controller_manager: Option<PathBuf>,
+        /// The controller-manager's `--controllers`: `*` for all of them (Kubernetes' e2e specs
+        /// need the service-account and quota controllers).
+        #[arg(long, requires = "kube_controller_manager", default_value = skewgate_testkit::real::CONTROLLERS)]
+        controllers: String,
         /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
         /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
         /// the peer CA, peer address and proxy-client flags. Combine with --plain-lb for the
@@ -184,6 +188,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             etcd,
             etcd_port,
             kube_controller_manager,
+            controllers,
             mvp,
             plain_lb,
             no_envoy,
@@ -215,6 +220,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     .map(|e| {
                         Binaries::new(kube_apiserver.as_deref(), e)?
                             .with_controller_manager(kube_controller_manager.as_deref())
+                            .map(|b| b.with_controllers(&controllers))
                     })
                     .transpose()?,
                 etcd_port,

@@ -48,6 +48,8 @@ pub const ETCD_PREFIX: &str = "/registry";
 /// objects themselves (`impersonate` on the core group's users and groups would make alice
 /// anyone, `system:masters` included; `escalate`, `bind`, `approve`, `sign`).
 pub const DEVS_ROLE: &str = "skewgate-demo-devs";
+/// What lets the sidecar's identity (the default, `system:apiserver`) read `/metrics`.
+pub const SIDECAR_METRICS_ROLE: &str = "skewgate-sidecar-metrics";
 const DEVS_VERBS: [&str; 8] =
     ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"];
 const DEVS_GROUPS: [&str; 9] = [
@@ -92,6 +94,8 @@ pub struct Binaries {
     /// A kube-controller-manager to run against the cluster's front door, as a real control
     /// plane's runs against its load balancer ([`ControllerManager`]).
     pub kube_controller_manager: Option<PathBuf>,
+    /// Its `--controllers` ([`CONTROLLERS`] unless given).
+    pub controllers: String,
 }
 
 fn check_binary(path: &Path, what: &str) -> Result<PathBuf> {
@@ -126,6 +130,7 @@ impl Binaries {
             kube_apiserver: kube_apiserver.map(|k| check_binary(k, "kube-apiserver")).transpose()?,
             etcd: check_binary(etcd, "etcd")?,
             kube_controller_manager: None,
+            controllers: CONTROLLERS.to_owned(),
         })
     }
 
@@ -133,6 +138,12 @@ impl Binaries {
     pub fn with_controller_manager(self, path: Option<&Path>) -> Result<Self> {
         let kube_controller_manager = path.map(|p| check_binary(p, "kube-controller-manager")).transpose()?;
         Ok(Self { kube_controller_manager, ..self })
+    }
+
+    /// With the controller-manager running `controllers` (its `--controllers`, e.g. `*` for
+    /// all: Kubernetes' e2e specs need the service-account and quota controllers).
+    pub fn with_controllers(self, controllers: &str) -> Self {
+        Self { controllers: controllers.to_owned(), ..self }
     }
 
     /// `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`: both, or neither (stand-ins).
@@ -259,14 +270,18 @@ pub struct ControllerManager {
 }
 
 impl ControllerManager {
-    pub fn start(binary: &Path, kubeconfig: &Path, dir: &Path) -> Result<Self> {
+    pub fn start(binary: &Path, kubeconfig: &Path, dir: &Path, controllers: &str, pki: &Pki) -> Result<Self> {
         let port = free_port()?;
         let mut command = Command::new(binary);
         command
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--authentication-kubeconfig={}", kubeconfig.display()))
             .arg(format!("--authorization-kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--controllers={CONTROLLERS}"))
+            .arg(format!("--controllers={controllers}"))
+            // For the service-account token controller, when it runs: the apiservers' signing
+            // key, and the CA a pod trusts them by.
+            .arg(format!("--service-account-private-key-file={}", pki.service_account.key.display()))
+            .arg(format!("--root-ca-file={}", pki.peer_ca.cert_path.display()))
             .args([
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
@@ -691,11 +706,30 @@ impl ControlPlane {
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": DEVS_ROLE},
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "devs"}],
         });
-        for (collection, object) in [("clusterroles", role), ("clusterrolebindings", binding)] {
+        // The sidecar reads each apiserver's feature gates from /metrics (docs/kubeadm/rbac.yaml
+        // grants the kubeadm identity the same).
+        let metrics_role = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": SIDECAR_METRICS_ROLE},
+            "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+        });
+        let metrics_binding = json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": SIDECAR_METRICS_ROLE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": SIDECAR_METRICS_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:apiserver"}],
+        });
+        for (collection, object) in [
+            ("clusterroles", role),
+            ("clusterrolebindings", binding),
+            ("clusterroles", metrics_role),
+            ("clusterrolebindings", metrics_binding),
+        ] {
             let r = self.admin.post(format!("{base}/{collection}")).json(&object).send().await?;
             let status = r.status();
             if !status.is_success() && status != 409 {
-                bail!("creating {collection}/{DEVS_ROLE}: {status} {}", r.text().await.unwrap_or_default());
+                let name = object["metadata"]["name"].as_str().unwrap_or_default().to_owned();
+                bail!("creating {collection}/{name}: {status} {}", r.text().await.unwrap_or_default());
             }
         }
         Ok(())

@@ -296,7 +296,13 @@ fn crd_documents(groups: usize) -> Result<Vec<(String, ApiGroupDiscoveryList, Ap
 fn table_from(documents: &[(String, ApiGroupDiscoveryList, ApiGroupDiscoveryList)]) -> Result<TableConfig> {
     let servers: Vec<ServerApis<'_>> = documents
         .iter()
-        .map(|(id, api, apis)| ServerApis { id, version: "", documents: vec![api, apis], legacy: None })
+        .map(|(id, api, apis)| ServerApis {
+            id,
+            version: "",
+            documents: vec![api, apis],
+            legacy: None,
+            features: None,
+        })
         .collect();
     build_table(&servers, &ClusterNames::default()).map_err(|e| anyhow::anyhow!("{e}"))
 }

@@ -22,6 +22,7 @@ use serde::ser::{Serialize, SerializeStruct, Serializer};
 
 use path::Segments;
 pub use path::{decode_path, split_target};
+pub use query::has_send_initial_events;
 
 /// What kube-apiserver reads from a request's method, path and query.
 #[derive(Debug, Clone, PartialEq, Eq)]

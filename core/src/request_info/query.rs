@@ -88,6 +88,21 @@ impl<'a> ListParams<'a> {
     }
 }
 
+/// Whether the query has a `sendInitialEvents` parameter, whatever its value: kube-apiserver
+/// decodes any into a set `*bool`, and a watch with it set is a streaming list
+/// (`validateWatchOptions`), refused without the `WatchList` feature even for `false`.
+pub fn has_send_initial_events(query: &str) -> bool {
+    if query.bytes().filter(|&b| b == b'&').count() >= MAX_QUERY_PARAMS {
+        return false;
+    }
+    query.split('&').any(|pair| {
+        let raw_key = pair.split_once('=').map_or(pair, |(k, _)| k);
+        !pair.contains(';')
+            && unescape(raw_key, true).is_ok_and(|key| &*key == b"sendInitialEvents")
+            && pair.split_once('=').is_none_or(|(_, v)| unescape(v, true).is_ok())
+    })
+}
+
 /// `runtime.Convert_Slice_string_To_bool`: "0" and, by Unicode case folding, "false".
 fn converts_to_false(v: &[u8]) -> bool {
     v == b"0" || equal_fold_false(v)

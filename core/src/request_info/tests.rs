@@ -578,3 +578,21 @@ fn helper_edge_cases() {
     assert_eq!(Segments("a/b/c").skip(2).0, "c");
     assert_eq!(Segments("a/b/c").skip(5).0, "");
 }
+
+#[test]
+fn send_initial_events_whatever_its_value() {
+    for query in [
+        "sendInitialEvents=true",
+        "watch=1&sendInitialEvents=false",
+        "sendInitialEvents",
+        "sendInitialEvents=",
+        "send%49nitialEvents=true",
+    ] {
+        assert!(has_send_initial_events(query), "{query}");
+    }
+    for query in
+        ["", "watch=1", "sendInitialEvents=true;x", "sendInitialEvents=%zz", "xsendInitialEvents=true"]
+    {
+        assert!(!has_send_initial_events(query), "{query}");
+    }
+}

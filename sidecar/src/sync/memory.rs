@@ -148,6 +148,7 @@ pub(super) mod tests {
             legacy: false,
             etags: Etags::default(),
             legacy_documents: None,
+            features: Default::default(),
         }
     }
 

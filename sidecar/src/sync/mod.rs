@@ -572,6 +572,7 @@ impl Sidecar {
                 version: m.good.as_ref().map_or("", |(d, _, _)| d.version.as_str()),
                 documents: m.good.as_ref().map(|(d, _, _)| vec![&d.core, &d.apis]).unwrap_or_default(),
                 legacy: m.good.as_ref().and_then(|(d, _, _)| d.legacy_documents.as_ref()),
+                features: m.good.as_ref().map(|(d, _, _)| &d.features),
             })
             .collect();
         let mut table = build_table_with(&servers, &ClusterNames::default(), &self.extensions)?;

@@ -19,9 +19,27 @@ fn main() -> Result<()> {
     let old = ApiGroupDiscoveryList::from_json(V1_33.as_bytes()).context("1.33-era /apis fixture")?;
     let new = ApiGroupDiscoveryList::from_json(V1_36.as_bytes()).context("1.36-era /apis fixture")?;
     let servers = [
-        ServerApis { id: "a", version: "v1.33.0", documents: vec![&core, &old], legacy: None },
-        ServerApis { id: "b", version: "v1.33.0", documents: vec![&core, &old], legacy: None },
-        ServerApis { id: "c", version: "v1.36.0", documents: vec![&core, &new], legacy: None },
+        ServerApis {
+            id: "a",
+            version: "v1.33.0",
+            documents: vec![&core, &old],
+            legacy: None,
+            features: None,
+        },
+        ServerApis {
+            id: "b",
+            version: "v1.33.0",
+            documents: vec![&core, &old],
+            legacy: None,
+            features: None,
+        },
+        ServerApis {
+            id: "c",
+            version: "v1.36.0",
+            documents: vec![&core, &new],
+            legacy: None,
+            features: None,
+        },
     ];
     let table = build_table(&servers, &ClusterNames::default())?;
     println!("{}", serde_json::to_string_pretty(&table)?);
