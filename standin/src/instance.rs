@@ -200,6 +200,14 @@ impl Instance {
                 return reply::text(500, "[-]shutdown failed: reason withheld\nreadyz check failed\n");
             }
             "/version" | "/version/" => return reply::bytes(200, "application/json", self.version.clone()),
+            // The one metric the sidecar reads, as kube-apiserver reports it.
+            "/metrics" => {
+                let on = u8::from(self.profile.watch_list());
+                let text = format!(
+                    "# TYPE kubernetes_feature_enabled gauge\nkubernetes_feature_enabled{{name=\"WatchList\",stage=\"BETA\"}} {on}\n"
+                );
+                return reply::bytes(200, "text/plain; version=0.0.4; charset=utf-8", text);
+            }
             _ => {}
         }
         if let Some(reply) = self.openapi.respond(path, query, headers) {

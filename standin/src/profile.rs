@@ -42,6 +42,12 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// Whether the era's kube-apiserver has the `WatchList` feature gate on by default: 1.30
+    /// (beta, off) and 1.33 (off) refuse streaming lists, 1.34 and later serve them.
+    pub fn watch_list(&self) -> bool {
+        !matches!(self.era.as_str(), "1.30" | "1.33")
+    }
+
     /// `1.36`, `1.36:disable=resource.k8s.io/v1beta1,storage.k8s.io/v1alpha1` or `1.36-real`.
     /// An unknown era, an unknown option or a disable naming a group/version the era lacks is
     /// an error; a real profile takes no options (its documents are served as captured).

@@ -275,6 +275,10 @@ fn watch_objects(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Res
     check_accept(call)?;
     let (labels, fields) = selectors(call)?;
     let initial = call.params.flag("sendInitialEvents");
+    // kube-apiserver refuses the parameter, whatever its value, without the feature.
+    if call.params.get("sendInitialEvents").is_some() && !instance.profile.watch_list() {
+        return Err(Status::watch_list_forbidden());
+    }
     let start = match (initial, revision_param(call)?) {
         (Some(true), _) => Start::Current { end_bookmark: true },
         (Some(false), None) => Start::After(instance.store.revision()?),

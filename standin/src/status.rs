@@ -141,6 +141,27 @@ pub trait Errors {
         )
     }
 
+    /// A streaming list on a server without the `WatchList` feature (`validateWatchOptions`).
+    fn watch_list_forbidden() -> Status {
+        let field = "sendInitialEvents";
+        let detail = "sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled";
+        Status::failure(
+            422,
+            "Invalid",
+            format!("ListOptions.meta.k8s.io \"\" is invalid: {field}: Forbidden: {detail}"),
+        )
+        .with_details(Details {
+            group: "meta.k8s.io".to_string(),
+            kind: "ListOptions".to_string(),
+            causes: vec![Cause {
+                reason: "FieldValueForbidden",
+                message: format!("Forbidden: {detail}"),
+                field: field.to_string(),
+            }],
+            ..Details::default()
+        })
+    }
+
     fn internal(message: impl Into<String>) -> Status {
         Status::failure(500, "InternalError", message)
     }
