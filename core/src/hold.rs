@@ -328,10 +328,15 @@ impl<T> Holds<T> {
 
     /// The clusters to probe now: down, with no probe under way, not probed for
     /// [`PROBE_PERIOD`]. Each is then [`Holds::probing`] or, when the probe could not be sent,
-    /// left to the next period.
+    /// left to the next period. A probe unanswered for twice its timeout is given up: its answer
+    /// went to a root context Envoy has since dropped (a table pushed meanwhile), and waiting for
+    /// it would keep the cluster down for good.
     pub fn probes_due(&mut self, now: Duration) -> Vec<String> {
+        let lost = |at: Option<Duration>| at.is_some_and(|at| now.saturating_sub(at) >= PROBE_TIMEOUT * 2);
         let due = |d: &&mut Down<T>| {
-            !d.up && d.probe.is_none() && d.last_probe.is_none_or(|at| now.saturating_sub(at) >= PROBE_PERIOD)
+            !d.up
+                && (d.probe.is_none() || lost(d.last_probe))
+                && d.last_probe.is_none_or(|at| now.saturating_sub(at) >= PROBE_PERIOD)
         };
         self.down
             .iter_mut()
@@ -542,6 +547,20 @@ mod tests {
         assert_eq!(h.admit("c", 2, ALICE, "r2", ms(20)), Admission::Held);
         assert_eq!(h.admit("other", 3, ALICE, "r3", ms(20)), Admission::Forward, "only that cluster");
         assert_eq!(h.held(), 1);
+    }
+
+    #[test]
+    fn a_probe_never_answered_is_given_up_and_sent_again() {
+        let mut h = holds();
+        h.failed("c");
+        h.admit("c", 1, ALICE, "r1", ms(0));
+        assert_eq!(h.probes_due(ms(0)), ["c"]);
+        h.probing("c", 7);
+        assert!(h.probes_due(ms(3_999)).is_empty(), "under way");
+        assert_eq!(h.probes_due(ms(4_000)), ["c"], "lost after twice the probe's timeout");
+        h.probing("c", 8);
+        assert!(h.probed(7, true, ms(4_010)).is_empty(), "the lost probe's late answer counts for nothing");
+        assert_eq!(h.probed(8, true, ms(4_020)).len(), 1);
     }
 
     #[test]

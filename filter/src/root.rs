@@ -155,6 +155,15 @@ impl<H: Host> RootContext for Root<H> {
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        // The root context Envoy makes streams on is the current configuration's. Envoy does not
+        // configure a root context again for a table it already has one for (the same table
+        // pushed back after another): that one becomes current without `on_configure`, and the
+        // hold would otherwise stay with a root context that no longer ticks.
+        if let Some(active) = &self.active
+            && !self.holding.is_live(self.id)
+        {
+            self.holding.set_live(self.id, active);
+        }
         Some(Box::new(Http::new(self.host.clone(), self.active.clone(), context_id, self.holding.clone())))
     }
 

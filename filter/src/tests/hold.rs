@@ -273,6 +273,30 @@ fn a_request_goes_on_only_where_the_live_table_still_sends_it() {
     }
 }
 
+/// Envoy does not configure a root context again for a table it already has one for: that
+/// table, pushed back after another, makes its root context current again without
+/// `on_configure`. The first stream it makes hands it the hold, which it then carries out.
+#[test]
+fn the_root_context_that_makes_streams_carries_out_the_hold() {
+    let (fake, mut root) = configured(&sample());
+    let mut newer = sample();
+    newer["generation"] = json!("newer");
+    let mut newer_root = root.next_configuration(2000);
+    assert!(configure(&fake, &mut newer_root, sealed(&newer)));
+    // Back to the first table.
+    let mut first = open(&fake, &root, 1, SUBSET);
+    first.on_http_request_headers(0, true);
+    fails(&fake, &mut first, "no_healthy_upstream");
+    let mut held = open(&fake, &root, 2, SUBSET);
+    assert_eq!(held.on_http_request_headers(0, true), Action::Pause);
+    newer_root.on_tick();
+    assert!(fake.state().dispatched.is_empty(), "no longer current: idle");
+    root.on_tick();
+    assert_eq!(probes(&fake).len(), 1, "the current root context probes");
+    probe_answers(&fake, &mut root, 1, "200");
+    assert_eq!(fake.state().resumed, [2]);
+}
+
 /// Another worker (its own VM, its own root context) learns from the board that a cluster is
 /// down at its next tick, without a failed request of its own, and only once per finding.
 #[test]
