@@ -403,8 +403,9 @@ impl Fetcher {
             true => Etags::default(),
             false => Etags { api: api_etag, apis: apis_etag },
         };
-        let legacy_documents = self.legacy_documents(&core, &apis, &version).await;
-        let features = self.features(&version, &etags).await;
+        // Side by side: a new apiserver's table waits for the slower of the two, not both.
+        let (legacy_documents, features) =
+            tokio::join!(self.legacy_documents(&core, &apis, &version), self.features(&version, &etags));
         Ok(Documents { version, core, apis, legacy, etags, legacy_documents, features })
     }
 
