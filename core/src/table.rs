@@ -688,6 +688,16 @@ impl TableConfig {
     /// the table is served by: each needs a set cluster. Resources, group/versions and the
     /// union over each group's versions (for `/apis/<group>`) all count.
     pub fn needed_sets(&self) -> Vec<Vec<String>> {
+        self.sets_needed(true)
+    }
+
+    /// [`TableConfig::needed_sets`] but those only streaming lists go to: the sets ordinary
+    /// requests are routed to.
+    pub fn serving_sets(&self) -> Vec<Vec<String>> {
+        self.sets_needed(false)
+    }
+
+    fn sets_needed(&self, streaming_lists: bool) -> Vec<Vec<String>> {
         let index: HashMap<&str, usize> =
             self.apiservers.iter().enumerate().map(|(i, a)| (a.id.as_str(), i)).collect();
         let mask_of = |ids: &[String]| {
@@ -711,7 +721,7 @@ impl TableConfig {
             .enumerate()
             .filter(|(_, a)| a.may_have(crate::features::WATCH_LIST))
             .fold(0u64, |m, (i, _)| m | (1u64 << (i % 64)));
-        if watch_list != all {
+        if streaming_lists && watch_list != all {
             let narrowed: Vec<u64> = masks.iter().chain([&all]).map(|m| m & watch_list).collect();
             masks.extend(narrowed);
         }

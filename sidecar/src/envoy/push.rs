@@ -340,7 +340,24 @@ impl<A: EnvoyAdmin> Pusher<A> {
             }
             let live_clusters = live.map(|l| l.clusters).unwrap_or_default();
             let routed = LiveTable::of(&resources.table).clusters;
-            let newly_routed: BTreeSet<String> = routed.difference(&live_clusters).cloned().collect();
+            // A set only streaming lists go to is not waited for: a streaming list that meets it
+            // before its first health check waits in the hold for that check, and the table that
+            // moves everything else must not.
+            let serving: BTreeSet<Vec<String>> = resources.table.serving_sets().into_iter().collect();
+            let streaming_only: BTreeSet<&String> = resources
+                .table
+                .sets
+                .iter()
+                .filter(|s| !serving.contains(&s.members))
+                .map(|s| &s.cluster)
+                .collect();
+            let newly_routed: BTreeSet<String> = routed
+                .difference(&live_clusters)
+                .filter(|c| {
+                    !streaming_only.contains(c) && !streaming_only.iter().any(|s| c.ends_with(s.as_str()))
+                })
+                .cloned()
+                .collect();
             self.confirm_clusters(&new_names, &newly_routed, &mut steps).await?;
 
             if routes_pending {
