@@ -545,12 +545,7 @@ impl RoutingTable {
             None => None,
         };
 
-        let watch_list = config
-            .apiservers
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.may_have(crate::features::WATCH_LIST))
-            .fold(0u64, |m, (i, _)| m | (1u64 << i));
+        let watch_list = feature_mask(&config.apiservers, crate::features::WATCH_LIST);
         let legacy = LegacyDocuments::compile(config.legacy_discovery, |g, v| {
             groups.get(g).is_some_and(|entry| v.is_none_or(|v| entry.versions.contains_key(v)))
         })
@@ -715,12 +710,7 @@ impl TableConfig {
         masks.extend(groups.into_values());
         // A streaming list goes to the apiservers of its resource that have the feature: each
         // serving set (and the pool) cut down to them is a set too.
-        let watch_list = self
-            .apiservers
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| a.may_have(crate::features::WATCH_LIST))
-            .fold(0u64, |m, (i, _)| m | (1u64 << (i % 64)));
+        let watch_list = feature_mask(&self.apiservers, crate::features::WATCH_LIST);
         if streaming_lists && watch_list != all {
             let narrowed: Vec<u64> = masks.iter().chain([&all]).map(|m| m & watch_list).collect();
             masks.extend(narrowed);
@@ -747,6 +737,15 @@ impl TableConfig {
             .map(|members| SetConfig { cluster: cluster_name(&members), members })
             .collect();
     }
+}
+
+/// The apiservers that have (or may have) `gate`, as a member mask.
+fn feature_mask(apiservers: &[ApiserverConfig], gate: &str) -> u64 {
+    apiservers
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.may_have(gate))
+        .fold(0u64, |m, (i, _)| m | (1u64 << (i % 64)))
 }
 
 fn compile_apiservers(configs: &[ApiserverConfig]) -> Result<Vec<Apiserver>, TableError> {
