@@ -136,18 +136,23 @@ impl Cluster {
     /// every `poll_period`: the first table is written before Envoy starts (Envoy refuses to
     /// start without its files).
     async fn edge(&self, poll_period: &str) -> Result<Edge> {
+        self.edge_with(poll_period, json!({})).await
+    }
+
+    /// [`Cluster::edge`] with more of the sidecar's configuration (`extra` wins).
+    async fn edge_with(&self, poll_period: &str, extra: Value) -> Result<Edge> {
         let wasm = paths::filter_wasm()?;
         paths::envoy_binary()?;
         let settings = self.envoy_settings()?;
         let admin_url = format!("http://127.0.0.1:{}", settings.admin_port);
         let apiservers = [("a", self.port("a")), ("b", self.port("b")), ("c", self.port("c"))];
-        let config = self.config(
-            &apiservers,
-            &settings.dir,
-            // No hold: these tests count what each fault costs at once (the hold's own tests are
-            // in envoy_filter.rs and clients.rs).
-            json!({"pollPeriod": poll_period, "hold": {"maxWait": "0s"}, "envoy": {"adminUrl": admin_url, "wasm": wasm, "routeTimeout": settings.route_timeout}}),
-        )?;
+        // No hold: these tests count what each fault costs at once (the hold's own tests are
+        // in envoy_filter.rs and clients.rs).
+        let mut doc = json!({"pollPeriod": poll_period, "hold": {"maxWait": "0s"}, "envoy": {"adminUrl": admin_url, "wasm": wasm, "routeTimeout": settings.route_timeout}});
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            doc[key] = value.clone();
+        }
+        let config = self.config(&apiservers, &settings.dir, doc)?;
         let first = sync::sync_once(config.clone()).await?;
         let read = |p: PathBuf| -> Result<Value> { Ok(serde_json::from_slice(&std::fs::read(p)?)?) };
         let envoy =
@@ -278,7 +283,7 @@ async fn each_gvr_goes_to_the_apiservers_that_serve_it() -> Result<()> {
     assert!(report.counts.rerouted > 10, "{:?}", report.counts);
 
     // Envoy's clusters: one per serving set, with exactly its members' endpoints.
-    let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
+    let cds = skewgate_envoy::Files::new(&envoy_dir).read_clusters()?;
     let ports = |name: &str| -> Vec<u64> {
         cds["resources"]
             .as_array()
@@ -316,8 +321,7 @@ async fn each_gvr_goes_to_the_apiservers_that_serve_it() -> Result<()> {
 /// Which apiservers `cds.json` marks DRAINING (Envoy sends them no new request), stopping ones
 /// (where another apiserver takes their requests) included.
 fn draining(envoy_dir: &Path) -> Result<BTreeSet<String>> {
-    let cds: Value = serde_json::from_slice(&std::fs::read(envoy_dir.join("cds/cds.json"))?)?;
-    let overlay = skewgate_envoy::draining_in(&cds);
+    let overlay = skewgate_envoy::draining_in(&skewgate_envoy::Files::new(envoy_dir).read_clusters()?);
     Ok(overlay.draining.into_iter().chain(overlay.stopping).collect())
 }
 
@@ -865,6 +869,73 @@ async fn a_discovery_change_goes_live_in_envoy_without_failed_requests() -> Resu
     running.stop().await
 }
 
+/// Marking an apiserver `DRAINING` and back rebuilds no Envoy cluster: a rebuilt cluster's
+/// apiservers count as down until their first health check, so when those checks are slow (busy
+/// apiservers, here 1.5 s against a 1 s timeout, the product's) every request to the pool got
+/// `no_healthy_upstream` until the next check, though a and c were up all along. The endpoints
+/// live in EDS files of their own; a and c keep their health and take every request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marking_an_apiserver_rebuilds_no_cluster() -> Result<()> {
+    let cluster = Cluster::start("marks", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    // The product's health checks, not the quicker ones the other tests here use.
+    let health = json!({"interval": "2s", "timeout": "1s", "connectTimeout": "1s"});
+    let Edge { settings, admin_url, envoy, running, alice, base, .. } =
+        cluster.edge_with("30s", json!({ "health": health })).await?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for id in ["a", "b", "c"] {
+        while !host_healthy(&admin_url, "skewgate-pool", cluster.port(id)).await? {
+            if Instant::now() > deadline {
+                bail!("{id} never healthy in the pool\n{}", envoy.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let load = claims_and_pods(&alice, &base);
+    load.wait_for("50 answers", Duration::from_secs(10), |_, records| records.len() >= 50).await?;
+    let modified = envoy.stat("cluster_manager.cluster_modified").await?;
+
+    let slow = |window_ms: u64| {
+        for id in ["a", "c"] {
+            if let Some(s) = cluster.standins.get(id) {
+                s.slow_health_checks(Duration::from_millis(window_ms), Duration::from_millis(1500));
+            }
+        }
+    };
+    let b = cluster.standins.get("b").context("b")?;
+    // Out: b turns unready, the sidecar marks it while a's and c's checks are slow.
+    slow(1200);
+    b.set_ready(false);
+    wait_until("b DRAINING", Duration::from_secs(5), || {
+        draining(&settings.dir).ok()?.contains("b").then_some(())
+    })
+    .await?;
+    // Long enough for a check of each that passes: two slow ones in a row are an apiserver
+    // down, rightly.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    // And back, again while they are slow.
+    slow(1200);
+    b.set_ready(true);
+    wait_until("b eligible", Duration::from_secs(5), || {
+        draining(&settings.dir).ok()?.is_empty().then_some(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let report = load.finish().await;
+
+    let failed: Vec<String> = report.failures().iter().map(|r| r.describe(&report.targets)).collect();
+    let rebuilt = envoy.stat("cluster_manager.cluster_modified").await? - modified;
+    println!(
+        "b marked DRAINING and back while a's and c's health checks took 1.5 s: {} requests, {} failed, \
+         {rebuilt} clusters rebuilt",
+        report.records.len(),
+        failed.len()
+    );
+    assert_eq!(rebuilt, 0, "Envoy rebuilt clusters for a mark");
+    assert!(failed.is_empty(), "{:?}", &failed[..failed.len().min(10)]);
+    assert!(report.records.len() > 100, "too little load to mean anything");
+    running.stop().await
+}
+
 /// Rewrites the table inside an `ecds.json`.
 fn edit_table(ecds: &Value, edit: impl Fn(&mut Value)) -> Result<Value> {
     let mut ecds = ecds.clone();
@@ -881,7 +952,8 @@ const EARLIER_TABLE: &str = "ECDS of an earlier table of this sidecar's (resourc
 
 /// Files that parse but are not the sidecar's, written into Envoy's directories under load: ECDS
 /// naming an unknown pool, unknown set clusters, resourceclaims sent to a set without c, the same
-/// unsealed; CDS without the table's apiserver and set clusters, every endpoint on port 1; RDS
+/// unsealed; CDS without the table's apiserver and set clusters; the pool's endpoints (EDS) all on
+/// port 1; RDS
 /// sending c's bypass routes to a set without c, a catch-all route with the filter off, every
 /// route to an unknown cluster. The filter refuses every ECDS one (no 404 at all, no failure);
 /// the sidecar puts its own file back as soon as inotify reports the change (no poll in between:
@@ -933,6 +1005,7 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
     let only_c = set_cluster(&["c"]).context("no set of c alone")?;
     let without_c_cluster = set_cluster(&["a", "b"]).context("no set of a and b")?;
 
+    let pool_eds = skewgate_envoy::eds::eds_path(&settings.files().eds_dir(), table.pool_cluster());
     let faults: Vec<(&str, &PathBuf, Value)> = vec![
         ("ECDS naming an unknown pool", &ecds_path, edit_table(&ecds, |t| t["poolCluster"] = json!("nope"))?),
         (
@@ -963,9 +1036,8 @@ async fn files_someone_else_writes_are_put_back_at_once() -> Result<()> {
             }
             bad
         }),
-        ("CDS with every endpoint on port 1", &cds_path, {
-            let text = serde_json::to_string(&cds)?;
-            let mut bad: Value = serde_json::from_str(&text)?;
+        ("the pool's endpoints (EDS), every one on port 1", &pool_eds, {
+            let mut bad: Value = serde_json::from_slice(&std::fs::read(&pool_eds)?)?;
             fn ports(v: &mut Value) {
                 match v {
                     Value::Object(map) => {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// `cds/cds.json` (with `cds/rds.json` beside it) and `ecds/ecds.json` under one directory: the
+/// `cds/cds.json` (with `cds/rds.json` beside it), `ecds/ecds.json` and `eds/` under one directory: the
 /// clusters and the table in directories of their own, because Envoy watches the directory and
 /// reloads on a rename into it (a rename of `rds.json` has Envoy read `cds.json` again too,
 /// unchanged, which costs nothing).
@@ -27,6 +27,12 @@ impl Files {
         self.dir.join("ecds")
     }
 
+    /// The apiservers' endpoints, one file per cluster ([`crate::eds`]): `cds.json` names each
+    /// file, and Envoy watches each on its own, so no bootstrap names this directory.
+    pub fn eds_dir(&self) -> PathBuf {
+        self.dir.join("eds")
+    }
+
     pub fn cds_path(&self) -> PathBuf {
         self.cds_dir().join("cds.json")
     }
@@ -43,6 +49,15 @@ impl Files {
     /// The native module's ECDS file (docs/native-module.md).
     pub fn module_ecds_path(&self) -> PathBuf {
         module_ecds_path(&self.ecds_dir())
+    }
+
+    /// `cds.json` with every cluster's endpoints inline again (from its file under `eds/`): the
+    /// form [`crate::resources`] writes and reads.
+    pub fn read_clusters(&self) -> std::io::Result<Value> {
+        let read = |p: &Path| -> std::io::Result<Value> {
+            serde_json::from_slice(&std::fs::read(p)?).map_err(std::io::Error::other)
+        };
+        Ok(crate::eds::join(&read(&self.cds_path())?, |p| read(p).ok()))
     }
 
     /// The three files at once, in push order, without waiting on Envoy: for a first table,

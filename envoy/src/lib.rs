@@ -7,12 +7,15 @@
 //!   configurations (ECDS: the proxy-wasm filter's and the native module's);
 //! - [`render`](mod@render): a routing table → the three resources, refusing a table the filter
 //!   would refuse;
+//! - [`eds`]: the endpoints of the clusters of apiservers' addresses in files of their own, so
+//!   that marking an apiserver rebuilds no cluster;
 //! - [`files`]: where the resources live on disk and how one is replaced (the only I/O here:
 //!   Envoy's file watch needs the rename);
 //! - [`path`]: what Envoy does to a request target before any filter sees it.
 //!
 //! Talking to a running Envoy (its admin API, the order of a push) is the sidecar's.
 
+pub mod eds;
 pub mod files;
 pub mod path;
 pub mod render;

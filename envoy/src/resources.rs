@@ -718,10 +718,10 @@ pub fn union_cds(new: &Value, old: Option<&Value>) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn table() -> TableConfig {
+    pub(crate) fn table() -> TableConfig {
         serde_json::from_value(json!({
             "schema": 1,
             "apiservers": [{"id": "a", "cluster": "ap-a"}, {"id": "b", "cluster": "ap-b"}],
@@ -731,7 +731,7 @@ mod tests {
         .unwrap()
     }
 
-    fn tls() -> UpstreamTls {
+    pub(crate) fn tls() -> UpstreamTls {
         UpstreamTls {
             peer_ca: "/ca.crt".into(),
             client_cert: "/c.crt".into(),

@@ -73,7 +73,7 @@ pub async fn run<A: EnvoyAdmin + Clone + 'static>(pusher: Pusher<A>, shared: Arc
 async fn check_files<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
     let (changed_tx, mut changed) = tokio::sync::mpsc::channel(1);
     // Dropped with this task, which stops the watch.
-    let _watch = watch(&pusher.paths(), changed_tx);
+    let _watch = watch(&pusher.dirs(), changed_tx);
     let mut files = tokio::time::interval(FILE_CHECK);
     files.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut checks: u32 = 0;
@@ -100,11 +100,14 @@ async fn check_files<A: EnvoyAdmin>(pusher: &Pusher<A>, shared: &Shared) {
     }
 }
 
-/// Watches the directories of `paths` (not recursively: Envoy watches these directories alone)
+/// Watches `dirs` (not recursively: Envoy watches these directories alone)
 /// and sends on `changed` when something in them is created, written, renamed or removed.
 /// Events that come while one waits are one check. Where inotify cannot watch (logged), the
 /// periodic check bounds the window alone.
-fn watch(paths: &[&Path], changed: tokio::sync::mpsc::Sender<()>) -> Option<notify::RecommendedWatcher> {
+fn watch(
+    dirs: &BTreeSet<&Path>,
+    changed: tokio::sync::mpsc::Sender<()>,
+) -> Option<notify::RecommendedWatcher> {
     use notify::{EventKind, RecursiveMode, Watcher};
     let handler = move |event: notify::Result<notify::Event>| {
         // Access events (Envoy and this sidecar reading the files) change nothing.
@@ -120,7 +123,6 @@ fn watch(paths: &[&Path], changed: tokio::sync::mpsc::Sender<()>) -> Option<noti
             return None;
         }
     };
-    let dirs: BTreeSet<&Path> = paths.iter().filter_map(|p| p.parent()).collect();
     for dir in dirs {
         if let Err(error) = watcher.watch(dir, RecursiveMode::NonRecursive) {
             tracing::warn!(%error, dir = %dir.display(), "cannot watch a directory of Envoy's; checking its files every {FILE_CHECK:?}");

@@ -64,6 +64,9 @@ pub(crate) struct Instance {
     pub(crate) authorizing: AtomicBool,
     /// Whether `/readyz` fails because post-start hooks run (rather than a shutdown).
     pub(crate) starting: AtomicBool,
+    /// Until when Envoy's health checks take this long to answer
+    /// ([`crate::Standin::slow_health_checks`]).
+    pub(crate) slow_health_checks: Mutex<Option<(tokio::time::Instant, Duration)>>,
     pub(crate) requests: Arc<AtomicU64>,
     pub(crate) bookmark_interval: Duration,
     pub(crate) stopping: tokio::sync::watch::Receiver<bool>,
@@ -156,6 +159,14 @@ impl Instance {
                 identity: &identity,
             };
             return resources::handle(self, call);
+        }
+        let user_agent =
+            parts.headers.get(hyper::header::USER_AGENT).map(hyper::header::HeaderValue::as_bytes);
+        if path == "/readyz" && user_agent == Some(b"Envoy/HC") {
+            let slow = *self.slow_health_checks.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, delay)) = slow.filter(|(until, _)| tokio::time::Instant::now() < *until) {
+                tokio::time::sleep(delay).await;
+            }
         }
         self.non_resource(&parts.method, &path, query, &parts.headers)
     }

@@ -192,6 +192,15 @@ impl Standin {
     }
 
     /// The name of this stand-in's identity Lease.
+    /// Makes each of Envoy's health checks (`/readyz`, `User-Agent: Envoy/HC`) that arrives in
+    /// the next `window` answer only after `delay`: an apiserver too busy for a moment to answer
+    /// them in time, while the sidecar's own probes still get through.
+    pub fn slow_health_checks(&self, window: Duration, delay: Duration) {
+        let until = tokio::time::Instant::now() + window;
+        *self.instance.slow_health_checks.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((until, delay));
+    }
+
     pub fn lease_name(&self) -> String {
         publish::lease_name(&self.id)
     }
@@ -305,6 +314,7 @@ async fn start(options: Options, store: StoreHandle, startup: Startup, ready: bo
         ready: AtomicBool::new(ready && !starting),
         authorizing: AtomicBool::new(startup.refusing.is_zero() && startup.forbidding.is_zero()),
         starting: AtomicBool::new(starting),
+        slow_health_checks: Mutex::default(),
         requests: requests.clone(),
         bookmark_interval: options.bookmark_interval,
         stopping: stopping.clone(),

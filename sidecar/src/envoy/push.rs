@@ -23,7 +23,9 @@
 //! `cds.json` written: their endpoints are marked `DRAINING` ([`super::with_draining`]).
 //! The overlay changes on its own ([`Pusher::set_draining`]), also while a push is under way:
 //! every `cds.json` write holds one lock and applies the overlay of that moment, so that the
-//! two never undo each other.
+//! two never undo each other. The clusters of apiservers' addresses take their endpoints from
+//! files of their own ([`skewgate_envoy::eds`]), written before `cds.json`: a change of the
+//! overlay alone rewrites only those, and Envoy rebuilds no cluster for it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use super::admin::{AdminError, EnvoyAdmin, LiveTable};
+use skewgate_envoy::eds::{self, OnDisk};
 use skewgate_envoy::{
     Files, Overlay, Resources, cluster_names, draining_in, module_ecds, rds_version, table_from_ecds,
     union_cds, with_draining, write_atomic,
@@ -134,6 +137,8 @@ impl PushError {
 #[derive(Debug, Clone)]
 pub struct Pusher<A> {
     cds_path: PathBuf,
+    /// Where the endpoints of the clusters of apiservers' addresses live.
+    eds_dir: PathBuf,
     /// `None` with the native module: bootstrap-native.yaml keeps its routes static.
     rds_path: Option<PathBuf>,
     ecds_path: PathBuf,
@@ -177,6 +182,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
     pub fn new(files: &Files, admin: Option<A>, confirm_timeout: Duration, settle_delay: Duration) -> Self {
         Self {
             cds_path: files.cds_path(),
+            eds_dir: files.eds_dir(),
             rds_path: Some(files.rds_path()),
             ecds_path: files.ecds_path(),
             module_path: None,
@@ -212,10 +218,8 @@ impl<A: EnvoyAdmin> Pusher<A> {
     /// sidecar keeps what the previous one decided until it knows better.
     pub fn adopt_draining_from_disk(&self) -> Result<Overlay, PushError> {
         let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(bytes) = read_optional(&self.cds_path)? {
-            if let Ok(cds) = serde_json::from_slice::<Value>(&bytes) {
-                *draining = draining_in(&cds);
-            }
+        if let Some(cds) = self.joined(read_optional)? {
+            *draining = draining_in(&cds);
         }
         Ok(draining.clone())
     }
@@ -231,38 +235,108 @@ impl<A: EnvoyAdmin> Pusher<A> {
         if *current == *draining {
             return Ok(false);
         }
-        if let Some(bytes) = self.ours(&self.cds_path)? {
-            // A file that does not parse is left for the next push to replace.
-            if let Ok(cds) = serde_json::from_slice::<Value>(&bytes) {
-                let new = to_bytes(&with_draining(&cds, draining));
-                if new != bytes {
-                    self.write(&self.cds_path, &new)?;
-                }
-            }
+        // A `cds.json` that does not parse is left for the next push to replace.
+        if let Some(cds) = self.joined(|path| self.ours(path))? {
+            self.write_on_disk(&self.on_disk(&cds, draining))?;
         }
         *current = draining.clone();
         Ok(true)
     }
 
-    /// Writes `cds` with the overlay of this moment; returns the bytes written.
-    fn write_cds(&self, cds: &Value) -> Result<Vec<u8>, PushError> {
+    /// Writes `cds` (endpoints inline) with the overlay of this moment.
+    fn write_cds(&self, cds: &Value) -> Result<(), PushError> {
         let draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
-        let bytes = to_bytes(&with_draining(cds, &draining));
-        self.write(&self.cds_path, &bytes)?;
-        Ok(bytes)
+        self.write_on_disk(&self.on_disk(cds, &draining))
     }
 
-    fn overlaid(&self, cds: &Value) -> Vec<u8> {
+    /// The files for `cds` (endpoints inline) with the overlay of this moment.
+    fn overlaid(&self, cds: &Value) -> OnDisk {
         let draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
-        to_bytes(&with_draining(cds, &draining))
+        self.on_disk(cds, &draining)
+    }
+
+    fn on_disk(&self, cds: &Value, draining: &Overlay) -> OnDisk {
+        eds::split(&with_draining(cds, draining), &self.eds_dir)
+    }
+
+    /// Whether the files, as this sidecar last wrote them, hold `cds` with the overlay of this
+    /// moment.
+    fn cds_current(&self, cds: &Value) -> Result<bool, PushError> {
+        let disk = self.overlaid(cds);
+        for (path, file) in &disk.eds {
+            if self.ours(path)?.as_deref() != Some(&to_bytes(file)[..]) {
+                return Ok(false);
+            }
+        }
+        Ok(self.ours(&self.cds_path)?.as_deref() == Some(&to_bytes(&disk.cds)[..]))
+    }
+
+    /// The clusters of `cds.json` with their endpoints inline, every file read with `read`;
+    /// `None` without a `cds.json` that parses.
+    fn joined(
+        &self,
+        read: impl Fn(&Path) -> Result<Option<Vec<u8>>, PushError>,
+    ) -> Result<Option<Value>, PushError> {
+        let Some(cds) = read(&self.cds_path)?.and_then(|b| serde_json::from_slice::<Value>(&b).ok()) else {
+            return Ok(None);
+        };
+        let mut failed = None;
+        let joined = eds::join(&cds, |path| match read(path) {
+            Ok(bytes) => bytes.and_then(|b| serde_json::from_slice(&b).ok()),
+            Err(error) => {
+                failed.get_or_insert(error);
+                None
+            }
+        });
+        match failed {
+            Some(error) => Err(error),
+            None => Ok(Some(joined)),
+        }
+    }
+
+    /// Writes each file of `disk` that changed, the endpoints before the clusters that read
+    /// them, then removes the endpoint files of clusters `cds.json` no longer has (Envoy reads an
+    /// endpoint file on a rename into place only: a removal changes nothing for it).
+    fn write_on_disk(&self, disk: &OnDisk) -> Result<(), PushError> {
+        std::fs::create_dir_all(&self.eds_dir)
+            .map_err(|error| PushError::Io { path: self.eds_dir.clone(), error })?;
+        for (path, file) in &disk.eds {
+            let bytes = to_bytes(file);
+            if self.ours(path)?.as_deref() != Some(&bytes[..]) {
+                self.write(path, &bytes)?;
+            }
+        }
+        let bytes = to_bytes(&disk.cds);
+        if self.ours(&self.cds_path)?.as_deref() != Some(&bytes[..]) {
+            self.write(&self.cds_path, &bytes)?;
+        }
+        let kept: BTreeSet<&Path> = disk.eds.iter().map(|(path, _)| path.as_path()).collect();
+        let entries = match std::fs::read_dir(&self.eds_dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(error) => return Err(PushError::Io { path: self.eds_dir.clone(), error }),
+        };
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let is_file = path.extension().is_some_and(|e| e == "json");
+            if is_file && !kept.contains(path.as_path()) {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(error) => return Err(PushError::Io { path, error }),
+                }
+                written.files.remove(&path);
+            }
+        }
+        Ok(())
     }
 
     pub async fn push(&self, resources: &Resources) -> Result<PushOutcome, PushError> {
-        let new_cds = self.overlaid(&resources.cds);
         let rds = self.rds_file(resources);
         let routes_version = rds_version(&resources.rds).unwrap_or_default().to_owned();
         let new_ecds = to_bytes(&resources.ecds);
-        let disk_cds = self.ours(&self.cds_path)?;
+        let cds_current = self.cds_current(&resources.cds)?;
         let disk_ecds = self.ours(&self.ecds_path)?;
         let module = self.module_file(resources);
         let module_current = match &module {
@@ -273,25 +347,15 @@ impl<A: EnvoyAdmin> Pusher<A> {
             Some((path, new)) => self.ours(path)?.as_deref() == Some(&new[..]),
             None => true,
         };
-        if disk_cds.as_deref() == Some(&new_cds[..])
-            && rds_current
-            && disk_ecds.as_deref() == Some(&new_ecds[..])
-            && module_current
-        {
+        if cds_current && rds_current && disk_ecds.as_deref() == Some(&new_ecds[..]) && module_current {
             // Written by an earlier process: guarded from now on as if this one had written them.
             self.adopt_all(resources, rds.as_ref(), module.as_ref());
             return Ok(PushOutcome::Unchanged);
         }
-        let module_path = module.as_ref().map(|(path, _)| *path);
-        for path in
-            [Some(self.cds_path.as_path()), Some(self.ecds_path.as_path()), module_path].into_iter().flatten()
-        {
-            if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)
-                    .map_err(|error| PushError::Io { path: dir.to_path_buf(), error })?;
-            }
+        for dir in self.dirs() {
+            std::fs::create_dir_all(dir).map_err(|error| PushError::Io { path: dir.to_path_buf(), error })?;
         }
-        let old_cds: Option<Value> = disk_cds.as_deref().and_then(|b| serde_json::from_slice(b).ok());
+        let old_cds = self.joined(|path| self.ours(path))?;
         let old_names = cluster_names(old_cds.as_ref());
         let new_names = cluster_names(Some(&resources.cds));
         let added: Vec<String> = new_names.difference(&old_names).cloned().collect();
@@ -316,7 +380,6 @@ impl<A: EnvoyAdmin> Pusher<A> {
             return Ok(PushOutcome::Pushed { added, removed, steps });
         }
 
-        let mut on_disk_cds = disk_cds;
         let live = match &self.admin {
             Some(admin) => admin.live_table().await?,
             None => None,
@@ -334,8 +397,8 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 && live_routes.as_deref() != Some(routes_version.as_str());
         if table_pending || routes_pending {
             let union = union_cds(&resources.cds, old_cds.as_ref());
-            if on_disk_cds.as_deref() != Some(&self.overlaid(&union)[..]) {
-                on_disk_cds = Some(self.write_cds(&union)?);
+            if !self.cds_current(&union)? {
+                self.write_cds(&union)?;
                 steps.push(Step::WroteCds(cluster_names(Some(&union)).into_iter().collect()));
             }
             let live_clusters = live.map(|l| l.clusters).unwrap_or_default();
@@ -382,7 +445,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
             self.confirm(Confirmed::Table, &resources.generation, rejections_before, &mut steps).await?;
         }
 
-        if on_disk_cds.as_deref() != Some(&self.overlaid(&resources.cds)[..]) {
+        if !self.cds_current(&resources.cds)? {
             self.write_cds(&resources.cds)?;
             steps.push(Step::WroteCds(new_names.into_iter().collect()));
         }
@@ -400,7 +463,11 @@ impl<A: EnvoyAdmin> Pusher<A> {
         rds: Option<&(&Path, Vec<u8>)>,
         module: Option<&(&Path, Vec<u8>)>,
     ) {
-        self.adopt(&self.cds_path, &self.overlaid(&resources.cds));
+        let disk = self.overlaid(&resources.cds);
+        for (path, file) in &disk.eds {
+            self.adopt(path, &to_bytes(file));
+        }
+        self.adopt(&self.cds_path, &to_bytes(&disk.cds));
         for (path, new) in rds.into_iter().chain(module) {
             self.adopt(path, new);
         }
@@ -499,12 +566,13 @@ impl<A: EnvoyAdmin> Pusher<A> {
         &self.cds_path
     }
 
-    /// Every file this sidecar writes for Envoy.
-    pub fn paths(&self) -> Vec<&Path> {
+    /// Every directory this sidecar writes Envoy's files in.
+    pub fn dirs(&self) -> BTreeSet<&Path> {
         [Some(&self.cds_path), self.rds_path.as_ref(), Some(&self.ecds_path), self.module_path.as_ref()]
             .into_iter()
             .flatten()
-            .map(PathBuf::as_path)
+            .filter_map(|p| p.parent())
+            .chain([self.eds_dir.as_path()])
             .collect()
     }
 
@@ -1239,8 +1307,10 @@ mod tests {
         );
     }
 
+    /// `cds.json` with the endpoints of its EDS files inline again.
     fn cds_on_disk(d: &Path) -> Value {
-        serde_json::from_slice(&std::fs::read(d.join("cds/cds.json")).unwrap()).unwrap()
+        let read = |p: &Path| -> Option<Value> { serde_json::from_slice(&std::fs::read(p).ok()?).ok() };
+        eds::join(&read(&d.join("cds/cds.json")).unwrap(), read)
     }
 
     /// The overlay goes into every cds.json written, the union of a push included, and changes
@@ -1266,14 +1336,22 @@ mod tests {
         let wrote_cds = steps.iter().filter(|s| matches!(s, Step::WroteCds(_))).count();
         assert_eq!(wrote_cds, 2, "{steps:?}");
         assert_eq!(draining_in(&cds_on_disk(&d)), b);
+        let eds_files: BTreeSet<String> = std::fs::read_dir(d.join("eds"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().trim_end_matches(".json").to_owned())
+            .collect();
+        assert_eq!(eds_files, cluster_names(Some(&cds_on_disk(&d))), "the files of dropped clusters go too");
         assert!(envoy.0.lock().unwrap().violations.is_empty());
 
-        // Re-admitted: the clusters stay exactly as they are, only the overlay goes.
+        // Re-admitted: the clusters stay exactly as they are, only the overlay goes, and only
+        // the endpoint files change: Envoy rebuilds no cluster.
         let before = cds_on_disk(&d);
+        let cds_bytes = std::fs::read(d.join("cds/cds.json")).unwrap();
         assert!(p.set_draining(&Overlay::default()).unwrap());
         let after = cds_on_disk(&d);
         assert_eq!(draining_in(&after), Overlay::default());
         assert_eq!(with_draining(&before, &Overlay::default()), after);
+        assert_eq!(std::fs::read(d.join("cds/cds.json")).unwrap(), cds_bytes, "cds.json rewritten");
         assert!(!p.set_draining(&Overlay::default()).unwrap(), "unchanged overlay: no write");
         assert_eq!(p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap(), PushOutcome::Unchanged);
 

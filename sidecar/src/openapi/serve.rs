@@ -327,7 +327,15 @@ pub async fn run(
         if servers.is_empty() {
             continue;
         }
-        let composed = composer.compose(&servers);
+        // Seconds of CPU for a large cluster's documents: off the runtime's workers, so that the
+        // sync loop and a push of the routing table (whose tasks could sit behind this one on
+        // the same worker) go on meanwhile.
+        let composed = match tokio::runtime::Handle::current().runtime_flavor() {
+            tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(|| composer.compose(&servers))
+            }
+            _ => composer.compose(&servers),
+        };
         let held = servers.iter().map(|(_, f)| f.bytes()).sum::<usize>() + composed.bytes();
         if held > MEMORY_BUDGET_BYTES {
             tracing::error!(
