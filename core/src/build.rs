@@ -371,30 +371,21 @@ mod tests {
         }
     }
 
+    /// An apiserver with these documents and nothing else known of it.
+    fn server<'a>(
+        id: &'a str,
+        version: &'a str,
+        documents: Vec<&'a ApiGroupDiscoveryList>,
+    ) -> ServerApis<'a> {
+        ServerApis { id, version, documents, ..ServerApis::default() }
+    }
+
     /// a and b run the 1.33 era, c the 1.36 era.
     fn skewed(d: &Docs) -> Vec<ServerApis<'_>> {
         vec![
-            ServerApis {
-                id: "a",
-                version: "v1.33.0",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            },
-            ServerApis {
-                id: "b",
-                version: "v1.33.0",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            },
-            ServerApis {
-                id: "c",
-                version: "v1.36.0",
-                documents: vec![&d.core, &d.new],
-                legacy: None,
-                features: None,
-            },
+            server("a", "v1.33.0", vec![&d.core, &d.old]),
+            server("b", "v1.33.0", vec![&d.core, &d.old]),
+            server("c", "v1.36.0", vec![&d.core, &d.new]),
         ]
     }
 
@@ -521,22 +512,7 @@ mod tests {
     #[test]
     fn group_versions_are_sorted_and_served_by_follows_apiserver_order() {
         let d = docs();
-        let servers = vec![
-            ServerApis {
-                id: "z",
-                version: "",
-                documents: vec![&d.core, &d.new],
-                legacy: None,
-                features: None,
-            },
-            ServerApis {
-                id: "m",
-                version: "",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            },
-        ];
+        let servers = vec![server("z", "", vec![&d.core, &d.new]), server("m", "", vec![&d.core, &d.old])];
         let config = build(&servers);
         let keys: Vec<(&str, &str)> =
             config.group_versions.iter().map(|gv| (gv.group.as_str(), gv.version.as_str())).collect();
@@ -605,13 +581,7 @@ mod tests {
     #[test]
     fn a_single_server_gets_its_own_document_and_no_sets() {
         let d = docs();
-        let config = build(&[ServerApis {
-            id: "solo",
-            version: "v1.36.0",
-            documents: vec![&d.core, &d.new],
-            legacy: None,
-            features: None,
-        }]);
+        let config = build(&[server("solo", "v1.36.0", vec![&d.core, &d.new])]);
         assert!(config.sets.is_empty());
         let discovery = config.discovery.clone().unwrap();
         assert_eq!(discovery.etag, etag(&d.new));
@@ -621,16 +591,7 @@ mod tests {
     #[test]
     fn a_server_with_only_core_still_counts() {
         let d = docs();
-        let config = build(&[
-            ServerApis {
-                id: "a",
-                version: "",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            },
-            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None, features: None },
-        ]);
+        let config = build(&[server("a", "", vec![&d.core, &d.old]), server("b", "", vec![&d.core])]);
         assert_eq!(resource_servers(&config, "", "v1", "pods"), ["a", "b"]);
         assert_eq!(resource_servers(&config, "apps", "v1", "deployments"), ["a"]);
         let table = RoutingTable::compile(config).unwrap();
@@ -643,13 +604,7 @@ mod tests {
     fn a_silent_server_stays_but_serves_nothing() {
         let d = docs();
         let config = build(&[
-            ServerApis {
-                id: "a",
-                version: "v1.33.0",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            },
+            server("a", "v1.33.0", vec![&d.core, &d.old]),
             ServerApis { id: "b", ..ServerApis::default() },
         ]);
         assert_eq!(config.apiservers.len(), 2);
@@ -657,16 +612,7 @@ mod tests {
         assert!(counts.gvrs > 10, "{counts:?}");
         assert_eq!(counts.gvrs, counts.rerouted);
         assert!(config.group_versions.iter().all(|gv| gv.served_by == ["a"]));
-        let both = build(&[
-            ServerApis {
-                id: "a",
-                version: "",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            },
-            ServerApis { id: "b", version: "", documents: vec![&d.core], legacy: None, features: None },
-        ]);
+        let both = build(&[server("a", "", vec![&d.core, &d.old]), server("b", "", vec![&d.core])]);
         let counts = both.counts();
         assert!(counts.rerouted > 0 && counts.rerouted < counts.gvrs, "pods are served by both: {counts:?}");
     }
@@ -678,13 +624,7 @@ mod tests {
         odd.items[0].versions[0].resources[0].resource = "a b".into();
         odd.items[1].versions[0].version = String::new();
         odd.items[2].metadata.name = "x/y".into();
-        let config = build(&[ServerApis {
-            id: "a",
-            version: "",
-            documents: vec![&odd],
-            legacy: None,
-            features: None,
-        }]);
+        let config = build(&[server("a", "", vec![&odd])]);
         let names: Vec<&str> =
             config.group_versions.iter().flat_map(|gv| gv.resources.keys()).map(String::as_str).collect();
         assert!(!names.contains(&"a b"));
@@ -695,8 +635,7 @@ mod tests {
     #[test]
     fn ids_are_checked() {
         let d = docs();
-        let server =
-            |id| ServerApis { id, version: "", documents: vec![&d.core], legacy: None, features: None };
+        let server = |id| server(id, "", vec![&d.core]);
         let names = ClusterNames::default();
         assert_eq!(build_table(&[], &names).unwrap_err(), BuildError::NoServers);
         let (long, longest) = ("x".repeat(63), "x".repeat(64));
@@ -720,11 +659,7 @@ mod tests {
     fn bad_cluster_prefix_is_a_table_error() {
         let d = docs();
         let names = ClusterNames { pool: "a pool".into(), ..ClusterNames::default() };
-        let error = build_table(
-            &[ServerApis { id: "a", version: "", documents: vec![&d.core], legacy: None, features: None }],
-            &names,
-        )
-        .unwrap_err();
+        let error = build_table(&[server("a", "", vec![&d.core])], &names).unwrap_err();
         assert!(matches!(&error, BuildError::Table(e) if e.field == "poolCluster"), "{error:?}");
         assert!(std::error::Error::source(&error).is_some());
     }
@@ -734,16 +669,8 @@ mod tests {
         let d = docs();
         // Three 63-character ids joined make 191 characters: with the prefix, over 200.
         let ids: Vec<String> = ["a", "b", "c", "d"].iter().map(|c| c.repeat(63)).collect();
-        let mut servers: Vec<ServerApis<'_>> = ids
-            .iter()
-            .map(|id| ServerApis {
-                id,
-                version: "",
-                documents: vec![&d.core, &d.old],
-                legacy: None,
-                features: None,
-            })
-            .collect();
+        let mut servers: Vec<ServerApis<'_>> =
+            ids.iter().map(|id| server(id, "", vec![&d.core, &d.old])).collect();
         servers[3].documents = vec![&d.core, &d.new];
         let config = build(&servers);
         let three = config.sets.iter().find(|s| s.members.len() == 3).unwrap();
@@ -783,27 +710,9 @@ mod tests {
         let (both, stale, none) =
             (crd(&[("v2", "Current"), ("v1", "Current")]), crd(&[("v1", "Stale")]), crd(&[]));
         let servers = vec![
-            ServerApis {
-                id: "c",
-                version: "v1.36.0",
-                documents: vec![&d.core, &d.new, &stale],
-                legacy: None,
-                features: None,
-            },
-            ServerApis {
-                id: "b",
-                version: "v1.36.0",
-                documents: vec![&d.core, &d.new, &both],
-                legacy: None,
-                features: None,
-            },
-            ServerApis {
-                id: "a",
-                version: "v1.36.0",
-                documents: vec![&d.core, &d.new, &none],
-                legacy: None,
-                features: None,
-            },
+            server("c", "v1.36.0", vec![&d.core, &d.new, &stale]),
+            server("b", "v1.36.0", vec![&d.core, &d.new, &both]),
+            server("a", "v1.36.0", vec![&d.core, &d.new, &none]),
         ];
         let extensions = Extensions::new([
             ("example.com".to_owned(), "v1".to_owned()),

@@ -134,32 +134,44 @@ pub fn composed_reply(table: &RoutingTable, source: Composed, status: u16) -> Op
             let merged = table.merged_discovery()?;
             // The ETag names the document, not its encoding: kube-apiserver answers 304 before it
             // negotiates.
-            let (content_type, body) = match encoding {
-                _ if status == 304 => (MEDIA_TYPE_V2_JSON, &[][..]),
-                Encoding::Json => (MEDIA_TYPE_V2_JSON, merged.document.as_bytes()),
-                Encoding::Protobuf => match merged.protobuf() {
-                    Some(body) => (MEDIA_TYPE_V2_PROTOBUF, body),
-                    None => return Some(NOT_ACCEPTABLE_REPLY),
-                },
-                Encoding::Yaml => return Some(NOT_ACCEPTABLE_REPLY),
+            let encoded = match status {
+                304 => Some((MEDIA_TYPE_V2_JSON, &[][..])),
+                _ => {
+                    encoded(encoding, [MEDIA_TYPE_V2_JSON, MEDIA_TYPE_V2_PROTOBUF], &merged.document, || {
+                        merged.protobuf()
+                    })
+                }
             };
+            let Some((content_type, body)) = encoded else { return Some(NOT_ACCEPTABLE_REPLY) };
             Reply { status, content_type, etag: &merged.quoted_etag, body, source }
         }
         Composed::Legacy(index, encoding) => {
             let document = table.legacy_discovery().at(index)?;
-            let (content_type, body) = match encoding {
-                Encoding::Json => (MEDIA_TYPE_JSON, document.document.as_bytes()),
-                Encoding::Protobuf => match document.protobuf() {
-                    Some(body) => (MEDIA_TYPE_PROTOBUF, body),
-                    None => return Some(NOT_ACCEPTABLE_REPLY),
-                },
-                Encoding::Yaml => return Some(NOT_ACCEPTABLE_REPLY),
-            };
+            let encoded =
+                encoded(encoding, [MEDIA_TYPE_JSON, MEDIA_TYPE_PROTOBUF], &document.document, || {
+                    document.protobuf()
+                });
+            let Some((content_type, body)) = encoded else { return Some(NOT_ACCEPTABLE_REPLY) };
             Reply { status: 200, content_type, etag: "", body, source }
         }
         Composed::NotAcceptable => NOT_ACCEPTABLE_REPLY,
     };
     Some(reply)
+}
+
+/// A composed document in `encoding`, with its media type (`media`: JSON's, protobuf's); `None`
+/// for YAML, which skewgate does not compose.
+fn encoded<'t>(
+    encoding: Encoding,
+    media: [&'static str; 2],
+    json: &'t str,
+    protobuf: impl FnOnce() -> Option<&'t [u8]>,
+) -> Option<(&'static str, &'t [u8])> {
+    match encoding {
+        Encoding::Json => Some((media[0], json.as_bytes())),
+        Encoding::Protobuf => Some((media[1], protobuf()?)),
+        Encoding::Yaml => None,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

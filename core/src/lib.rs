@@ -23,6 +23,7 @@ pub mod legacy_build;
 pub mod legacy_documents;
 pub mod native;
 pub mod openapi;
+pub mod protowire;
 pub mod request_info;
 pub mod seal;
 pub mod status;

@@ -11,6 +11,8 @@
 
 use std::collections::BTreeSet;
 
+use skewgate_core::protowire::{self, Field, Writer};
+
 /// Document field → the field of its entries inside that map message.
 const MAPS: [(u32, u32, &str); 5] = [
     (8, 2, "paths"),
@@ -22,106 +24,38 @@ const MAPS: [(u32, u32, &str); 5] = [
 
 pub const MEDIA_TYPE: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
 
-/// One field as it sits on the wire.
-#[derive(Debug, Clone, Copy)]
-pub struct Field<'b> {
-    pub number: u32,
-    /// The whole field, tag included (copied as is).
-    pub raw: &'b [u8],
-    /// A length-delimited field's content (empty for other wire types).
-    pub payload: &'b [u8],
-}
-
-fn varint(buf: &[u8], pos: &mut usize) -> Result<u64, String> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let byte = *buf.get(*pos).ok_or("truncated varint")?;
-        *pos += 1;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Ok(value);
-        }
-    }
-    Err("varint too long".into())
-}
-
 /// The fields of one message, in wire order.
 pub fn fields(buf: &[u8]) -> Result<Vec<Field<'_>>, String> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos < buf.len() {
-        let start = pos;
-        let tag = varint(buf, &mut pos)?;
-        let number = u32::try_from(tag >> 3).map_err(|_| "field number out of range")?;
-        let payload = match tag & 7 {
-            0 => {
-                varint(buf, &mut pos)?;
-                &buf[pos..pos]
-            }
-            1 | 5 => {
-                pos += if tag & 7 == 1 { 8 } else { 4 };
-                if pos > buf.len() {
-                    return Err("truncated field".into());
-                }
-                &buf[pos..pos]
-            }
-            2 => {
-                let len = usize::try_from(varint(buf, &mut pos)?).map_err(|_| "length out of range")?;
-                let end = pos.checked_add(len).filter(|&e| e <= buf.len()).ok_or("truncated field")?;
-                let payload = &buf[pos..end];
-                pos = end;
-                payload
-            }
-            other => return Err(format!("unsupported wire type {other}")),
-        };
-        let raw = buf.get(start..pos).ok_or("truncated field")?;
-        out.push(Field { number, raw, payload });
-    }
-    Ok(out)
+    protowire::fields(buf).collect::<Result<_, _>>().map_err(|e| e.to_string())
 }
 
 /// The name (field 1) of a `Named*` entry.
 fn name(entry: &[u8]) -> Result<&[u8], String> {
-    Ok(fields(entry)?.into_iter().find(|f| f.number == 1).map_or(&[][..], |f| f.payload))
-}
-
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8 & 0x7f) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-/// Appends a length-delimited field.
-pub fn put_bytes(out: &mut Vec<u8>, number: u32, bytes: &[u8]) {
-    put_varint(out, u64::from(number) << 3 | 2);
-    put_varint(out, bytes.len() as u64);
-    out.extend_from_slice(bytes);
+    Ok(fields(entry)?.into_iter().find(|f| f.number == 1).map_or(&[][..], |f| f.payload()))
 }
 
 /// The merged Document of `inputs` (priority order).
 pub fn merge(inputs: &[&[u8]]) -> Result<Vec<u8>, String> {
     let docs: Vec<Vec<Field<'_>>> = inputs.iter().map(|d| fields(d)).collect::<Result<_, _>>()?;
     let Some(first) = docs.first() else { return Ok(Vec::new()) };
-    let mut out = Vec::new();
+    let mut out = Writer::default();
     let mut emitted = BTreeSet::new();
     for field in first {
         match MAPS.iter().find(|(n, _, _)| *n == field.number) {
-            None => out.extend_from_slice(field.raw),
+            None => out.raw(field.raw),
             Some(&(number, entry, _)) => {
                 if emitted.insert(number) {
-                    put_bytes(&mut out, number, &merged_map(&docs, number, entry)?);
+                    out.bytes(number, &merged_map(&docs, number, entry)?);
                 }
             }
         }
     }
     for (number, entry, _) in MAPS {
         if !emitted.contains(&number) && docs.iter().flatten().any(|f| f.number == number) {
-            put_bytes(&mut out, number, &merged_map(&docs, number, entry)?);
+            out.bytes(number, &merged_map(&docs, number, entry)?);
         }
     }
-    Ok(out)
+    Ok(out.into_bytes())
 }
 
 /// One map message: the first input's other fields, then every entry, first-seen by name.
@@ -133,9 +67,9 @@ fn merged_map(docs: &[Vec<Field<'_>>], number: u32, entry: u32) -> Result<Vec<u8
         let mut had_map = false;
         for map in doc.iter().filter(|f| f.number == number) {
             had_map = true;
-            for field in fields(map.payload)? {
+            for field in fields(map.payload())? {
                 if field.number == entry {
-                    if seen.insert(name(field.payload)?) {
+                    if seen.insert(name(field.payload())?) {
                         out.extend_from_slice(field.raw);
                     }
                 } else if !others_taken {
@@ -153,8 +87,8 @@ pub fn names(doc: &[u8]) -> Result<BTreeSet<String>, String> {
     let mut out = BTreeSet::new();
     for field in fields(doc)? {
         let Some((_, entry, label)) = MAPS.iter().find(|(n, _, _)| *n == field.number) else { continue };
-        for f in fields(field.payload)?.into_iter().filter(|f| f.number == *entry) {
-            out.insert(format!("{label}/{}", String::from_utf8_lossy(name(f.payload)?)));
+        for f in fields(field.payload())?.into_iter().filter(|f| f.number == *entry) {
+            out.insert(format!("{label}/{}", String::from_utf8_lossy(name(f.payload())?)));
         }
     }
     Ok(out)
@@ -164,30 +98,28 @@ pub fn names(doc: &[u8]) -> Result<BTreeSet<String>, String> {
 mod tests {
     use super::*;
 
-    fn named(name: &str, value: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        put_bytes(&mut out, 1, name.as_bytes());
-        put_bytes(&mut out, 2, value);
-        out
+    fn named(w: &mut Writer, number: u32, name: &str, value: impl FnOnce(&mut Writer)) {
+        w.message(number, |entry| {
+            entry.string(1, name);
+            entry.message(2, value);
+        });
     }
 
     fn doc(swagger: &str, paths: &[&str], definitions: &[(&str, &str)]) -> Vec<u8> {
-        let mut out = Vec::new();
-        put_bytes(&mut out, 1, swagger.as_bytes());
-        let mut p = Vec::new();
-        put_bytes(&mut p, 1, b"vendor");
-        for path in paths {
-            put_bytes(&mut p, 2, &named(path, b""));
-        }
-        put_bytes(&mut out, 8, &p);
-        let mut d = Vec::new();
-        for (name, description) in definitions {
-            let mut schema = Vec::new();
-            put_bytes(&mut schema, 4, description.as_bytes());
-            put_bytes(&mut d, 1, &named(name, &schema));
-        }
-        put_bytes(&mut out, 9, &d);
-        out
+        let mut out = Writer::default();
+        out.string(1, swagger);
+        out.message(8, |p| {
+            p.string(1, "vendor");
+            for path in paths {
+                named(p, 2, path, |_| {});
+            }
+        });
+        out.message(9, |d| {
+            for (name, description) in definitions {
+                named(d, 1, name, |schema| schema.string(4, description));
+            }
+        });
+        out.into_bytes()
     }
 
     #[test]
@@ -203,12 +135,12 @@ mod tests {
         // First-seen: S is a's; the swagger field and Paths' vendor extension are a's, once.
         assert_eq!(merge(&[&merged, &a, &b]).unwrap(), merged, "idempotent");
         let top = fields(&merged).unwrap();
-        assert_eq!(top[0].payload, b"2.0");
-        let paths = fields(top[1].payload).unwrap();
+        assert_eq!(top[0].payload(), b"2.0");
+        let paths = fields(top[1].payload()).unwrap();
         assert_eq!(paths.iter().filter(|f| f.number == 1).count(), 1);
-        let defs = fields(top[2].payload).unwrap();
-        let s = defs.iter().find(|f| name(f.payload).unwrap() == b"S").unwrap();
-        assert!(s.payload.windows(6).any(|w| w == b"from a"));
+        let defs = fields(top[2].payload()).unwrap();
+        let s = defs.iter().find(|f| name(f.payload()).unwrap() == b"S").unwrap();
+        assert!(s.payload().windows(6).any(|w| w == b"from a"));
         assert!(merge(&[b"\x0a\x05ab"]).is_err(), "truncated");
         assert!(fields(b"\x09\x01").is_err(), "truncated fixed64");
     }

@@ -6,63 +6,58 @@
 //! numbers from gnostic-models' `openapiv2/OpenAPIv2.proto`).
 
 use serde_json::Value;
-use skewgate_openapi::v2proto::put_bytes;
+use skewgate_core::protowire::Writer;
 
 const GVK: &str = "x-kubernetes-group-version-kind";
 
 pub fn reduced(v2: &Value) -> Vec<u8> {
-    let mut doc = Vec::new();
+    let mut doc = Writer::default();
     put_str(&mut doc, 1, v2["swagger"].as_str());
-    let mut info = Vec::new();
-    put_str(&mut info, 1, v2["info"]["title"].as_str());
-    put_str(&mut info, 2, v2["info"]["version"].as_str());
-    put_bytes(&mut doc, 2, &info);
-    let mut paths = Vec::new();
-    for name in v2["paths"].as_object().into_iter().flat_map(|p| p.keys()) {
-        put_bytes(&mut paths, 2, &named(name, &[]));
-    }
-    put_bytes(&mut doc, 8, &paths);
-    let mut definitions = Vec::new();
-    for (name, schema) in v2["definitions"].as_object().into_iter().flatten() {
-        put_bytes(&mut definitions, 1, &named(name, &self::schema(schema, true)));
-    }
-    put_bytes(&mut doc, 9, &definitions);
-    doc
+    doc.message(2, |info| {
+        put_str(info, 1, v2["info"]["title"].as_str());
+        put_str(info, 2, v2["info"]["version"].as_str());
+    });
+    doc.message(8, |paths| {
+        for name in v2["paths"].as_object().into_iter().flat_map(|p| p.keys()) {
+            named(paths, 2, name, |_| {});
+        }
+    });
+    doc.message(9, |definitions| {
+        for (name, s) in v2["definitions"].as_object().into_iter().flatten() {
+            named(definitions, 1, name, |w| schema(s, true, w));
+        }
+    });
+    doc.into_bytes()
 }
 
-fn schema(s: &Value, nested: bool) -> Vec<u8> {
-    let mut out = Vec::new();
-    put_str(&mut out, 4, s["description"].as_str());
+fn schema(s: &Value, nested: bool, out: &mut Writer) {
+    put_str(out, 4, s["description"].as_str());
     if let Some(kind) = s["type"].as_str() {
-        let mut type_item = Vec::new();
-        put_str(&mut type_item, 1, Some(kind));
-        put_bytes(&mut out, 22, &type_item);
+        out.message(22, |type_item| put_str(type_item, 1, Some(kind)));
     }
     if nested && let Some(properties) = s["properties"].as_object() {
-        let mut props = Vec::new();
-        for (name, p) in properties {
-            put_bytes(&mut props, 1, &named(name, &schema(p, false)));
-        }
-        put_bytes(&mut out, 25, &props);
+        out.message(25, |props| {
+            for (name, p) in properties {
+                named(props, 1, name, |w| schema(p, false, w));
+            }
+        });
     }
     if let Some(gvk) = s.get(GVK) {
-        let mut any = Vec::new();
-        put_str(&mut any, 2, Some(&gvk.to_string()));
-        put_bytes(&mut out, 31, &named(GVK, &any));
+        named(out, 31, GVK, |any| put_str(any, 2, Some(&gvk.to_string())));
     }
-    out
 }
 
-fn named(name: &str, value: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    put_str(&mut out, 1, Some(name));
-    put_bytes(&mut out, 2, value);
-    out
+/// A `Named*` entry: its name, and its value as `value` writes it.
+fn named(out: &mut Writer, number: u32, name: &str, value: impl FnOnce(&mut Writer)) {
+    out.message(number, |entry| {
+        put_str(entry, 1, Some(name));
+        entry.message(2, value);
+    });
 }
 
-fn put_str(out: &mut Vec<u8>, number: u32, value: Option<&str>) {
+fn put_str(out: &mut Writer, number: u32, value: Option<&str>) {
     if let Some(v) = value.filter(|v| !v.is_empty()) {
-        put_bytes(out, number, v.as_bytes());
+        out.string(number, v);
     }
 }
 

@@ -6,7 +6,9 @@
 //! The envelope is the magic `k8s\0` followed by a `runtime.Unknown` {typeMeta, raw}; field
 //! numbers below are those of the upstream `generated.proto` files.
 
+use base64::Engine;
 use serde_json::{Map, Value, json};
+use skewgate_core::protowire::{self, Value as Wire};
 
 use super::status::{Errors, Status};
 use Ty::{Bool, Int, MapBytes, MapStr, Msg, RepMsg, RepStr, Str, Time};
@@ -29,7 +31,7 @@ enum Ty {
 }
 
 struct Field {
-    number: u64,
+    number: u32,
     name: &'static str,
     ty: Ty,
 }
@@ -138,68 +140,21 @@ pub fn decode(body: &[u8]) -> Result<Value, Status> {
 
 /// Field 2 (`raw`) of the envelope, undecoded.
 fn raw_bytes(envelope: &[u8]) -> Option<Vec<u8>> {
-    let mut reader = Reader(envelope);
-    while !reader.0.is_empty() {
-        let (number, value) = reader.field()?;
-        if let (2, Wire::Bytes(bytes)) = (number, value) {
+    for field in protowire::fields(envelope) {
+        let field = field.ok()?;
+        if let (2, Wire::Bytes(bytes)) = (field.number, field.value) {
             return Some(bytes.to_vec());
         }
     }
     None
 }
 
-enum Wire<'a> {
-    Varint(u64),
-    Bytes(&'a [u8]),
-    Fixed,
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn varint(&mut self) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = self.0.split_first()?;
-            self.0 = rest;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte & 0x80 == 0 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    fn field(&mut self) -> Option<(u64, Wire<'a>)> {
-        let key = self.varint()?;
-        let wire = match key & 7 {
-            0 => Wire::Varint(self.varint()?),
-            1 => {
-                self.0 = self.0.get(8..)?;
-                Wire::Fixed
-            }
-            2 => {
-                let len = usize::try_from(self.varint()?).ok()?;
-                let bytes = self.0.get(..len)?;
-                self.0 = self.0.get(len..)?;
-                Wire::Bytes(bytes)
-            }
-            5 => {
-                self.0 = self.0.get(4..)?;
-                Wire::Fixed
-            }
-            _ => return None,
-        };
-        Some((key >> 3, wire))
-    }
-}
-
 fn message(bytes: &[u8], schema: &[Field]) -> Option<Value> {
     let mut out = Map::new();
-    let mut reader = Reader(bytes);
-    while !reader.0.is_empty() {
-        let (number, wire) = reader.field()?;
-        let Some(field) = schema.iter().find(|f| f.number == number) else { continue };
+    for read in protowire::fields(bytes) {
+        let read = read.ok()?;
+        let Some(field) = schema.iter().find(|f| f.number == read.number) else { continue };
+        let wire = read.value;
         let name = field.name.to_string();
         match (field.ty, wire) {
             // Go's generated code writes every string, empty or not; JSON leaves empty ones out.
@@ -208,7 +163,7 @@ fn message(bytes: &[u8], schema: &[Field]) -> Option<Value> {
                 out.insert(name, json!(String::from_utf8_lossy(b)));
             }
             (Ty::Bytes, Wire::Bytes(b)) => {
-                out.insert(name, json!(base64(b)));
+                out.insert(name, json!(base64::engine::general_purpose::STANDARD.encode(b)));
             }
             (Ty::Bool, Wire::Varint(v)) => {
                 out.insert(name, json!(v != 0));
@@ -249,71 +204,44 @@ fn push(out: &mut Map<String, Value>, name: String, value: Value) {
     }
 }
 
-/// Standard base64 with padding, as Go's JSON encodes `[]byte`.
-fn base64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [chunk[0], chunk.get(1).copied().unwrap_or(0), chunk.get(2).copied().unwrap_or(0)];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
+    use skewgate_core::protowire::Writer;
+
     use super::*;
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(byte);
-                return;
-            }
-            out.push(byte | 0x80);
+    fn map_entry(number: u32, k: &str, v: &[u8], out: &mut Writer) {
+        out.message(number, |entry| {
+            entry.bytes(1, k.as_bytes());
+            entry.bytes(2, v);
+        });
+    }
+
+    /// `k8s\0`, then a `runtime.Unknown` of `v1` `kind`, with `raw`.
+    fn envelope(kind: &str, raw: Option<&[u8]>) -> Vec<u8> {
+        let mut body = Writer::default();
+        body.raw(MAGIC);
+        body.message(1, |type_meta| {
+            type_meta.string(1, "v1");
+            type_meta.string(2, kind);
+        });
+        if let Some(raw) = raw {
+            body.bytes(2, raw);
         }
-    }
-
-    fn bytes_field(number: u64, bytes: &[u8], out: &mut Vec<u8>) {
-        varint(number << 3 | 2, out);
-        varint(bytes.len() as u64, out);
-        out.extend_from_slice(bytes);
-    }
-
-    fn map_entry(number: u64, k: &str, v: &[u8], out: &mut Vec<u8>) {
-        let mut entry = Vec::new();
-        bytes_field(1, k.as_bytes(), &mut entry);
-        bytes_field(2, v, &mut entry);
-        bytes_field(number, &entry, out);
+        body.into_bytes()
     }
 
     #[test]
     fn decodes_a_configmap_like_kubectl_sends_it() {
-        let mut meta = Vec::new();
-        bytes_field(1, b"x", &mut meta);
-        map_entry(11, "app", b"web", &mut meta);
-        let mut cm = Vec::new();
-        bytes_field(1, &meta, &mut cm);
+        let mut cm = Writer::default();
+        cm.message(1, |meta| {
+            meta.string(1, "x");
+            map_entry(11, "app", b"web", meta);
+        });
         map_entry(2, "a", b"1", &mut cm);
         map_entry(3, "bin", b"\x00\x01\x02\xff", &mut cm);
-        varint(4 << 3, &mut cm);
-        varint(1, &mut cm);
-        let mut type_meta = Vec::new();
-        bytes_field(1, b"v1", &mut type_meta);
-        bytes_field(2, b"ConfigMap", &mut type_meta);
-        let mut body = MAGIC.to_vec();
-        bytes_field(1, &type_meta, &mut body);
-        bytes_field(2, &cm, &mut body);
-        let object = decode(&body).unwrap();
+        cm.bool(4, true);
+        let object = decode(&envelope("ConfigMap", Some(&cm.into_bytes()))).unwrap();
         assert_eq!(
             object,
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {"app": "web"}}, "data": {"a": "1"}, "binaryData": {"bin": "AAEC/w=="}, "immutable": true})
@@ -323,15 +251,9 @@ mod tests {
     #[test]
     fn refuses_what_it_cannot_read() {
         assert_eq!(decode(b"nope").unwrap_err().code, 400);
-        let mut type_meta = Vec::new();
-        bytes_field(2, b"Deployment", &mut type_meta);
-        let mut body = MAGIC.to_vec();
-        bytes_field(1, &type_meta, &mut body);
-        assert_eq!(decode(&body).unwrap_err().code, 415);
+        assert_eq!(decode(&envelope("Deployment", None)).unwrap_err().code, 415);
         let mut truncated = MAGIC.to_vec();
         truncated.extend_from_slice(&[0x0a, 0x10, 0x01]);
         assert_eq!(decode(&truncated).unwrap_err().code, 400);
-        assert_eq!(base64(b"ab"), "YWI=");
-        assert_eq!(base64(b"abc"), "YWJj");
     }
 }

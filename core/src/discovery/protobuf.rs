@@ -10,6 +10,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::protowire::{self, Field, Malformed, Writer};
+
 use super::legacy::{
     ApiGroup, ApiGroupList, ApiResource, ApiResourceList, ApiVersions, GroupVersionForDiscovery,
 };
@@ -32,13 +34,13 @@ const MAGIC: &[u8] = b"k8s\x00";
 pub trait ToProtobuf {
     /// `apiVersion` and `kind` as the envelope carries them.
     fn type_meta(&self) -> (&str, &str);
-    fn encode_fields(&self, wire: &mut Wire);
+    fn encode_fields(&self, wire: &mut Writer);
 
     /// The whole body kube-apiserver sends: magic, then the `runtime.Unknown` envelope.
     fn to_protobuf(&self) -> Vec<u8> {
         let (api_version, kind) = self.type_meta();
-        let mut wire = Wire(Vec::with_capacity(1024));
-        wire.0.extend_from_slice(MAGIC);
+        let mut wire = Writer::with_capacity(1024);
+        wire.raw(MAGIC);
         // runtime.Unknown: typeMeta, raw, contentEncoding, contentType.
         wire.message(1, |w| {
             w.string(1, api_version);
@@ -47,69 +49,7 @@ pub trait ToProtobuf {
         wire.message(2, |w| self.encode_fields(w));
         wire.string(3, "");
         wire.string(4, "");
-        wire.0
-    }
-}
-
-/// A protobuf writer for the few wire types discovery uses.
-pub struct Wire(Vec<u8>);
-
-impl Wire {
-    fn varint(&mut self, mut value: u64) {
-        while value >= 0x80 {
-            self.0.push((value as u8) | 0x80);
-            value >>= 7;
-        }
-        self.0.push(value as u8);
-    }
-
-    fn key(&mut self, field: u32, wire_type: u8) {
-        self.varint(u64::from(field << 3) | u64::from(wire_type));
-    }
-
-    fn bytes(&mut self, field: u32, bytes: &[u8]) {
-        self.key(field, 2);
-        self.varint(bytes.len() as u64);
-        self.0.extend_from_slice(bytes);
-    }
-
-    fn string(&mut self, field: u32, text: &str) {
-        self.bytes(field, text.as_bytes());
-    }
-
-    fn strings(&mut self, field: u32, items: &[String]) {
-        for item in items {
-            self.string(field, item);
-        }
-    }
-
-    fn bool(&mut self, field: u32, value: bool) {
-        self.key(field, 0);
-        self.0.push(u8::from(value));
-    }
-
-    fn int64(&mut self, field: u32, value: i64) {
-        self.key(field, 0);
-        // Negative numbers are ten bytes, as Go's uint64 conversion makes them.
-        self.varint(value as u64);
-    }
-
-    /// A length-delimited message; its length is known only once its fields are written, so the
-    /// key and length go in front of them afterwards.
-    fn message(&mut self, field: u32, fields: impl FnOnce(&mut Wire)) {
-        let start = self.0.len();
-        fields(self);
-        let len = self.0.len() - start;
-        let mut head = Wire(Vec::with_capacity(6));
-        head.key(field, 2);
-        head.varint(len as u64);
-        self.0.splice(start..start, head.0);
-    }
-
-    fn messages<T>(&mut self, field: u32, items: &[T], encode: impl Fn(&T, &mut Wire)) {
-        for item in items {
-            self.message(field, |w| encode(item, w));
-        }
+        wire.into_bytes()
     }
 }
 
@@ -118,7 +58,7 @@ impl ToProtobuf for ApiGroupDiscoveryList {
         (&self.api_version, &self.kind)
     }
 
-    fn encode_fields(&self, w: &mut Wire) {
+    fn encode_fields(&self, w: &mut Writer) {
         w.message(1, |w| list_meta(&self.metadata, w));
         w.messages(2, &self.items, group_discovery);
     }
@@ -129,7 +69,7 @@ impl ToProtobuf for ApiResourceList {
         (&self.api_version, &self.kind)
     }
 
-    fn encode_fields(&self, w: &mut Wire) {
+    fn encode_fields(&self, w: &mut Writer) {
         w.string(1, &self.group_version);
         w.messages(2, &self.resources, api_resource);
     }
@@ -140,7 +80,7 @@ impl ToProtobuf for ApiGroupList {
         (&self.api_version, &self.kind)
     }
 
-    fn encode_fields(&self, w: &mut Wire) {
+    fn encode_fields(&self, w: &mut Writer) {
         w.messages(1, &self.groups, api_group);
     }
 }
@@ -150,7 +90,7 @@ impl ToProtobuf for ApiGroup {
         (&self.api_version, &self.kind)
     }
 
-    fn encode_fields(&self, w: &mut Wire) {
+    fn encode_fields(&self, w: &mut Writer) {
         api_group(self, w);
     }
 }
@@ -161,13 +101,13 @@ impl ToProtobuf for ApiVersions {
         ("", &self.kind)
     }
 
-    fn encode_fields(&self, w: &mut Wire) {
+    fn encode_fields(&self, w: &mut Writer) {
         w.strings(1, &self.versions);
         w.messages(2, &self.server_address_by_client_cidrs, server_address);
     }
 }
 
-fn list_meta(meta: &ListMeta, w: &mut Wire) {
+fn list_meta(meta: &ListMeta, w: &mut Writer) {
     w.string(1, &meta.self_link);
     w.string(2, &meta.resource_version);
     w.string(3, &meta.continue_token);
@@ -179,7 +119,7 @@ fn list_meta(meta: &ListMeta, w: &mut Wire) {
 /// `metav1.ObjectMeta` as discovery fills it: a name, and the labels and annotations a peer may
 /// have added (the other fields discovery never sets, and the JSON form keeps them only to pass
 /// them on).
-fn object_meta(meta: &ObjectMeta, w: &mut Wire) {
+fn object_meta(meta: &ObjectMeta, w: &mut Writer) {
     w.string(1, &meta.name);
     for field in 2..=6 {
         w.string(field, "");
@@ -192,7 +132,7 @@ fn object_meta(meta: &ObjectMeta, w: &mut Wire) {
 }
 
 /// A `map<string, string>` in gogo's order: entries sorted by key.
-fn string_map(field: u32, value: Option<&Value>, w: &mut Wire) {
+fn string_map(field: u32, value: Option<&Value>, w: &mut Writer) {
     let Some(Value::Object(map)) = value else { return };
     let mut entries: Vec<(&String, &str)> =
         map.iter().map(|(k, v)| (k, v.as_str().unwrap_or_default())).collect::<Vec<_>>();
@@ -205,18 +145,18 @@ fn string_map(field: u32, value: Option<&Value>, w: &mut Wire) {
     }
 }
 
-fn group_discovery(group: &ApiGroupDiscovery, w: &mut Wire) {
+fn group_discovery(group: &ApiGroupDiscovery, w: &mut Writer) {
     w.message(1, |w| object_meta(&group.metadata, w));
     w.messages(2, &group.versions, version_discovery);
 }
 
-fn version_discovery(version: &ApiVersionDiscovery, w: &mut Wire) {
+fn version_discovery(version: &ApiVersionDiscovery, w: &mut Writer) {
     w.string(1, &version.version);
     w.messages(2, &version.resources, resource_discovery);
     w.string(3, version.freshness.as_ref().map(|f| f.as_str()).unwrap_or_default());
 }
 
-fn resource_discovery(resource: &ApiResourceDiscovery, w: &mut Wire) {
+fn resource_discovery(resource: &ApiResourceDiscovery, w: &mut Writer) {
     w.string(1, &resource.resource);
     if let Some(kind) = &resource.response_kind {
         w.message(2, |w| group_version_kind(kind, w));
@@ -229,7 +169,7 @@ fn resource_discovery(resource: &ApiResourceDiscovery, w: &mut Wire) {
     w.messages(8, &resource.subresources, subresource_discovery);
 }
 
-fn subresource_discovery(subresource: &ApiSubresourceDiscovery, w: &mut Wire) {
+fn subresource_discovery(subresource: &ApiSubresourceDiscovery, w: &mut Writer) {
     w.string(1, &subresource.subresource);
     if let Some(kind) = &subresource.response_kind {
         w.message(2, |w| group_version_kind(kind, w));
@@ -238,13 +178,13 @@ fn subresource_discovery(subresource: &ApiSubresourceDiscovery, w: &mut Wire) {
     w.strings(4, &subresource.verbs);
 }
 
-fn group_version_kind(gvk: &GroupVersionKind, w: &mut Wire) {
+fn group_version_kind(gvk: &GroupVersionKind, w: &mut Writer) {
     w.string(1, &gvk.group);
     w.string(2, &gvk.version);
     w.string(3, &gvk.kind);
 }
 
-fn api_resource(resource: &ApiResource, w: &mut Wire) {
+fn api_resource(resource: &ApiResource, w: &mut Writer) {
     w.string(1, &resource.name);
     w.bool(2, resource.namespaced);
     w.string(3, &resource.kind);
@@ -259,19 +199,19 @@ fn api_resource(resource: &ApiResource, w: &mut Wire) {
     w.string(10, &resource.storage_version_hash);
 }
 
-fn api_group(group: &ApiGroup, w: &mut Wire) {
+fn api_group(group: &ApiGroup, w: &mut Writer) {
     w.string(1, &group.name);
     w.messages(2, &group.versions, group_version_for_discovery);
     w.message(3, |w| group_version_for_discovery(&group.preferred_version, w));
     w.messages(4, &group.server_address_by_client_cidrs, server_address);
 }
 
-fn group_version_for_discovery(version: &GroupVersionForDiscovery, w: &mut Wire) {
+fn group_version_for_discovery(version: &GroupVersionForDiscovery, w: &mut Writer) {
     w.string(1, &version.group_version);
     w.string(2, &version.version);
 }
 
-fn server_address(address: &Map<String, Value>, w: &mut Wire) {
+fn server_address(address: &Map<String, Value>, w: &mut Writer) {
     let text = |key| address.get(key).and_then(Value::as_str).unwrap_or_default();
     w.string(1, text("clientCIDR"));
     w.string(2, text("serverAddress"));
@@ -280,40 +220,18 @@ fn server_address(address: &Map<String, Value>, w: &mut Wire) {
 /// The `apiVersion` and `kind` of a Kubernetes protobuf body, for what shows and counts a
 /// document (`skewgate explain`, tests); `None` if it is not one.
 pub fn type_meta(body: &[u8]) -> Option<(&str, &str)> {
-    let mut reader = Reader(body.strip_prefix(MAGIC)?);
-    let envelope = reader.field(1)?;
-    let mut type_meta = Reader(envelope);
-    let api_version = std::str::from_utf8(type_meta.field(1)?).ok()?;
-    let kind = std::str::from_utf8(type_meta.field(2)?).ok()?;
+    let envelope = bytes_of(protowire::fields(body.strip_prefix(MAGIC)?).next(), 1)?;
+    let mut type_meta = protowire::fields(envelope);
+    let api_version = std::str::from_utf8(bytes_of(type_meta.next(), 1)?).ok()?;
+    let kind = std::str::from_utf8(bytes_of(type_meta.next(), 2)?).ok()?;
     Some((api_version, kind))
 }
 
-/// Reads the length-delimited fields of a message in order.
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn varint(&mut self) -> Option<u64> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&byte, rest) = self.0.split_first()?;
-            self.0 = rest;
-            value |= u64::from(byte & 0x7f) << shift;
-            if byte < 0x80 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    /// The next field, if it is `field` and length-delimited.
-    fn field(&mut self, field: u32) -> Option<&'a [u8]> {
-        if self.varint()? != u64::from(field << 3 | 2) {
-            return None;
-        }
-        let len = usize::try_from(self.varint()?).ok()?;
-        let (value, rest) = (self.0.get(..len)?, self.0.get(len..)?);
-        self.0 = rest;
-        Some(value)
+/// The content of `field` if it is field `number`, length-delimited.
+fn bytes_of(field: Option<Result<Field<'_>, Malformed>>, number: u32) -> Option<&[u8]> {
+    match field?.ok()? {
+        Field { number: n, value: protowire::Value::Bytes(bytes), .. } if n == number => Some(bytes),
+        _ => None,
     }
 }
 
@@ -346,19 +264,6 @@ mod tests {
         let resource = b"\x0a\x00\x10\x00\x1a\x00\x22\x00\x32\x00\x42\x00\x4a\x00\x52\x00";
         let raw = [b"\x0a\x02v1\x12\x10".as_slice(), resource].concat();
         assert!(body.windows(raw.len()).any(|w| w == raw.as_slice()), "{body:?}");
-    }
-
-    #[test]
-    fn lengths_and_numbers_take_several_bytes() {
-        let mut wire = Wire(Vec::new());
-        wire.string(1, &"x".repeat(300));
-        assert_eq!(wire.0.get(..3), Some(&b"\x0a\xac\x02"[..]));
-        let mut wire = Wire(Vec::new());
-        wire.int64(4, -1);
-        assert_eq!(wire.0, b"\x20\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01");
-        let mut wire = Wire(Vec::new());
-        wire.message(2, |w| w.string(1, &"y".repeat(200)));
-        assert_eq!(wire.0.get(..5), Some(&b"\x12\xcb\x01\x0a\xc8"[..]));
     }
 
     #[test]
