@@ -27,8 +27,34 @@ pub struct Shared {
     /// the edge would get a 503.
     pub openapi_ready: AtomicBool,
     pub metrics: Metrics,
+    /// A routing table is being pushed.
+    pub pushing: Pushing,
     /// The latest sync's report, as `/status` answers it.
     status: Mutex<Option<Bytes>>,
+}
+
+/// Whether a routing table is being pushed to Envoy. What is not urgent and costs seconds of
+/// CPU (composing OpenAPI documents) waits for the push to end: an apiserver that restarted
+/// changes both at once, and the table it holds up is what keeps requests off servers that
+/// cannot serve them.
+pub struct Pushing(tokio::sync::watch::Sender<bool>);
+
+impl Default for Pushing {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(false))
+    }
+}
+
+impl Pushing {
+    pub fn set(&self, pushing: bool) {
+        self.0.send_replace(pushing);
+    }
+
+    /// Until no push is under way, or for `at_most`.
+    pub async fn wait_idle(&self, at_most: std::time::Duration) {
+        let mut pushing = self.0.subscribe();
+        let _ = tokio::time::timeout(at_most, pushing.wait_for(|p| !p)).await;
+    }
 }
 
 impl Shared {

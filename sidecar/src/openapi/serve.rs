@@ -130,6 +130,9 @@ fn serve_content(
 
 const JSON: &str = "application/json";
 
+/// How long a composition waits for a push of the routing table to end.
+const PUSH_FIRST: Duration = Duration::from_secs(30);
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum V2Form {
     Json,
@@ -327,9 +330,11 @@ pub async fn run(
         if servers.is_empty() {
             continue;
         }
-        // Seconds of CPU for a large cluster's documents: off the runtime's workers, so that the
-        // sync loop and a push of the routing table (whose tasks could sit behind this one on
-        // the same worker) go on meanwhile.
+        // Seconds of CPU for a large cluster's documents: after a push of the routing table
+        // under way (bounded: a push that hangs delays OpenAPI no longer than this), and off the
+        // runtime's workers, so that the sync loop and a push (whose tasks could sit behind this
+        // one on the same worker) go on meanwhile.
+        shared.pushing.wait_idle(PUSH_FIRST).await;
         let composed = match tokio::runtime::Handle::current().runtime_flavor() {
             tokio::runtime::RuntimeFlavor::MultiThread => {
                 tokio::task::block_in_place(|| composer.compose(&servers))

@@ -1054,6 +1054,7 @@ async fn run_with(
                     Command::Push { since } => match sidecar.prepare() {
                         Ok(resources) => {
                             let pusher = sidecar.pusher.clone();
+                            sidecar.shared.pushing.set(true);
                             pushes.spawn(async move {
                                 let result = pusher.push(&resources).await;
                                 (resources.table, result, since)
@@ -1091,6 +1092,7 @@ async fn run_with(
                 Event::Looked { started, changed: sidecar.record_look(&id, started, look) }
             }
             Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
+                sidecar.shared.pushing.set(false);
                 if let Ok((table, result, started)) = joined {
                     if let Ok(report) = sidecar.pushed(table, result, started) {
                         reports.send_replace(Some(Arc::new(report)));
