@@ -16,12 +16,16 @@ use skewgate_envoy::{FILTER_NAME, MODULE_FILTER_NAME, ROUTE_CONFIG_NAME, table_o
 const HCM_STAT_PREFIX: &str = "apiserver";
 
 /// One cluster as `/clusters` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterHealth {
     pub hosts: usize,
     pub healthy: usize,
     /// Hosts Envoy has not health-checked yet (`pending_active_hc`): a new cluster warming up.
     pub pending: usize,
+    /// The addresses (`ip:port`) of the hosts Envoy counts healthy here.
+    pub healthy_hosts: BTreeSet<String>,
+    /// ... and of those it checked and counts unhealthy (not pending their first check).
+    pub failing_hosts: BTreeSet<String>,
 }
 
 /// The routing table the filter runs now.
@@ -141,13 +145,16 @@ pub fn parse_clusters(text: &str) -> BTreeMap<String, ClusterHealth> {
         let Some(name) = parts.next().filter(|n| !n.is_empty()) else { continue };
         let entry = clusters.entry(name.to_owned()).or_default();
         let rest: Vec<&str> = parts.collect();
-        if let [_host, "health_flags", flags] = rest.as_slice() {
+        if let [host, "health_flags", flags] = rest.as_slice() {
             entry.hosts += 1;
             if *flags == "healthy" {
                 entry.healthy += 1;
+                entry.healthy_hosts.insert((*host).to_owned());
             }
             if flags.contains("pending_active_hc") {
                 entry.pending += 1;
+            } else if *flags != "healthy" {
+                entry.failing_hosts.insert((*host).to_owned());
             }
         }
     }
@@ -234,8 +241,13 @@ mod tests {
             pool::127.0.0.1:1::cx_active::0\npool::127.0.0.1:1::health_flags::healthy\n\
             pool::127.0.0.1:2::health_flags::/failed_active_hc\nempty::added_via_api::true\n";
         let c = parse_clusters(text);
-        assert_eq!(c["pool"], ClusterHealth { hosts: 2, healthy: 1, pending: 0 });
-        assert_eq!(c["empty"], ClusterHealth { hosts: 0, healthy: 0, pending: 0 });
+        let healthy_hosts = BTreeSet::from(["127.0.0.1:1".to_owned()]);
+        let failing_hosts = BTreeSet::from(["127.0.0.1:2".to_owned()]);
+        assert_eq!(
+            c["pool"],
+            ClusterHealth { hosts: 2, healthy: 1, pending: 0, healthy_hosts, failing_hosts }
+        );
+        assert_eq!(c["empty"], ClusterHealth::default());
         assert_eq!(c.len(), 2);
     }
 

@@ -601,7 +601,10 @@ impl<A: EnvoyAdmin> Pusher<A> {
     /// would answer "no healthy upstream". A cluster whose hosts were checked and failed is not
     /// waited for: that is an apiserver still starting, and the table that routes around what it
     /// stopped serving must not wait for it (meanwhile the pool would already send it requests
-    /// for GVRs it dropped, and it would 404 them). The wait is bounded and only warned about.
+    /// for GVRs it dropped, and it would 404 them). Unless one of its hosts is healthy in another
+    /// cluster: then the apiserver is up and only this cluster's first check failed (one slower
+    /// than the timeout, on a loaded node), and the next will pass. The wait is bounded and only
+    /// warned about.
     async fn confirm_clusters(
         &self,
         wanted: &BTreeSet<String>,
@@ -619,10 +622,17 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 present = true;
                 steps.push(Step::ClustersPresent);
             }
+            let up_elsewhere: BTreeSet<&str> =
+                clusters.values().flat_map(|c| c.healthy_hosts.iter().map(String::as_str)).collect();
             let unhealthy: Vec<String> = newly_routed
                 .iter()
                 .filter(|n| {
-                    clusters.get(*n).is_none_or(|c| c.healthy == 0 && (c.pending > 0 || c.hosts == 0))
+                    clusters.get(*n).is_none_or(|c| {
+                        c.healthy == 0
+                            && (c.pending > 0
+                                || c.hosts == 0
+                                || c.failing_hosts.iter().any(|h| up_elsewhere.contains(h.as_str())))
+                    })
                 })
                 .cloned()
                 .collect();
@@ -778,6 +788,10 @@ mod tests {
         /// New clusters' hosts come with their first health check done and failed (an
         /// apiserver still starting), instead of pending it.
         checked_unhealthy: bool,
+        /// The address of every new cluster's one host (default: one of its own).
+        host: Option<String>,
+        /// Clusters the live table routed to while they had no healthy host.
+        routed_unhealthy: Vec<String>,
         reject: bool,
         calls: u32,
         violations: Vec<String>,
@@ -825,6 +839,13 @@ mod tests {
                 if f.reject {
                     f.rejections += 1;
                 } else {
+                    let unhealthy: Vec<String> = summary
+                        .clusters
+                        .iter()
+                        .filter(|c| f.clusters.get(*c).is_some_and(|(h, _)| h.healthy == 0))
+                        .cloned()
+                        .collect();
+                    f.routed_unhealthy.extend(unhealthy);
                     f.live = Some(summary);
                 }
             }
@@ -845,20 +866,26 @@ mod tests {
                     let names = cluster_names(Some(&value));
                     f.clusters.retain(|name, _| names.contains(name));
                     let healthy_after = f.healthy_after;
-                    let pending_new = usize::from(!f.checked_unhealthy);
                     for name in names {
-                        f.clusters.entry(name).or_insert((
-                            ClusterHealth { hosts: 1, healthy: 0, pending: pending_new },
-                            healthy_after,
-                        ));
+                        let host = f.host.clone().unwrap_or_else(|| format!("{name}:6443"));
+                        let health = match f.checked_unhealthy {
+                            true => {
+                                ClusterHealth { hosts: 1, failing_hosts: [host].into(), ..Default::default() }
+                            }
+                            false => ClusterHealth { hosts: 1, pending: 1, ..Default::default() },
+                        };
+                        f.clusters.entry(name).or_insert((health, healthy_after));
                     }
                     f.cds_loaded = cds;
                 }
             }
-            for (health, countdown) in f.clusters.values_mut() {
+            let host = f.host.clone();
+            for (name, (health, countdown)) in f.clusters.iter_mut() {
                 if *countdown == 0 {
                     health.healthy = health.hosts;
                     health.pending = 0;
+                    health.failing_hosts.clear();
+                    health.healthy_hosts = [host.clone().unwrap_or_else(|| format!("{name}:6443"))].into();
                 } else if *countdown != u32::MAX {
                     *countdown -= 1;
                 }
@@ -899,7 +926,7 @@ mod tests {
 
     impl EnvoyAdmin for FakeEnvoy {
         async fn clusters(&self) -> Result<BTreeMap<String, ClusterHealth>, AdminError> {
-            Ok(self.observe().clusters.iter().map(|(k, (h, _))| (k.clone(), *h)).collect())
+            Ok(self.observe().clusters.iter().map(|(k, (h, _))| (k.clone(), h.clone())).collect())
         }
 
         /// As [`super::super::admin::live_table_of`] reads it: the module's table where it differs.
@@ -1290,6 +1317,29 @@ mod tests {
         };
         assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
         assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
+    }
+
+    /// A new set cluster of apiservers that are up elsewhere, whose first health check failed
+    /// (slower than its timeout on a loaded node): the table waits for its next one rather than
+    /// route to a cluster Envoy counts empty.
+    #[tokio::test]
+    async fn a_first_check_failed_of_an_apiserver_up_elsewhere_is_waited_for() {
+        let (_, envoy, p) = after_first_table("up-elsewhere").await;
+        envoy.with(|f| {
+            f.host = Some("10.0.0.1:6443".into());
+            for (health, _) in f.clusters.values_mut() {
+                health.healthy_hosts = ["10.0.0.1:6443".to_owned()].into();
+            }
+            f.healthy_after = 6;
+            f.checked_unhealthy = true;
+        });
+        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
+        else {
+            panic!("not pushed")
+        };
+        assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
+        assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
+        envoy.with(|f| assert!(f.routed_unhealthy.is_empty(), "routed to {:?}", f.routed_unhealthy));
     }
 
     #[tokio::test]
