@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod offline;
 pub mod openapi;
 pub mod peers;
+pub mod plan;
 pub mod serve;
 pub mod skew;
 pub mod sync;

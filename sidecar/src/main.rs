@@ -6,7 +6,7 @@ use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
 use skewgate::config::{Overrides, SyncConfig};
 use skewgate::explain::{self, Request};
 use skewgate::offline::Spec;
-use skewgate::{offline, skew, sync};
+use skewgate::{offline, plan, skew, sync};
 use skewgate_envoy as envoy;
 use tracing_subscriber::EnvFilter;
 
@@ -116,6 +116,33 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
+    /// A rolling upgrade's preflight: every state the control plane passes through while its
+    /// apiservers are upgraded one at a time (each restarting, then upgraded), and in each the
+    /// APIs served by some apiservers but not all, by one only, and by none after being served.
+    /// Exit status 0: every API served at any point stays served throughout; 1: not (listed);
+    /// 2: bad input.
+    #[command(group(ArgGroup::new("now").required(true).args(["discovery", "config", "table"])))]
+    Plan {
+        /// Who serves what now, one per apiserver in upgrade order: ID=APIS_FILE[,API_FILE],
+        /// as for `skewgate table --discovery`.
+        #[arg(long = "discovery", value_name = "ID=APIS[,API]")]
+        discovery: Vec<Spec>,
+        /// Who serves what now, fetched from the apiservers of this `skewgate sync` config.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Who serves what now, from a routing table (or an ecds.json that carries one).
+        #[arg(long, value_name = "FILE")]
+        table: Option<PathBuf>,
+        /// The target release's discovery: APIS_FILE[,API_FILE], saved from an apiserver of
+        /// that release (`skewgate-harness discovery` saves them from its binary).
+        #[arg(long, value_name = "APIS[,API]")]
+        to: String,
+        /// The upgrade order, e.g. b,c,a (default: the apiservers' order).
+        #[arg(long, value_delimiter = ',')]
+        order: Vec<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
 }
 
 #[tokio::main]
@@ -179,6 +206,10 @@ async fn main() -> ExitCode {
         Command::Table { discovery, out, config, table, format } => {
             init_logs(Format::Text);
             table_command(discovery, out, config, table, format).await
+        }
+        Command::Plan { discovery, config, table, to, order, format } => {
+            init_logs(Format::Text);
+            plan_command(discovery, config, table, &to, &order, format).await
         }
     }
 }
@@ -281,28 +312,12 @@ async fn table_command(
             Err(e) => return fail(e.to_string()),
         }
     } else if let Some(path) = config {
-        let config = match SyncConfig::load(&path, &Overrides::default()) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("skewgate table: {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
-        };
-        let built = match sync::fetch_table(config).await {
-            Ok((t, reports)) => {
-                for r in reports.iter().filter(|r| r.error.is_some()) {
-                    let error = r.error.as_ref().map(|e| e.to_string()).unwrap_or_default();
-                    eprintln!("skewgate table: apiserver {} serves nothing here: {error}", r.id);
-                }
-                let source = |id: &str| reports.iter().find(|r| r.id == id).map(|r| r.source.to_string());
-                sources = t.apiservers.iter().map(|a| source(&a.id).unwrap_or_default()).collect();
+        match live_table("skewgate table", &path).await {
+            Ok((t, s)) => {
+                sources = s;
                 t
             }
-            Err(e) => return fail(format!("{e:#}")),
-        };
-        match skewgate_core::table::RoutingTable::compile(built) {
-            Ok(t) => t,
-            Err(e) => return fail(e.to_string()),
+            Err(code) => return code,
         }
     } else if let Some(path) = table {
         match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| explain::load_table(&b)) {
@@ -322,6 +337,93 @@ async fn table_command(
         Format::Json => emit(&format!("{}\n", skew::render_json(&matrix))),
     }
     ExitCode::SUCCESS
+}
+
+/// Every apiserver's discovery fetched once with a `skewgate sync` config, as a table, and where
+/// each apiserver came from. Errors are printed as `command`'s.
+async fn live_table(
+    command: &str,
+    path: &std::path::Path,
+) -> Result<(skewgate_core::table::RoutingTable, Vec<String>), ExitCode> {
+    let config = SyncConfig::load(path, &Overrides::default()).map_err(|e| {
+        eprintln!("{command}: {}: {e}", path.display());
+        ExitCode::from(2)
+    })?;
+    let (built, reports) = sync::fetch_table(config).await.map_err(|e| {
+        eprintln!("{command}: {e:#}");
+        ExitCode::FAILURE
+    })?;
+    for r in reports.iter().filter(|r| r.error.is_some()) {
+        let error = r.error.as_ref().map(|e| e.to_string()).unwrap_or_default();
+        eprintln!("{command}: apiserver {} serves nothing here: {error}", r.id);
+    }
+    let source = |id: &str| reports.iter().find(|r| r.id == id).map(|r| r.source.to_string());
+    let sources = built.apiservers.iter().map(|a| source(&a.id).unwrap_or_default()).collect();
+    let table = skewgate_core::table::RoutingTable::compile(built).map_err(|e| {
+        eprintln!("{command}: {e}");
+        ExitCode::FAILURE
+    })?;
+    Ok((table, sources))
+}
+
+async fn plan_command(
+    discovery: Vec<Spec>,
+    config: Option<PathBuf>,
+    table: Option<PathBuf>,
+    to: &str,
+    order: &[String],
+    format: Format,
+) -> ExitCode {
+    let bad = |e: String| {
+        eprintln!("skewgate plan: {e}");
+        ExitCode::from(2)
+    };
+    let now = if !discovery.is_empty() {
+        match offline::build(&discovery).map(skewgate_core::table::RoutingTable::compile) {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => return bad(e.to_string()),
+            Err(e) => return bad(format!("{e:#}")),
+        }
+    } else if let Some(path) = config {
+        match live_table("skewgate plan", &path).await {
+            Ok((t, _)) => t,
+            Err(code) => return code,
+        }
+    } else if let Some(path) = table {
+        match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| explain::load_table(&b)) {
+            Ok(t) => t,
+            Err(e) => return bad(format!("{}: {e}", path.display())),
+        }
+    } else {
+        return bad("one of --discovery, --config, --table is required".into());
+    };
+    let (apis, api) = match to.split_once(',') {
+        Some((apis, api)) => (apis, Some(api)),
+        None => (to, None),
+    };
+    if apis.is_empty() || api.is_some_and(str::is_empty) {
+        return bad(format!("--to {to:?}: expected APIS_FILE[,API_FILE]"));
+    }
+    let mut documents = match offline::load_apis(std::path::Path::new(apis)) {
+        Ok(d) => vec![d],
+        Err(e) => return bad(format!("--to {e}")),
+    };
+    if let Some(api) = api {
+        match offline::load_api(std::path::Path::new(api)) {
+            Ok(d) => documents.push(d),
+            Err(e) => return bad(format!("--to {e}")),
+        }
+    }
+    let target = plan::gvrs_of(&documents.iter().collect::<Vec<_>>());
+    let planned = match plan::plan(&skew::matrix(&now), &target, order) {
+        Ok(p) => p,
+        Err(e) => return bad(e.to_string()),
+    };
+    match format {
+        Format::Text => emit(&plan::render_text(&planned)),
+        Format::Json => emit(&format!("{:#}\n", plan::render_json(&planned))),
+    }
+    if planned.keeps_everything_served() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// The verified client certificate of an explained request.
