@@ -137,7 +137,8 @@ enum Command {
         /// that release (`skewgate-harness discovery` saves them from its binary).
         #[arg(long, value_name = "APIS[,API]")]
         to: String,
-        /// The upgrade order, e.g. b,c,a (default: the apiservers' order).
+        /// The apiservers to upgrade, in order, e.g. b,a (default: all, in the apiservers' order);
+        /// the others stay as they are.
         #[arg(long, value_delimiter = ',')]
         order: Vec<String>,
         #[arg(long, value_enum, default_value = "text")]

@@ -82,6 +82,8 @@ impl State {
 pub struct Plan {
     /// (id, version now) in upgrade order.
     pub apiservers: Vec<(String, String)>,
+    /// (id, version) of the apiservers left as they are.
+    pub staying: Vec<(String, String)>,
     pub states: Vec<State>,
     /// Served now by some apiserver, not by the target release.
     pub removed: BTreeSet<String>,
@@ -106,12 +108,11 @@ pub enum PlanError {
     Unknown(String, String),
     #[error("--order names {0:?} twice")]
     Twice(String),
-    #[error("--order must name every apiserver once: {0} missing")]
-    Missing(String),
 }
 
-/// The plan for upgrading `now`'s apiservers, in `order` (default: the table's), each to a
-/// server of `target`'s GVRs.
+/// The plan for upgrading `now`'s apiservers named in `order`, in that order (default: all of
+/// them, in the table's), each to a server of `target`'s GVRs. The others stay as they are (one
+/// already at the target release, say).
 pub fn plan(now: &Matrix, target: &BTreeSet<String>, order: &[String]) -> Result<Plan, PlanError> {
     let ids: Vec<&str> = now.apiservers.iter().map(|(id, _)| id.as_str()).collect();
     let order: Vec<usize> = if order.is_empty() {
@@ -127,10 +128,6 @@ pub fn plan(now: &Matrix, target: &BTreeSet<String>, order: &[String]) -> Result
                 return Err(PlanError::Twice(id.clone()));
             }
             seen.push(i);
-        }
-        let missing: Vec<&str> = (0..ids.len()).filter(|i| !seen.contains(i)).map(|i| ids[i]).collect();
-        if !missing.is_empty() {
-            return Err(PlanError::Missing(missing.join(", ")));
         }
         seen
     };
@@ -148,7 +145,7 @@ pub fn plan(now: &Matrix, target: &BTreeSet<String>, order: &[String]) -> Result
     let mut states = Vec::new();
     let mut ever_served: BTreeSet<String> = BTreeSet::new();
     let mut state_of = |step: usize, phase: Phase, down: Option<usize>, upgraded: &[bool]| -> State {
-        let up: Vec<usize> = order.iter().copied().filter(|i| Some(*i) != down).collect();
+        let up: Vec<usize> = (0..ids.len()).filter(|i| Some(*i) != down).collect();
         let mut state = State {
             step,
             phase,
@@ -204,6 +201,7 @@ pub fn plan(now: &Matrix, target: &BTreeSet<String>, order: &[String]) -> Result
         .collect();
     Ok(Plan {
         apiservers: order.iter().map(|i| now.apiservers[*i].clone()).collect(),
+        staying: (0..ids.len()).filter(|i| !order.contains(i)).map(|i| now.apiservers[i].clone()).collect(),
         states,
         added: target.iter().filter(|g| !any_now.contains(*g)).cloned().collect(),
         removed,
@@ -233,19 +231,23 @@ fn by_gvr<'a>(
     out
 }
 
+fn with_version(id: &str, version: &str) -> String {
+    if version.is_empty() { id.to_owned() } else { format!("{id} ({version})") }
+}
+
 pub fn render_text(plan: &Plan) -> String {
     let mut out = String::new();
-    let servers: Vec<String> = plan
-        .apiservers
-        .iter()
-        .map(|(id, v)| if v.is_empty() { id.clone() } else { format!("{id} ({v})") })
-        .collect();
+    let servers: Vec<String> = plan.apiservers.iter().map(|(id, v)| with_version(id, v)).collect();
     let _ = writeln!(
         out,
         "Upgrading {} apiservers one at a time, in this order: {}",
         servers.len(),
         servers.join(", ")
     );
+    if !plan.staying.is_empty() {
+        let staying: Vec<String> = plan.staying.iter().map(|(id, v)| with_version(id, v)).collect();
+        let _ = writeln!(out, "Left as they are: {}", staying.join(", "));
+    }
     let _ = writeln!(
         out,
         "The target release adds {} GVRs and removes {}.\n",
@@ -314,6 +316,7 @@ pub fn render_text(plan: &Plan) -> String {
 pub fn render_json(plan: &Plan) -> Value {
     json!({
         "apiservers": plan.apiservers.iter().map(|(id, v)| json!({"id": id, "version": v})).collect::<Vec<_>>(),
+        "staying": plan.staying.iter().map(|(id, v)| json!({"id": id, "version": v})).collect::<Vec<_>>(),
         "added": plan.added,
         "removed": plan.removed,
         "alsoServedAs": plan.also_served_as,
@@ -422,7 +425,7 @@ mod tests {
         // The new API's only server is c until a is upgraded; while a restarts, still c.
         let s = |label: &str| p.states.iter().find(|s| s.label() == label).unwrap();
         assert_eq!(s("2 a restarting").one_only.get("new/v1/fresh").map(String::as_str), Some("c"));
-        assert_eq!(s("2 a upgraded").some_not_all["new/v1/fresh"], ["c", "a"]);
+        assert_eq!(s("2 a upgraded").some_not_all["new/v1/fresh"], ["a", "c"]);
         assert!(s("3 b upgraded").some_not_all.is_empty());
     }
 
@@ -452,14 +455,19 @@ mod tests {
     }
 
     #[test]
-    fn an_order_must_name_every_apiserver_once() {
+    fn an_order_names_each_apiserver_to_upgrade_once() {
         let (matrix, target) = three();
         assert_eq!(
             plan(&matrix, &target, &["x".into()]),
             Err(PlanError::Unknown("x".into(), "a, b, c".into()))
         );
         assert_eq!(plan(&matrix, &target, &["a".into(), "a".into()]), Err(PlanError::Twice("a".into())));
-        assert_eq!(plan(&matrix, &target, &["a".into(), "b".into()]), Err(PlanError::Missing("c".into())));
+        // Named ones only: c stays as it is, and up throughout.
+        let p = plan(&matrix, &target, &["b".into(), "a".into()]).unwrap();
+        assert_eq!(p.staying, [("c".to_string(), "v1.33.0".to_string())]);
+        assert_eq!(p.states.len(), 5);
+        assert!(p.states.iter().all(|s| s.up.contains(&"c".to_string())));
+        assert_eq!(p.states[4].some_not_all["old/v1/gone"], ["c"]);
     }
 
     #[test]

@@ -191,3 +191,82 @@ fn sync_names_bad_config_fields_and_fails_without_apiservers() {
     assert!(stderr(&o).contains("connect"), "{}", stderr(&o));
     assert!(!d.join("out/ecds/ecds.json").exists());
 }
+
+/// a and b (1.33 era) to be upgraded to the 1.36 era c already runs: the APIs the 1.36 era
+/// dropped go unserved once b restarts (exit 1), and the JSON names them per state.
+#[test]
+fn plan_lists_each_state_of_the_upgrade_and_gates_on_apis_left_unserved() {
+    let to = format!(
+        "{FIXTURES}/k8s-1.36-era_resource-v1/aggregated_v2.json,{FIXTURES}/legacy_core-v1/api__v1.json"
+    );
+    let mut args: Vec<String> = vec!["plan".into()];
+    args.extend(discovery_args());
+    args.extend([
+        "--to".into(),
+        to.clone(),
+        "--order".into(),
+        "a,b".into(),
+        "--format".into(),
+        "json".into(),
+    ]);
+    let o = skewgate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let plan: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let labels: Vec<String> = plan["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {} {}",
+                s["step"],
+                s["apiserver"].as_str().unwrap_or("-"),
+                s["phase"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(labels, ["0 - now", "1 a restarting", "1 a upgraded", "2 b restarting", "2 b upgraded"]);
+    assert_eq!(plan["staying"][0]["id"], "c");
+    // Now: c alone serves resource.k8s.io/v1; once b restarts, nobody serves the 1.33 era's betas.
+    assert_eq!(plan["states"][0]["oneOnly"]["resource.k8s.io/v1/resourceclaims"], "c");
+    assert_eq!(plan["states"][3]["none"].as_array().map(Vec::len), plan["removed"].as_array().map(Vec::len));
+    assert!(
+        plan["states"][3]["none"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g == "resource.k8s.io/v1alpha3/resourceclaims")
+    );
+    assert!(
+        plan["alsoServedAs"]["resource.k8s.io/v1alpha3/resourceclaims"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v == "resource.k8s.io/v1")
+    );
+    assert_eq!(plan["keepsEverythingServed"], false);
+
+    // Only a: while it restarts b serves the 1.33 era's APIs and c the 1.36 era's, exit 0.
+    let mut args: Vec<String> = vec!["plan".into()];
+    args.extend(discovery_args());
+    args.extend(["--to".into(), to, "--order".into(), "a".into()]);
+    let o = skewgate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("stays served by some apiserver throughout"), "{}", stdout(&o));
+
+    // Bad input: exit 2 with the reason.
+    let o = skewgate(&["plan", "--table", "/nonexistent", "--to", "/nonexistent"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("/nonexistent"), "{}", stderr(&o));
+    let mut args: Vec<String> = vec!["plan".into()];
+    args.extend(discovery_args());
+    args.extend([
+        "--to".into(),
+        format!("{FIXTURES}/k8s-1.36-era_resource-v1/aggregated_v2.json"),
+        "--order".into(),
+        "x".into(),
+    ]);
+    let o = skewgate(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("\"x\", which is not one of the apiservers (a, b, c)"), "{}", stderr(&o));
+}
