@@ -137,24 +137,25 @@ pub fn live_routes_of(dump: &Value) -> Option<String> {
 }
 
 /// `/clusters` text: `name::host:port::health_flags::healthy` per host, plus per-cluster lines
-/// such as `name::added_via_api::true` that show a cluster without hosts.
+/// such as `name::added_via_api::true` that show a cluster without hosts. An IPv6 host has `::`
+/// of its own (`[fd00::1]:6443`), so the fields are taken from both ends.
 pub fn parse_clusters(text: &str) -> BTreeMap<String, ClusterHealth> {
     let mut clusters: BTreeMap<String, ClusterHealth> = BTreeMap::new();
     for line in text.lines() {
-        let mut parts = line.split("::");
-        let Some(name) = parts.next().filter(|n| !n.is_empty()) else { continue };
+        let Some((name, rest)) = line.split_once("::").filter(|(n, _)| !n.is_empty()) else { continue };
         let entry = clusters.entry(name.to_owned()).or_default();
-        let rest: Vec<&str> = parts.collect();
-        if let [host, "health_flags", flags] = rest.as_slice() {
+        let mut fields = rest.rsplitn(3, "::");
+        let (value, field, host) = (fields.next(), fields.next(), fields.next());
+        if let (Some(flags), Some("health_flags"), Some(host)) = (value, field, host) {
             entry.hosts += 1;
-            if *flags == "healthy" {
+            if flags == "healthy" {
                 entry.healthy += 1;
-                entry.healthy_hosts.insert((*host).to_owned());
+                entry.healthy_hosts.insert(host.to_owned());
             }
             if flags.contains("pending_active_hc") {
                 entry.pending += 1;
-            } else if *flags != "healthy" {
-                entry.failing_hosts.insert((*host).to_owned());
+            } else if flags != "healthy" {
+                entry.failing_hosts.insert(host.to_owned());
             }
         }
     }
@@ -248,6 +249,14 @@ mod tests {
             ClusterHealth { hosts: 2, healthy: 1, pending: 0, healthy_hosts, failing_hosts }
         );
         assert_eq!(c["empty"], ClusterHealth::default());
+        let v6 = parse_clusters(
+            "set::[fd00::11]:6443::health_flags::healthy\nset::[fd00::12]:6443::health_flags::/failed_active_hc\n\
+             set::[fd00::13]:6443::health_flags::/failed_active_hc/pending_active_hc\n",
+        );
+        assert_eq!(v6["set"].hosts, 3);
+        assert_eq!(v6["set"].pending, 1);
+        assert_eq!(v6["set"].healthy_hosts, BTreeSet::from(["[fd00::11]:6443".to_owned()]));
+        assert_eq!(v6["set"].failing_hosts, BTreeSet::from(["[fd00::12]:6443".to_owned()]));
         assert_eq!(c.len(), 2);
     }
 
