@@ -118,6 +118,25 @@ enum Command {
         #[arg(long, default_value_t = 10_000)]
         history: usize,
     },
+    /// The discovery documents of a kube-apiserver binary, for `skewgate plan --to`: starts it
+    /// once on a throwaway etcd on loopback (as `cluster` does), saves its aggregated `/apis`
+    /// and `/api` (profile nopeer) as OUT/apis.json and OUT/api.json, stops both. Prints one
+    /// JSON line.
+    Discovery {
+        /// Your kube-apiserver binary (the target release).
+        #[arg(long)]
+        kube_apiserver: PathBuf,
+        /// Your etcd binary (3.4 or later).
+        #[arg(long)]
+        etcd: PathBuf,
+        /// Where apis.json and api.json go (and, under OUT/run, etcd's data and the logs).
+        #[arg(long)]
+        out: PathBuf,
+        /// An extra kube-apiserver flag, e.g. --runtime-config=api/beta=true (repeatable): the
+        /// flags the cluster's apiservers run with change what they serve.
+        #[arg(long = "apiserver-flag", value_name = "--FLAG=VALUE", allow_hyphen_values = true)]
+        flags: Vec<String>,
+    },
     /// One stand-in apiserver with the certificates of `certs` (or `cluster`): serving
     /// certificate from the peer CA, front-proxy, x509 and token authentication. Prints one
     /// JSON line when ready; runs until SIGINT or SIGTERM.
@@ -235,6 +254,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             eprintln!("skewgate-harness: stopping");
             running.shutdown().await
         }
+        Command::Discovery { kube_apiserver, etcd, out, flags } => {
+            println!("{}", save_discovery(&kube_apiserver, &etcd, &out, &flags).await?);
+            Ok(())
+        }
         Command::Certs { out, server } => {
             println!("{}", certs::write(&out, &server)?);
             Ok(())
@@ -321,4 +344,50 @@ async fn wait_for_signal() -> anyhow::Result<()> {
         _ = int.recv() => {}
     }
     Ok(())
+}
+
+/// `skewgate-harness discovery`: one apiserver of `kube_apiserver` on a throwaway etcd, its
+/// discovery saved, both stopped.
+async fn save_discovery(
+    kube_apiserver: &std::path::Path,
+    etcd: &std::path::Path,
+    out: &std::path::Path,
+    flags: &[String],
+) -> anyhow::Result<serde_json::Value> {
+    use skewgate_testkit::real::{ControlPlane, Spec};
+    const ACCEPT: &str =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
+    if let Some(bad) = flags.iter().find(|f| !f.starts_with("--") || f.contains(':')) {
+        bail!("--apiserver-flag {bad:?}: expected --flag=value without a colon");
+    }
+    let binaries = Binaries::new(Some(kube_apiserver), etcd)?;
+    let run = out.join("run");
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::create_dir_all(&run)?;
+    let pki = skewgate_pki::Pki::generate(&run.join("pki"))?;
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let mut plane = ControlPlane::new(&binaries, &run, &pki, &token, false, 0).await?;
+    let spec = Spec::parse(
+        &std::iter::once("kube-apiserver".to_string())
+            .chain(flags.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(":"),
+    )?;
+    let saved = async {
+        plane.spawn("target", &spec, 0)?;
+        plane.wait_ready("target", Duration::from_secs(120)).await?;
+        let mut written = Vec::new();
+        for (path, file) in [("/apis", "apis.json"), ("/api", "api.json")] {
+            let body = plane.get("target", path, ACCEPT).await?;
+            let dest = out.join(file);
+            std::fs::write(&dest, &body).with_context(|| format!("writing {}", dest.display()))?;
+            written.push(dest.display().to_string());
+        }
+        anyhow::Ok(written)
+    }
+    .await;
+    let version = binaries.version().ok().flatten();
+    plane.shutdown().await?;
+    let written = saved?;
+    Ok(json!({"kubeApiserver": version, "flags": flags, "written": written}))
 }

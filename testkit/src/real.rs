@@ -694,6 +694,19 @@ impl ControlPlane {
         }
     }
 
+    /// `path` of apiserver `id` as the admin, with `accept`: the body of a 200.
+    pub async fn get(&self, id: &str, path: &str, accept: &str) -> Result<Vec<u8>> {
+        let addr = self.addr(id).with_context(|| format!("no apiserver {id}"))?;
+        let url = format!("https://{addr}{path}");
+        let response = self.admin.get(&url).header(reqwest::header::ACCEPT, accept).send().await?;
+        let status = response.status();
+        let body = response.bytes().await?;
+        if !status.is_success() {
+            bail!("GET {url}: {status}: {}", String::from_utf8_lossy(&body));
+        }
+        Ok(body.to_vec())
+    }
+
     /// RBAC for the demo users: group `devs` (alice's certificate) gets [`devs_role`]. The admin
     /// token is in `system:masters` and needs nothing.
     pub async fn bind_demo_users(&self) -> Result<()> {
