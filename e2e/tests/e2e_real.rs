@@ -219,6 +219,73 @@ async fn discovery() -> Result<Row> {
     Ok(row)
 }
 
+/// `skewgate plan` on documents `skewgate-harness discovery` saved from the binary itself, with
+/// and without `--runtime-config=api/beta=true`: turning the betas on adds exactly what the beta
+/// run serves beyond the plain one and keeps everything served (exit 0); turning them off goes
+/// the other way and is refused (exit 1), each removed beta naming the version its objects stay
+/// readable as where there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r14_plan_from_a_binary() -> Result<()> {
+    scenario("R14", "skewgate plan from a binary's own discovery (real)", plan_from_a_binary()).await
+}
+
+async fn plan_from_a_binary() -> Result<Row> {
+    let mut row = Row::default();
+    let binaries = real::Binaries::from_env()?.context("make e2e KUBE_APISERVER=PATH ETCD=PATH")?;
+    let kube_apiserver = binaries.kube_apiserver.clone().context("no kube-apiserver binary")?;
+    let out = fresh_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "e2e-real", "r14");
+    let harness = paths::harness_binary()?;
+    for (dir, flags) in
+        [("plain", vec![]), ("betas", vec!["--apiserver-flag=--runtime-config=api/beta=true"])]
+    {
+        let started = Instant::now();
+        let o = std::process::Command::new(&harness)
+            .args(["discovery", "--kube-apiserver"])
+            .arg(&kube_apiserver)
+            .arg("--etcd")
+            .arg(&binaries.etcd)
+            .arg("--out")
+            .arg(out.join(dir))
+            .args(&flags)
+            .output()?;
+        ensure!(o.status.success(), "harness discovery: {}", String::from_utf8_lossy(&o.stderr));
+        row.requests += 2;
+        row.figure(format!("{dir} documents in {:.1} s", started.elapsed().as_secs_f64()));
+    }
+    let docs = |dir: &str| format!("{0}/apis.json,{0}/api.json", out.join(dir).display());
+    let plan = |from: &str, to: &str| -> Result<(Option<i32>, Value)> {
+        let o = std::process::Command::new(paths::skewgate_binary()?)
+            .args([
+                "plan",
+                "--discovery",
+                &format!("a={}", docs(from)),
+                "--discovery",
+                &format!("b={}", docs(from)),
+            ])
+            .args(["--to", &docs(to), "--format", "json"])
+            .output()?;
+        let json = serde_json::from_slice(&o.stdout)
+            .with_context(|| format!("plan: {}", String::from_utf8_lossy(&o.stderr)))?;
+        Ok((o.status.code(), json))
+    };
+    let (code, on) = plan("plain", "betas")?;
+    let added: Vec<&str> = on["added"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    ensure!(code == Some(0) && on["removed"].as_array().is_some_and(Vec::is_empty), "betas on: {on:#}");
+    ensure!(!added.is_empty() && added.iter().all(|g| g.contains("beta")), "betas on added {added:?}");
+    let (code, off) = plan("betas", "plain")?;
+    let removed: Vec<&str> =
+        off["removed"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+    ensure!(code == Some(1) && removed == added, "betas off: exit {code:?}, removed {removed:?}");
+    ensure!(off["states"][3]["none"].as_array().is_some_and(|n| n.len() == removed.len()), "{off:#}");
+    row.figure(format!(
+        "betas on: +{} GVRs, exit 0; off: -{} (exit 1), {} readable in another version",
+        added.len(),
+        removed.len(),
+        off["alsoServedAs"].as_object().map_or(0, |m| m.len())
+    ));
+    Ok(row)
+}
+
 /// A streaming list (client-go's reflectors with WatchListClient: a watch with
 /// `sendInitialEvents`) is refused with 422 by an apiserver without the WatchList feature (1.33's
 /// default) and served by one with it. The sidecar reads each apiserver's gates from its
