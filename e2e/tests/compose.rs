@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-use skewgate_testkit::paths;
+use skewgate_core::table::RoutingTable;
+use skewgate_testkit::echo::SERVED_BY;
+use skewgate_testkit::scenario::serving;
+use skewgate_testkit::{kubectl, paths};
 
 /// The compose project the test runs under: not README's `skewgate`, so that a cluster of the
 /// user's own is left alone.
@@ -187,29 +190,17 @@ fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
+/// Who answered the last request of a `kubectl -v=8` log (the stand-ins name themselves).
 fn served_by(kubectl_log: &str) -> Option<String> {
-    kubectl_log
-        .lines()
-        .filter_map(|l| {
-            let l = l.trim();
-            l.strip_prefix("X-Skewgate-Served-By: ").or_else(|| l.strip_prefix("x-skewgate-served-by: "))
-        })
-        .next_back()
-        .map(str::to_string)
+    kubectl::exchanges(kubectl_log).last()?.header(SERVED_BY).map(str::to_owned)
 }
 
+/// Who serves resourceclaims/v1 in the table an ecds.json carries.
 fn claims_of(ecds: &str) -> Result<Vec<String>> {
     let ecds: Value = serde_json::from_str(ecds)?;
-    let table: Value =
-        serde_json::from_str(skewgate_envoy::table_from_ecds(&ecds).context("no table in ecds.json")?)?;
-    let gv = table["groupVersions"]
-        .as_array()
-        .and_then(|gvs| gvs.iter().find(|gv| gv["group"] == "resource.k8s.io" && gv["version"] == "v1"))
-        .context("no resource.k8s.io/v1 in the table")?;
-    Ok(gv["resources"]["resourceclaims"]
-        .as_array()
-        .map(|ids| ids.iter().filter_map(Value::as_str).map(str::to_string).collect())
-        .unwrap_or_default())
+    let table = skewgate_envoy::table_from_ecds(&ecds).context("no table in ecds.json")?;
+    let table = RoutingTable::from_json(table.as_bytes()).map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(serving(&table, "resourceclaims.v1.resource.k8s.io"))
 }
 
 /// The hard file limit this machine gives its processes, and with them the engine's containers.

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::{ArgGroup, Parser, Subcommand, ValueEnum};
 use skewgate::config::{Overrides, SyncConfig};
 use skewgate::explain::{self, Request};
-use skewgate::offline::Spec;
+use skewgate::offline::{Documents, Spec};
 use skewgate::{offline, plan, skew, sync};
 use skewgate_envoy as envoy;
 use tracing_subscriber::EnvFilter;
@@ -136,7 +136,7 @@ enum Command {
         /// The target release's discovery: APIS_FILE[,API_FILE], saved from an apiserver of
         /// that release (`skewgate-harness discovery` saves them from its binary).
         #[arg(long, value_name = "APIS[,API]")]
-        to: String,
+        to: Documents,
         /// The apiservers to upgrade, in order, e.g. b,a (default: all, in the apiservers' order);
         /// the others stay as they are.
         #[arg(long, value_delimiter = ',')]
@@ -321,9 +321,9 @@ async fn table_command(
             Err(code) => return code,
         }
     } else if let Some(path) = table {
-        match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| explain::load_table(&b)) {
+        match read_table(&path) {
             Ok(t) => t,
-            Err(e) => return fail(format!("{}: {e}", path.display())),
+            Err(e) => return fail(e),
         }
     } else {
         return fail("one of --discovery, --config, --table is required".into());
@@ -371,7 +371,7 @@ async fn plan_command(
     discovery: Vec<Spec>,
     config: Option<PathBuf>,
     table: Option<PathBuf>,
-    to: &str,
+    to: &Documents,
     order: &[String],
     format: Format,
 ) -> ExitCode {
@@ -391,30 +391,17 @@ async fn plan_command(
             Err(code) => return code,
         }
     } else if let Some(path) = table {
-        match std::fs::read(&path).map_err(|e| e.to_string()).and_then(|b| explain::load_table(&b)) {
+        match read_table(&path) {
             Ok(t) => t,
-            Err(e) => return bad(format!("{}: {e}", path.display())),
+            Err(e) => return bad(e),
         }
     } else {
         return bad("one of --discovery, --config, --table is required".into());
     };
-    let (apis, api) = match to.split_once(',') {
-        Some((apis, api)) => (apis, Some(api)),
-        None => (to, None),
-    };
-    if apis.is_empty() || api.is_some_and(str::is_empty) {
-        return bad(format!("--to {to:?}: expected APIS_FILE[,API_FILE]"));
-    }
-    let mut documents = match offline::load_apis(std::path::Path::new(apis)) {
-        Ok(d) => vec![d],
+    let documents = match to.load() {
+        Ok(d) => d,
         Err(e) => return bad(format!("--to {e}")),
     };
-    if let Some(api) = api {
-        match offline::load_api(std::path::Path::new(api)) {
-            Ok(d) => documents.push(d),
-            Err(e) => return bad(format!("--to {e}")),
-        }
-    }
     let target = plan::gvrs_of(&documents.iter().collect::<Vec<_>>());
     let planned = match plan::plan(&skew::matrix(&now), &target, order) {
         Ok(p) => p,
@@ -425,6 +412,14 @@ async fn plan_command(
         Format::Json => emit(&format!("{:#}\n", plan::render_json(&planned))),
     }
     if planned.keeps_everything_served() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// A routing table, or an ecds.json that carries one; the error names the file.
+fn read_table(path: &std::path::Path) -> Result<skewgate_core::table::RoutingTable, String> {
+    std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| explain::load_table(&bytes))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// The verified client certificate of an explained request.
@@ -457,13 +452,10 @@ fn explain_command(
                 return ExitCode::from(2);
             }
         };
-    let table = match std::fs::read(&table)
-        .map_err(|e| e.to_string())
-        .and_then(|bytes| explain::load_table(&bytes))
-    {
+    let table = match read_table(&table) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("skewgate explain: {}: {e}", table.display());
+            eprintln!("skewgate explain: {e}");
             return ExitCode::from(2);
         }
     };

@@ -14,28 +14,56 @@ use skewgate_core::table::TableConfig;
 use crate::fetch::kind_of;
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 
-/// One `--discovery` argument.
+/// One apiserver's saved documents: `APIS_FILE[,API_FILE]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Documents {
+    pub apis: PathBuf,
+    pub api: Option<PathBuf>,
+}
+
+impl std::str::FromStr for Documents {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (apis, api) = match s.split_once(',') {
+            Some((apis, api)) => (apis, Some(api)),
+            None => (s, None),
+        };
+        if apis.is_empty() || api.is_some_and(str::is_empty) {
+            return Err(format!("{s:?}: expected APIS_FILE[,API_FILE]"));
+        }
+        Ok(Documents { apis: apis.into(), api: api.map(PathBuf::from) })
+    }
+}
+
+impl Documents {
+    /// The core group (empty without API_FILE), then the named groups.
+    pub fn load(&self) -> Result<Vec<ApiGroupDiscoveryList>, LoadError> {
+        let core = match &self.api {
+            Some(path) => load_api(path)?,
+            None => ApiGroupDiscoveryList::v2(Vec::new()),
+        };
+        Ok(vec![core, load_apis(&self.apis)?])
+    }
+}
+
+/// One `--discovery` argument: `ID=APIS_FILE[,API_FILE]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Spec {
     pub id: String,
-    pub apis: PathBuf,
-    pub api: Option<PathBuf>,
+    pub documents: Documents,
 }
 
 impl std::str::FromStr for Spec {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        let (id, files) =
-            s.split_once('=').ok_or_else(|| format!("{s:?}: expected ID=APIS_FILE[,API_FILE]"))?;
-        let (apis, api) = match files.split_once(',') {
-            Some((apis, api)) => (apis, Some(api)),
-            None => (files, None),
-        };
-        if id.is_empty() || apis.is_empty() || api.is_some_and(str::is_empty) {
-            return Err(format!("{s:?}: expected ID=APIS_FILE[,API_FILE]"));
+        let usage = || format!("{s:?}: expected ID=APIS_FILE[,API_FILE]");
+        let (id, files) = s.split_once('=').ok_or_else(usage)?;
+        if id.is_empty() {
+            return Err(usage());
         }
-        Ok(Spec { id: id.to_owned(), apis: apis.into(), api: api.map(PathBuf::from) })
+        Ok(Spec { id: id.to_owned(), documents: files.parse().map_err(|_| usage())? })
     }
 }
 
@@ -76,18 +104,17 @@ pub fn load_api(path: &Path) -> Result<ApiGroupDiscoveryList, LoadError> {
 
 /// The table for the given apiservers, in argument order.
 pub fn build(specs: &[Spec]) -> anyhow::Result<TableConfig> {
-    let mut loaded: Vec<(String, ApiGroupDiscoveryList, ApiGroupDiscoveryList)> = Vec::new();
+    let mut loaded: Vec<(String, Vec<ApiGroupDiscoveryList>)> = Vec::new();
     for spec in specs {
-        let apis = load_apis(&spec.apis)?;
-        let core = match &spec.api {
-            Some(path) => load_api(path)?,
-            None => ApiGroupDiscoveryList::v2(Vec::new()),
-        };
-        loaded.push((spec.id.clone(), core, apis));
+        loaded.push((spec.id.clone(), spec.documents.load()?));
     }
     let servers: Vec<ServerApis<'_>> = loaded
         .iter()
-        .map(|(id, core, apis)| ServerApis { id, documents: vec![core, apis], ..ServerApis::default() })
+        .map(|(id, documents)| ServerApis {
+            id,
+            documents: documents.iter().collect(),
+            ..ServerApis::default()
+        })
         .collect();
     Ok(build_table(&servers, &ClusterNames::default())?)
 }
@@ -99,9 +126,15 @@ mod tests {
     #[test]
     fn specs() {
         let s: Spec = "a=x/apis.json".parse().unwrap();
-        assert_eq!(s, Spec { id: "a".into(), apis: "x/apis.json".into(), api: None });
+        assert_eq!(
+            s,
+            Spec { id: "a".into(), documents: Documents { apis: "x/apis.json".into(), api: None } }
+        );
         let s: Spec = "b=apis.json,api.json".parse().unwrap();
-        assert_eq!(s.api, Some(PathBuf::from("api.json")));
+        assert_eq!(s.documents.api, Some(PathBuf::from("api.json")));
+        for bad in ["", ",api.json", "apis.json,"] {
+            assert!(bad.parse::<Documents>().is_err(), "{bad}");
+        }
         for bad in ["a", "=x", "a=", "a=x,"] {
             assert!(bad.parse::<Spec>().is_err(), "{bad}");
         }

@@ -12,7 +12,7 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
 
-use crate::skew::Matrix;
+use crate::skew::{Matrix, group_version};
 
 /// The GVRs a discovery document lists, named as `skewgate table` names them (`v1/pods`,
 /// `apps/v1/deployments`).
@@ -22,16 +22,13 @@ pub fn gvrs_of(documents: &[&ApiGroupDiscoveryList]) -> BTreeSet<String> {
         for group in &doc.items {
             for version in &group.versions {
                 for resource in &version.resources {
-                    out.insert(name(&group.metadata.name, &version.version, &resource.resource));
+                    let gv = group_version(&group.metadata.name, &version.version);
+                    out.insert(format!("{gv}/{}", resource.resource));
                 }
             }
         }
     }
     out
-}
-
-fn name(group: &str, version: &str, resource: &str) -> String {
-    if group.is_empty() { format!("{version}/{resource}") } else { format!("{group}/{version}/{resource}") }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,7 +190,7 @@ pub fn plan(now: &Matrix, target: &BTreeSet<String>, order: &[String]) -> Result
                 })
                 .map(|t| {
                     let (g, v, _) = split(t);
-                    if g.is_empty() { v.to_owned() } else { format!("{g}/{v}") }
+                    group_version(g, v)
                 })
                 .collect();
             (!versions.is_empty()).then(|| (gvr.clone(), versions))
@@ -353,6 +350,10 @@ mod tests {
         }
     }
 
+    fn at<'a>(p: &'a Plan, label: &str) -> &'a State {
+        p.states.iter().find(|s| s.label() == label).unwrap_or_else(|| panic!("no state {label}"))
+    }
+
     /// Three 1.33-era apiservers; the target drops `old/v1/gone` and adds `new/v1/fresh`.
     fn three() -> (Matrix, BTreeSet<String>) {
         let matrix = Matrix {
@@ -393,7 +394,7 @@ mod tests {
         );
         assert_eq!(p.removed, BTreeSet::from(["old/v1/gone".to_string()]));
         assert_eq!(p.added, BTreeSet::from(["new/v1/fresh".to_string()]));
-        let s = |label: &str| p.states.iter().find(|s| s.label() == label).unwrap();
+        let s = |label: &str| at(&p, label);
         assert!(s("0 now").some_not_all.is_empty() && s("0 now").none.is_empty());
         // a upgraded: the new API on a only, the dropped one on b and c.
         assert_eq!(s("1 a upgraded").one_only.get("new/v1/fresh").map(String::as_str), Some("a"));
@@ -423,7 +424,7 @@ mod tests {
         assert_eq!(p.apiservers.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["c", "a", "b"]);
         assert!(p.keeps_everything_served(), "{}", render_text(&p));
         // The new API's only server is c until a is upgraded; while a restarts, still c.
-        let s = |label: &str| p.states.iter().find(|s| s.label() == label).unwrap();
+        let s = |label: &str| at(&p, label);
         assert_eq!(s("2 a restarting").one_only.get("new/v1/fresh").map(String::as_str), Some("c"));
         assert_eq!(s("2 a upgraded").some_not_all["new/v1/fresh"], ["a", "c"]);
         assert!(s("3 b upgraded").some_not_all.is_empty());
@@ -436,7 +437,7 @@ mod tests {
         matrix.rows.push(row("new/v1/fresh", &[false, false, true]));
         target.insert("old/v1/gone".into());
         let p = plan(&matrix, &target, &["c".into(), "a".into(), "b".into()]).unwrap();
-        let s = |label: &str| p.states.iter().find(|s| s.label() == label).unwrap();
+        let s = |label: &str| at(&p, label);
         assert_eq!(s("0 now").one_only["new/v1/fresh"], "c");
         assert_eq!(s("1 c restarting").none, BTreeSet::from(["new/v1/fresh".to_string()]));
         assert!(s("1 c upgraded").none.is_empty());

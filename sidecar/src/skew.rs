@@ -47,7 +47,8 @@ pub struct Matrix {
     pub sources: Vec<String>,
 }
 
-fn group_version(group: &str, version: &str) -> String {
+/// `apiVersion` notation of a group/version: `v1`, `apps/v1`.
+pub(crate) fn group_version(group: &str, version: &str) -> String {
     if group.is_empty() { version.to_owned() } else { format!("{group}/{version}") }
 }
 

@@ -355,8 +355,6 @@ async fn save_discovery(
     flags: &[String],
 ) -> anyhow::Result<serde_json::Value> {
     use skewgate_testkit::real::{ControlPlane, Spec};
-    const ACCEPT: &str =
-        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer";
     if let Some(bad) = flags.iter().find(|f| !f.starts_with("--") || f.contains(':')) {
         bail!("--apiserver-flag {bad:?}: expected --flag=value without a colon");
     }
@@ -378,7 +376,7 @@ async fn save_discovery(
         plane.wait_ready("target", Duration::from_secs(120)).await?;
         let mut written = Vec::new();
         for (path, file) in [("/apis", "apis.json"), ("/api", "api.json")] {
-            let body = plane.get("target", path, ACCEPT).await?;
+            let body = plane.get("target", path, skewgate_core::discovery::ACCEPT_NOPEER).await?;
             let dest = out.join(file);
             std::fs::write(&dest, &body).with_context(|| format!("writing {}", dest.display()))?;
             written.push(dest.display().to_string());

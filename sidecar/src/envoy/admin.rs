@@ -18,14 +18,18 @@ const HCM_STAT_PREFIX: &str = "apiserver";
 /// One cluster as `/clusters` shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ClusterHealth {
-    pub hosts: usize,
-    pub healthy: usize,
+    /// The addresses (`ip:port`) of the hosts Envoy counts healthy here.
+    pub healthy: BTreeSet<String>,
+    /// ... of those it checked and counts unhealthy.
+    pub failing: BTreeSet<String>,
     /// Hosts Envoy has not health-checked yet (`pending_active_hc`): a new cluster warming up.
     pub pending: usize,
-    /// The addresses (`ip:port`) of the hosts Envoy counts healthy here.
-    pub healthy_hosts: BTreeSet<String>,
-    /// ... and of those it checked and counts unhealthy (not pending their first check).
-    pub failing_hosts: BTreeSet<String>,
+}
+
+impl ClusterHealth {
+    pub fn hosts(&self) -> usize {
+        self.healthy.len() + self.failing.len() + self.pending
+    }
 }
 
 /// The routing table the filter runs now.
@@ -147,15 +151,12 @@ pub fn parse_clusters(text: &str) -> BTreeMap<String, ClusterHealth> {
         let mut fields = rest.rsplitn(3, "::");
         let (value, field, host) = (fields.next(), fields.next(), fields.next());
         if let (Some(flags), Some("health_flags"), Some(host)) = (value, field, host) {
-            entry.hosts += 1;
             if flags == "healthy" {
-                entry.healthy += 1;
-                entry.healthy_hosts.insert(host.to_owned());
-            }
-            if flags.contains("pending_active_hc") {
+                entry.healthy.insert(host.to_owned());
+            } else if flags.contains("pending_active_hc") {
                 entry.pending += 1;
-            } else if flags != "healthy" {
-                entry.failing_hosts.insert(host.to_owned());
+            } else {
+                entry.failing.insert(host.to_owned());
             }
         }
     }
@@ -242,21 +243,18 @@ mod tests {
             pool::127.0.0.1:1::cx_active::0\npool::127.0.0.1:1::health_flags::healthy\n\
             pool::127.0.0.1:2::health_flags::/failed_active_hc\nempty::added_via_api::true\n";
         let c = parse_clusters(text);
-        let healthy_hosts = BTreeSet::from(["127.0.0.1:1".to_owned()]);
-        let failing_hosts = BTreeSet::from(["127.0.0.1:2".to_owned()]);
-        assert_eq!(
-            c["pool"],
-            ClusterHealth { hosts: 2, healthy: 1, pending: 0, healthy_hosts, failing_hosts }
-        );
+        let healthy = BTreeSet::from(["127.0.0.1:1".to_owned()]);
+        let failing = BTreeSet::from(["127.0.0.1:2".to_owned()]);
+        assert_eq!(c["pool"], ClusterHealth { healthy, failing, pending: 0 });
         assert_eq!(c["empty"], ClusterHealth::default());
         let v6 = parse_clusters(
             "set::[fd00::11]:6443::health_flags::healthy\nset::[fd00::12]:6443::health_flags::/failed_active_hc\n\
              set::[fd00::13]:6443::health_flags::/failed_active_hc/pending_active_hc\n",
         );
-        assert_eq!(v6["set"].hosts, 3);
+        assert_eq!(v6["set"].hosts(), 3);
         assert_eq!(v6["set"].pending, 1);
-        assert_eq!(v6["set"].healthy_hosts, BTreeSet::from(["[fd00::11]:6443".to_owned()]));
-        assert_eq!(v6["set"].failing_hosts, BTreeSet::from(["[fd00::12]:6443".to_owned()]));
+        assert_eq!(v6["set"].healthy, BTreeSet::from(["[fd00::11]:6443".to_owned()]));
+        assert_eq!(v6["set"].failing, BTreeSet::from(["[fd00::12]:6443".to_owned()]));
         assert_eq!(c.len(), 2);
     }
 

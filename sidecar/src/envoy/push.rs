@@ -623,15 +623,15 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 steps.push(Step::ClustersPresent);
             }
             let up_elsewhere: BTreeSet<&str> =
-                clusters.values().flat_map(|c| c.healthy_hosts.iter().map(String::as_str)).collect();
+                clusters.values().flat_map(|c| c.healthy.iter().map(String::as_str)).collect();
             let unhealthy: Vec<String> = newly_routed
                 .iter()
                 .filter(|n| {
                     clusters.get(*n).is_none_or(|c| {
-                        c.healthy == 0
+                        c.healthy.is_empty()
                             && (c.pending > 0
-                                || c.hosts == 0
-                                || c.failing_hosts.iter().any(|h| up_elsewhere.contains(h.as_str())))
+                                || c.hosts() == 0
+                                || c.failing.iter().any(|h| up_elsewhere.contains(h.as_str())))
                     })
                 })
                 .cloned()
@@ -842,7 +842,7 @@ mod tests {
                     let unhealthy: Vec<String> = summary
                         .clusters
                         .iter()
-                        .filter(|c| f.clusters.get(*c).is_some_and(|(h, _)| h.healthy == 0))
+                        .filter(|c| f.clusters.get(*c).is_some_and(|(h, _)| h.healthy.is_empty()))
                         .cloned()
                         .collect();
                     f.routed_unhealthy.extend(unhealthy);
@@ -869,10 +869,8 @@ mod tests {
                     for name in names {
                         let host = f.host.clone().unwrap_or_else(|| format!("{name}:6443"));
                         let health = match f.checked_unhealthy {
-                            true => {
-                                ClusterHealth { hosts: 1, failing_hosts: [host].into(), ..Default::default() }
-                            }
-                            false => ClusterHealth { hosts: 1, pending: 1, ..Default::default() },
+                            true => ClusterHealth { failing: [host].into(), ..Default::default() },
+                            false => ClusterHealth { pending: 1, ..Default::default() },
                         };
                         f.clusters.entry(name).or_insert((health, healthy_after));
                     }
@@ -882,10 +880,9 @@ mod tests {
             let host = f.host.clone();
             for (name, (health, countdown)) in f.clusters.iter_mut() {
                 if *countdown == 0 {
-                    health.healthy = health.hosts;
                     health.pending = 0;
-                    health.failing_hosts.clear();
-                    health.healthy_hosts = [host.clone().unwrap_or_else(|| format!("{name}:6443"))].into();
+                    health.failing.clear();
+                    health.healthy = [host.clone().unwrap_or_else(|| format!("{name}:6443"))].into();
                 } else if *countdown != u32::MAX {
                     *countdown -= 1;
                 }
@@ -1007,6 +1004,14 @@ mod tests {
 
     fn pusher(dir: &Path, admin: Option<FakeEnvoy>) -> Pusher<FakeEnvoy> {
         Pusher::new(&Files::new(dir), admin, Duration::from_millis(600), Duration::from_millis(60))
+    }
+
+    /// The steps of a push that must have gone out.
+    async fn pushed(p: &Pusher<FakeEnvoy>, resources: &Resources) -> Vec<Step> {
+        match p.push(resources).await.unwrap() {
+            PushOutcome::Pushed { steps, .. } => steps,
+            other => panic!("not pushed: {other:?}"),
+        }
     }
 
     /// A pusher whose first table (g1: c alone serves resourceclaims) Envoy has loaded.
@@ -1168,7 +1173,7 @@ mod tests {
         let (_, envoy, p) = after_first_table("routes-order").await;
         let r2 = with_route_timeout(resources("g2", &["b", "c"], &["a"]), "10s");
         let v2 = rds_version(&r2.rds).unwrap().to_owned();
-        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        let steps = pushed(&p, &r2).await;
         let cds_sizes: Vec<usize> = steps
             .iter()
             .filter_map(|s| if let Step::WroteCds(c) = s { Some(c.len()) } else { None })
@@ -1187,7 +1192,7 @@ mod tests {
         envoy.with(|f| assert_eq!(f.loads, ["rds", "ecds", "rds", "ecds"]));
         let r3 = with_route_timeout(resources("g2", &["b", "c"], &["a"]), "20s");
         let v3 = rds_version(&r3.rds).unwrap().to_owned();
-        let PushOutcome::Pushed { steps, .. } = p.push(&r3).await.unwrap() else { panic!("not pushed") };
+        let steps = pushed(&p, &r3).await;
         assert_eq!(steps, [Step::ClustersPresent, Step::WroteRds(v3.clone()), Step::RoutesLive(v3)]);
         envoy.load_now();
         assert!(envoy.0.lock().unwrap().violations.is_empty());
@@ -1224,7 +1229,7 @@ mod tests {
             f.reject_routes = false;
             f.rds_loaded.clear();
         });
-        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        let steps = pushed(&p, &r2).await;
         assert!(
             matches!(&steps[..], [Step::ClustersPresent, Step::WroteEcds(g), Step::TableLive(_), Step::WroteCds(_)] if g == "g2"),
             "{steps:?}"
@@ -1256,7 +1261,7 @@ mod tests {
             f.cds_lag = 0;
             f.lag_left = 0;
         });
-        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        let steps = pushed(&p, &r2).await;
         assert!(
             matches!(
                 &steps[..],
@@ -1291,10 +1296,7 @@ mod tests {
     async fn unhealthy_new_clusters_are_waited_for_then_reported() {
         let (_, envoy, p) = after_first_table("unhealthy").await;
         envoy.with(|f| f.healthy_after = u32::MAX);
-        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
-        else {
-            panic!("not pushed")
-        };
+        let steps = pushed(&p, &resources("g2", &["b", "c"], &["a"])).await;
         assert!(
             steps.contains(&Step::ClustersUnhealthy(names(&["skewgate-set-a", "skewgate-set-b_c"]))),
             "{steps:?}"
@@ -1311,10 +1313,7 @@ mod tests {
             f.healthy_after = u32::MAX;
             f.checked_unhealthy = true;
         });
-        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
-        else {
-            panic!("not pushed")
-        };
+        let steps = pushed(&p, &resources("g2", &["b", "c"], &["a"])).await;
         assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
         assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
     }
@@ -1328,15 +1327,12 @@ mod tests {
         envoy.with(|f| {
             f.host = Some("10.0.0.1:6443".into());
             for (health, _) in f.clusters.values_mut() {
-                health.healthy_hosts = ["10.0.0.1:6443".to_owned()].into();
+                health.healthy = ["10.0.0.1:6443".to_owned()].into();
             }
             f.healthy_after = 6;
             f.checked_unhealthy = true;
         });
-        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
-        else {
-            panic!("not pushed")
-        };
+        let steps = pushed(&p, &resources("g2", &["b", "c"], &["a"])).await;
         assert!(!steps.iter().any(|s| matches!(s, Step::ClustersUnhealthy(_))), "{steps:?}");
         assert!(steps.contains(&Step::TableLive("g2".into())), "{steps:?}");
         envoy.with(|f| assert!(f.routed_unhealthy.is_empty(), "routed to {:?}", f.routed_unhealthy));
@@ -1347,10 +1343,7 @@ mod tests {
         let d = dir("settle");
         let p = pusher(&d, None);
         p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap();
-        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
-        else {
-            panic!("not pushed")
-        };
+        let steps = pushed(&p, &resources("g2", &["b", "c"], &["a"])).await;
         assert!(
             matches!(&steps[..], [Step::WroteCds(u), Step::Settled, Step::WroteRds(_), Step::Settled, Step::WroteEcds(_), Step::Settled, Step::WroteCds(f)] if u.len() == 8 && f.len() == 6),
             "{steps:?}"
@@ -1379,10 +1372,7 @@ mod tests {
         let names_before = cluster_names(Some(&cds_on_disk(&d)));
 
         // b changed: the new table goes out with b still DRAINING, in the union and after.
-        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g2", &["b", "c"], &["a"])).await.unwrap()
-        else {
-            panic!("not pushed")
-        };
+        let steps = pushed(&p, &resources("g2", &["b", "c"], &["a"])).await;
         let wrote_cds = steps.iter().filter(|s| matches!(s, Step::WroteCds(_))).count();
         assert_eq!(wrote_cds, 2, "{steps:?}");
         assert_eq!(draining_in(&cds_on_disk(&d)), b);
@@ -1423,10 +1413,7 @@ mod tests {
         let d = dir("module-order");
         let envoy = FakeEnvoy::new(&d);
         let p = module_pusher(&d, Some(envoy.clone()));
-        let PushOutcome::Pushed { steps, .. } = p.push(&resources("g1", &["c"], &["a", "b"])).await.unwrap()
-        else {
-            panic!("not pushed")
-        };
+        let steps = pushed(&p, &resources("g1", &["c"], &["a", "b"])).await;
         assert!(
             matches!(&steps[..], [Step::WroteCds(_), Step::WroteModuleEcds(m), Step::WroteEcds(g)] if m == "g1" && g == "g1"),
             "{steps:?}"
@@ -1443,7 +1430,7 @@ mod tests {
             f.healthy_after = 2;
         });
         let r2 = resources("g2", &["b", "c"], &["a"]);
-        let PushOutcome::Pushed { steps, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        let steps = pushed(&p, &r2).await;
         assert!(
             matches!(
                 &steps[..],
@@ -1476,7 +1463,7 @@ mod tests {
         let r1 = resources("g1", &["c"], &["a", "b"]);
         pusher(&d, None).push(&r1).await.unwrap();
         let p = module_pusher(&d, None);
-        let PushOutcome::Pushed { steps, .. } = p.push(&r1).await.unwrap() else { panic!("not pushed") };
+        let steps = pushed(&p, &r1).await;
         assert_eq!(steps, [Step::Settled, Step::WroteModuleEcds("g1".into()), Step::Settled]);
         assert_eq!(p.push(&r1).await.unwrap(), PushOutcome::Unchanged);
         let module = Files::new(&d).module_ecds_path();
