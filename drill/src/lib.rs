@@ -8,6 +8,7 @@
 //! it back.
 
 mod controllers;
+pub mod evidence;
 pub mod harm;
 pub mod held;
 mod mode;
@@ -504,6 +505,12 @@ pub struct Run {
     pub probe: Option<crate::probe::Probe>,
     #[serde(skip)]
     pub records: Vec<Request>,
+    /// When the load started, by the clock the logs are written with.
+    #[serde(skip)]
+    pub started: time::OffsetDateTime,
+    /// What the sidecar and Envoy logged around the requests that went wrong ([`evidence`]).
+    #[serde(skip)]
+    pub evidence: Option<String>,
 }
 
 /// One "sole server stopped, then back" step: from the stop (or drain) to the next step.
@@ -534,10 +541,12 @@ impl Run {
         self.counts.get(&class.key()).copied().unwrap_or(0)
     }
 
+    /// The requests of `class` that count as failures (503s while every server of their GVR
+    /// was away do not), one line each.
     pub fn failures(&self, class: Class, at_most: usize) -> String {
         self.records
             .iter()
-            .filter(|r| r.class == class)
+            .filter(|r| r.class == class && !(class == Class::Unavailable && r.expected))
             .take(at_most)
             .map(|r| {
                 format!(
@@ -941,8 +950,11 @@ pub async fn run(mode: Mode, o: &Options) -> Result<Run> {
     options.poll_period = o.poll;
     let mut c =
         cluster::start(&options).await.with_context(|| format!("starting the {} cluster", mode.name()))?;
-    let result = upgrade_under_load(&mut c, mode, o, &timing).await;
+    let mut result = upgrade_under_load(&mut c, mode, o, &timing).await;
     c.shutdown().await?;
+    if let Ok(run) = &mut result {
+        run.evidence = evidence::gather(&dir, run.started, &run.records);
+    }
     match o.keep {
         true => println!("drill [{}] kept {}", mode.key(), dir.display()),
         false => drop(std::fs::remove_dir_all(&dir)),
@@ -1192,6 +1204,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         watches: AtomicU64::new(0),
         watch_cuts: AtomicU64::new(0),
     });
+    let started = time::OffsetDateTime::now_utc();
     let skipped = Arc::new(AtomicU64::new(0));
     let controllers = match c.controller_manager.is_some() {
         true => {
@@ -1360,6 +1373,8 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         controller_errors,
         probe: None,
         records,
+        started,
+        evidence: None,
     })
 }
 

@@ -179,6 +179,11 @@ fn main() -> Result<()> {
     }
     println!("{}", drill::settings(&o));
     println!("{}", drill::markdown_table(&runs));
+    for run in runs.iter().filter(|r| r.mode == drill::Mode::Skewgate) {
+        if let Some(evidence) = &run.evidence {
+            println!("{}: requests that went wrong{}{evidence}\n", run.name, run_failures(run));
+        }
+    }
     println!(
         "drill took {:.0} s; wrote {}, {}{}",
         started.elapsed().as_secs_f64(),
@@ -187,4 +192,9 @@ fn main() -> Result<()> {
         if readme { ", README.md" } else { "" }
     );
     Ok(())
+}
+
+/// Each failed request of `run`, one line each, every class.
+fn run_failures(run: &drill::Run) -> String {
+    drill::Class::ERRORS.iter().map(|class| run.failures(*class, 10)).collect()
 }

@@ -46,17 +46,19 @@ fn check_skewgate(skewgate: &Run) -> Result<()> {
     {
         ensure!(
             skewgate.count(class) == 0,
-            "skewgate run: {} {}:{}",
+            "skewgate run: {} {}:{}{}",
             skewgate.count(class),
             class.label(),
-            skewgate.failures(class, 10)
+            skewgate.failures(class, 10),
+            skewgate.evidence.as_deref().unwrap_or_default()
         );
     }
     ensure!(
         skewgate.unexpected_503 == 0,
-        "skewgate run: {} 503s while some apiserver serving the GVR was up:{}",
+        "skewgate run: {} 503s while some apiserver serving the GVR was up:{}{}",
         skewgate.unexpected_503,
-        skewgate.failures(Class::Unavailable, 10)
+        skewgate.failures(Class::Unavailable, 10),
+        skewgate.evidence.as_deref().unwrap_or_default()
     );
     ensure!(skewgate.count(Class::Success) > 0);
     // The client that sends again as client-go does: a re-send never lands a write twice, and

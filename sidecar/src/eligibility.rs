@@ -182,6 +182,21 @@ pub fn verdicts(live: &Live, now: &[Now<'_>]) -> Vec<Option<Exclusion>> {
         .collect()
 }
 
+/// [`verdicts`] against every table Envoy may be running (the live one, and those a push was
+/// handed and no later push confirmed): eligible only where each of them allows it, and out of
+/// every cluster, rather than only stopping, where any of them says so.
+pub fn verdicts_against(tables: &[&Live], now: &[Now<'_>]) -> Vec<Option<Exclusion>> {
+    let mut combined = vec![None; now.len()];
+    for live in tables {
+        for (verdict, this) in combined.iter_mut().zip(verdicts(live, now)) {
+            if matches!(*verdict, None | Some(Exclusion::Stopping)) && this.is_some() {
+                *verdict = this;
+            }
+        }
+    }
+    combined
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -311,6 +326,37 @@ mod tests {
         assert_eq!(
             verdicts(&live, &[now("a", &old), now("b", &lagging), now("c", &new)]),
             [None, None, None]
+        );
+    }
+
+    /// While a push of the table built from b's new discovery is under way (or failed after
+    /// writing), Envoy may run either table: b is judged against both. Back as the old release
+    /// meanwhile, it fits the live table but not the new one, which Envoy may already route by.
+    #[test]
+    fn every_table_envoy_may_run_is_judged() {
+        let live = live();
+        let (old, new) = (served(&[PODS, OLD, CRD]), served(&[PODS, NEW, CRD]));
+        let mut table = live.table.clone();
+        table.group_versions[1].served_by = vec!["a".into()];
+        table.group_versions[1].resources.insert("resourceclaims".into(), vec!["a".into()]);
+        table.group_versions[2].served_by = vec!["b".into(), "c".into()];
+        table.group_versions[2].resources.insert("resourceclaims".into(), vec!["b".into(), "c".into()]);
+        let pushed = Live::of(table);
+        let back_as_old = [now("a", &old), now("b", &old), now("c", &new)];
+        assert_eq!(verdicts(&live, &back_as_old), [None, None, None]);
+        assert_eq!(verdicts_against(&[&live, &pushed], &back_as_old), [None, Some(Exclusion::Changed), None]);
+        let as_new = [now("a", &old), now("b", &new), now("c", &new)];
+        assert_eq!(verdicts_against(&[&live, &pushed], &as_new), [None, Some(Exclusion::Changed), None]);
+        assert_eq!(verdicts_against(&[&pushed], &as_new), [None, None, None]);
+        // Stopping by one table and changed by another: out of every cluster.
+        let stopping_old = Now { ready: Some(Readiness::Stopping), ..now("b", &old) };
+        assert_eq!(
+            verdicts_against(&[&live, &pushed], &[now("a", &old), stopping_old, now("c", &new)])[1],
+            Some(Exclusion::Changed)
+        );
+        assert_eq!(
+            verdicts_against(&[&live], &[now("a", &old), stopping_old, now("c", &new)])[1],
+            Some(Exclusion::Stopping)
         );
     }
 

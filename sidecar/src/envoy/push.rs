@@ -29,6 +29,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -152,6 +153,9 @@ pub struct Pusher<A> {
     /// What this sidecar last wrote to each file, for [`Pusher::restore_replaced_files`]; the
     /// lock of every file write.
     written: Arc<Mutex<Written>>,
+    /// The last push failed: the files may be ahead of what Envoy runs, so files that already
+    /// hold a table do not say it is live.
+    in_doubt: Arc<AtomicBool>,
 }
 
 /// The files as this sidecar wrote them.
@@ -191,6 +195,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
             settle_delay,
             draining: Arc::default(),
             written: Arc::default(),
+            in_doubt: Arc::default(),
         }
     }
 
@@ -333,6 +338,24 @@ impl<A: EnvoyAdmin> Pusher<A> {
     }
 
     pub async fn push(&self, resources: &Resources) -> Result<PushOutcome, PushError> {
+        let result = self.push_in_order(resources).await;
+        self.in_doubt.store(result.is_err(), Ordering::SeqCst);
+        result
+    }
+
+    /// Whether Envoy runs `resources`' table and routes; without an admin API nothing says
+    /// otherwise.
+    async fn runs(&self, resources: &Resources, routes: Option<&str>) -> Result<bool, PushError> {
+        let Some(admin) = &self.admin else { return Ok(true) };
+        let table = admin.live_table().await?.map(|t| t.generation);
+        let routes_live = match routes {
+            Some(version) => admin.live_routes().await?.as_deref() == Some(version),
+            None => true,
+        };
+        Ok(routes_live && table.as_deref() == Some(resources.generation.as_str()))
+    }
+
+    async fn push_in_order(&self, resources: &Resources) -> Result<PushOutcome, PushError> {
         let rds = self.rds_file(resources);
         let routes_version = rds_version(&resources.rds).unwrap_or_default().to_owned();
         let new_ecds = to_bytes(&resources.ecds);
@@ -347,7 +370,14 @@ impl<A: EnvoyAdmin> Pusher<A> {
             Some((path, new)) => self.ours(path)?.as_deref() == Some(&new[..]),
             None => true,
         };
-        if cds_current && rds_current && disk_ecds.as_deref() == Some(&new_ecds[..]) && module_current {
+        let files_current =
+            cds_current && rds_current && disk_ecds.as_deref() == Some(&new_ecds[..]) && module_current;
+        // After a failed push, files that hold the table may not be what Envoy runs (it rejected
+        // them, or was too slow to confirm): then the steps below wait until it does.
+        if files_current
+            && (!self.in_doubt.load(Ordering::SeqCst)
+                || self.runs(resources, rds.as_ref().map(|_| routes_version.as_str())).await?)
+        {
             // Written by an earlier process: guarded from now on as if this one had written them.
             self.adopt_all(resources, rds.as_ref(), module.as_ref());
             return Ok(PushOutcome::Unchanged);
@@ -1290,6 +1320,30 @@ mod tests {
         assert!(on_disk.contains("skewgate-set-a_b") && on_disk.contains("skewgate-set-c"), "{on_disk:?}");
         envoy.load_now();
         assert!(envoy.0.lock().unwrap().violations.is_empty());
+    }
+
+    /// A rejected table's file stays on disk: the same table pushed again is not "unchanged"
+    /// until Envoy runs it (a sidecar believing otherwise would judge who may get requests
+    /// against a table Envoy does not run).
+    #[tokio::test]
+    async fn after_a_failed_push_the_files_do_not_say_the_table_is_live() {
+        let (d, envoy, p) = after_first_table("in-doubt").await;
+        envoy.with(|f| f.reject = true);
+        let r2 = resources("g2", &["b", "c"], &["a"]);
+        assert!(matches!(p.push(&r2).await.unwrap_err(), PushError::TableRejected { .. }));
+        envoy.with(|f| f.reject = false);
+        let error = p.push(&r2).await.unwrap_err();
+        assert!(matches!(error, PushError::TableNotLive { .. }), "{error}");
+        // Envoy loads it again (the guard wrote it again): live, the old clusters dropped, and
+        // unchanged from then on.
+        envoy.with(|f| f.ecds_loaded.clear());
+        let PushOutcome::Pushed { removed, .. } = p.push(&r2).await.unwrap() else { panic!("not pushed") };
+        assert_eq!(removed, names(&["skewgate-set-a_b", "skewgate-set-c"]));
+        assert_eq!(envoy.0.lock().unwrap().live.as_ref().map(|l| l.generation.as_str()), Some("g2"));
+        let calls = envoy.0.lock().unwrap().calls;
+        assert_eq!(p.push(&r2).await.unwrap(), PushOutcome::Unchanged);
+        assert_eq!(envoy.0.lock().unwrap().calls, calls, "no longer in doubt: Envoy is not asked");
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     #[tokio::test]

@@ -201,6 +201,10 @@ pub struct Sidecar {
     /// The table Envoy runs as far as this process knows: the one in `ecds.json` at start, then
     /// every one pushed.
     live: Option<Live>,
+    /// Tables handed to a push that no later push confirmed: the one under way, and those of
+    /// pushes that failed. Envoy may run any of them (a push that fails after writing the routes
+    /// or the table leaves Envoy on either side of it), so each is judged as `live` is.
+    unconfirmed: Vec<Live>,
     /// A full fetch has been recorded: before it, too little is known to judge anyone, and the
     /// overlay on disk stands.
     judged: bool,
@@ -280,6 +284,7 @@ impl Sidecar {
             upstream,
             shared: Arc::new(Shared::default()),
             live,
+            unconfirmed: Vec::new(),
             judged: false,
             asker,
             extensions: Extensions::default(),
@@ -598,10 +603,26 @@ impl Sidecar {
         Ok(resources)
     }
 
+    /// A push is about to be handed `table`: from now on Envoy may run it, and the apiservers
+    /// are judged against it too, before the push writes anything.
+    fn handing_over(&mut self, table: &TableConfig) {
+        let known = |l: &Live| l.table.generation == table.generation;
+        if !self.live.as_ref().is_some_and(known) && !self.unconfirmed.iter().any(known) {
+            self.unconfirmed.push(Live::of(table.clone()));
+        }
+        self.apply_eligibility();
+    }
+
     /// Marks `DRAINING` in `cds.json` exactly the apiservers that must not get new requests
-    /// now, judged against the live table.
+    /// now, judged against every table Envoy may run.
     pub fn apply_eligibility(&mut self) {
-        let Some(live) = self.live.as_ref().filter(|_| self.judged) else { return };
+        if !self.judged {
+            return;
+        }
+        let tables: Vec<&Live> = self.live.iter().chain(&self.unconfirmed).collect();
+        if tables.is_empty() {
+            return;
+        }
         let now: Vec<Now<'_>> = self
             .members
             .iter()
@@ -613,7 +634,7 @@ impl Sidecar {
                 ready: m.ready,
             })
             .collect();
-        let mut verdicts = eligibility::verdicts(live, &now);
+        let mut verdicts = eligibility::verdicts_against(&tables, &now);
         for (verdict, member) in verdicts.iter_mut().zip(&self.members) {
             if member.memory.departed_since.is_some() {
                 *verdict = Some(Exclusion::Departed);
@@ -670,6 +691,7 @@ impl Sidecar {
         let outcome = match result {
             Ok(outcome) => outcome,
             Err(error) => {
+                // The table stays among the unconfirmed ones: its files may be live.
                 let error = SyncError::from(error);
                 metrics.push_error(error.label());
                 tracing::error!(%error, "sync failed");
@@ -699,6 +721,7 @@ impl Sidecar {
         };
         let generation = table.generation.clone();
         self.live = Some(Live::of(table));
+        self.unconfirmed.clear();
         self.apply_eligibility();
         let report = SyncReport { generation, changed, steps, counts, apiservers: self.reports(), took };
         self.shared.set_status(&report.to_json());
@@ -719,6 +742,7 @@ impl Sidecar {
                 return Err(error);
             }
         };
+        self.handing_over(&resources.table);
         let result = self.pusher.push(&resources).await;
         self.pushed(resources.table, result, started)
     }
@@ -1053,6 +1077,7 @@ async fn run_with(
                     }
                     Command::Push { since } => match sidecar.prepare() {
                         Ok(resources) => {
+                            sidecar.handing_over(&resources.table);
                             let pusher = sidecar.pusher.clone();
                             sidecar.shared.pushing.set(true);
                             pushes.spawn(async move {
