@@ -79,13 +79,21 @@ KUBE_APISERVER ?=
 ETCD ?=
 ## KUBE_CONTROLLER_MANAGER=PATH (yours, too): the real-binary scenarios run it against the edge.
 KUBE_CONTROLLER_MANAGER ?=
+## OLD_KUBE_APISERVER=PATH [OLD_KUBE_CONTROLLER_MANAGER=PATH]: the release you upgrade from. The
+## upgrade then starts every apiserver (and the controller-manager) at it and moves them to the
+## binaries above, as kubeadm does, instead of emulating 1.33 with the new binary.
+OLD_KUBE_APISERVER ?=
+OLD_KUBE_CONTROLLER_MANAGER ?=
 REAL_ENV = SKEWGATE_KUBE_APISERVER="$(abspath $(KUBE_APISERVER))" SKEWGATE_ETCD="$(abspath $(ETCD))" \
-  SKEWGATE_KUBE_CONTROLLER_MANAGER="$(if $(KUBE_CONTROLLER_MANAGER),$(abspath $(KUBE_CONTROLLER_MANAGER)))"
+  SKEWGATE_KUBE_CONTROLLER_MANAGER="$(if $(KUBE_CONTROLLER_MANAGER),$(abspath $(KUBE_CONTROLLER_MANAGER)))" \
+  SKEWGATE_OLD_KUBE_APISERVER="$(if $(OLD_KUBE_APISERVER),$(abspath $(OLD_KUBE_APISERVER)))" \
+  SKEWGATE_OLD_KUBE_CONTROLLER_MANAGER="$(if $(OLD_KUBE_CONTROLLER_MANAGER),$(abspath $(OLD_KUBE_CONTROLLER_MANAGER)))"
 
 ## End-to-end scenarios on local skewed clusters (real Envoy + filter, sidecar, stand-ins, the pinned
 ## kubectl), the real-client loops at full counts (see `clients`), then a summary table. Fails, never skips, without Envoy or kubectl (`make setup`).
 ## With KUBE_APISERVER=PATH ETCD=PATH: the scenarios real apiservers can answer
-## (e2e/tests/e2e_real.rs), one at a time, on three real kube-apiservers and one etcd.
+## (e2e/tests/e2e_real.rs), one at a time, on three real kube-apiservers and one etcd; with
+## OLD_KUBE_APISERVER=PATH (and OLD_KUBE_CONTROLLER_MANAGER=PATH), R15 upgrades them from that release.
 E2E_THREADS ?= 3
 e2e: wasm
 	@mkdir -p target/tmp; summary=$$(mktemp -d target/tmp/e2e-summary.XXXXXX); started=$$(date +%s); status=0; \
@@ -189,6 +197,8 @@ explain-example:
 ## drill/results/real-*, README untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
 ## controller-manager runs through the front door in each run, and the drill counts what its garbage
 ## collector and namespace controller did wrong (dependents collected, objects left, namespaces stuck).
+## With OLD_KUBE_APISERVER=PATH (and OLD_KUBE_CONTROLLER_MANAGER=PATH): a real release upgrade, its
+## load read from what the two releases serve, results in drill/results/release-*.
 ## Kubernetes' own e2e specs (a [sig-api-machinery] subset; CONFORMANCE_FOCUS=REGEX for others) on the
 ## skewed real cluster, straight to c, through skewgate and through a plain load balancer:
 ## E2E_TEST=PATH (go test -c ./test/e2e) KUBE_APISERVER=PATH ETCD=PATH KUBE_CONTROLLER_MANAGER=PATH

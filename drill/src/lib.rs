@@ -11,10 +11,12 @@ mod controllers;
 pub mod evidence;
 pub mod harm;
 pub mod held;
+pub mod load;
 mod mode;
 pub mod probe;
 pub mod retry;
 
+pub use load::{Era, Gvr, Load};
 pub use mode::Mode;
 
 use std::collections::BTreeMap;
@@ -111,6 +113,9 @@ pub struct Options {
     /// Each run's files (Envoy's log with its access log, the sidecar's, the table) are left in
     /// [`Options::work`] to look into afterwards.
     pub keep: bool,
+    /// What the load asks for; `None`: the stand-ins' or the emulated real eras' tables
+    /// ([`Options::load`]). A real release pair's is read from its binaries ([`drill`]).
+    pub release_load: Option<Load>,
 }
 
 impl Options {
@@ -131,24 +136,52 @@ impl Options {
             sole_away: None,
             only: None,
             keep: false,
+            release_load: None,
         }
     }
 
     /// The apiserver spec of an era (`OLD` or `NEW`): the stand-in profile, or with real binaries
-    /// the kube-apiserver spec.
-    fn spec(&self, era: &str) -> String {
+    /// the kube-apiserver spec: the old release's binary as it is, or the new one emulating the
+    /// old version.
+    pub fn spec(&self, era: &str) -> String {
         match (&self.real, era) {
             (None, _) => era.to_string(),
-            (Some(_), OLD) => REAL_OLD.to_string(),
+            (Some(b), OLD) => match &b.old {
+                Some(old) => old.kube_apiserver.display().to_string(),
+                None => REAL_OLD.to_string(),
+            },
             (Some(_), _) => REAL_NEW.to_string(),
         }
     }
 
-    /// The GVRs listed and created: the stand-in eras', or what real 1.36 binaries serve.
-    fn gvrs(&self) -> (&'static [Gvr; 10], &'static [Gvr; 3]) {
-        match self.real {
-            None => (&LISTS, &CREATES),
-            Some(_) => (&REAL_LISTS, &REAL_CREATES),
+    /// The two eras as the README names them: 1.33 and 1.36, or a release pair's versions.
+    pub fn era_names(&self) -> (String, String) {
+        let version = |binary: Option<&Path>| {
+            binary
+                .and_then(|b| real::version_of(b).ok())
+                .and_then(|v| v.split_whitespace().last().map(str::to_owned))
+                .unwrap_or_default()
+        };
+        match self.real.as_ref().filter(|b| b.old.is_some()) {
+            Some(b) => (
+                version(b.old.as_ref().map(|o| o.kube_apiserver.as_path())),
+                version(b.kube_apiserver.as_deref()),
+            ),
+            None => ("1.33".to_string(), "1.36".to_string()),
+        }
+    }
+
+    /// Whether the old era is a real release's binaries rather than an emulated version.
+    pub fn release(&self) -> bool {
+        self.real.as_ref().is_some_and(|b| b.old.is_some())
+    }
+
+    /// The GVRs listed, watched and created.
+    pub fn load(&self) -> Load {
+        match (&self.release_load, &self.real) {
+            (Some(load), _) => load.clone(),
+            (None, None) => Load::standins(),
+            (None, Some(_)) => Load::emulated(),
         }
     }
 
@@ -186,133 +219,9 @@ struct Timing {
     cooldown: Duration,
 }
 
-/// Which eras serve a GVR.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub enum Era {
-    Old,
-    New,
-    Both,
-}
-
-impl Era {
-    fn served_by(self, profile: &str) -> bool {
-        match self {
-            Era::Both => true,
-            Era::Old => profile == OLD,
-            Era::New => profile == NEW,
-        }
-    }
-}
-
-/// Names in the GVR tables, all literals.
-type Name = &'static str;
-
-#[derive(Debug, Clone)]
-struct Gvr {
-    group: Name,
-    version: Name,
-    resource: Name,
-    kind: Name,
-    namespaced: bool,
-    era: Era,
-}
-
-impl Gvr {
-    fn name(&self) -> String {
-        match self.group.is_empty() {
-            true => format!("{}.{}", self.resource, self.version),
-            false => format!("{}.{}.{}", self.resource, self.version, self.group),
-        }
-    }
-
-    fn collection(&self) -> String {
-        let prefix = match self.group.is_empty() {
-            true => format!("/api/{}", self.version),
-            false => format!("/apis/{}/{}", self.group, self.version),
-        };
-        match self.namespaced {
-            true => format!("{prefix}/namespaces/default/{}", self.resource),
-            false => format!("{prefix}/{}", self.resource),
-        }
-    }
-
-    fn api_version(&self) -> String {
-        match self.group.is_empty() {
-            true => self.version.to_string(),
-            false => format!("{}/{}", self.group, self.version),
-        }
-    }
-}
-
-/// A row of the GVR tables below: the fields of [`Gvr`] in order.
-const fn gvr(group: Name, version: Name, resource: Name, kind: Name, namespaced: bool, era: Era) -> Gvr {
-    Gvr { group, version, resource, kind, namespaced, era }
-}
-
-/// What controllers read and list during an upgrade: GVRs of the old era only, the new era only,
-/// and both.
-const LISTS: [Gvr; 10] = [
-    gvr("resource.k8s.io", "v1alpha3", "deviceclasses", "DeviceClass", false, Era::Old),
-    gvr("resource.k8s.io", "v1alpha3", "resourceclaims", "ResourceClaim", true, Era::Old),
-    gvr("networking.k8s.io", "v1beta1", "ipaddresses", "IPAddress", false, Era::Old),
-    gvr("storage.k8s.io", "v1beta1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::Old),
-    gvr("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", true, Era::New),
-    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
-    gvr(
-        "storagemigration.k8s.io",
-        "v1",
-        "storageversionmigrations",
-        "StorageVersionMigration",
-        false,
-        Era::New,
-    ),
-    gvr("storage.k8s.io", "v1", "volumeattributesclasses", "VolumeAttributesClass", false, Era::New),
-    gvr("", "v1", "pods", "Pod", true, Era::Both),
-    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
-];
-
-/// Objects created and read back: one GVR of each kind of era.
-const CREATES: [Gvr; 3] = [
-    gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both),
-    gvr("resource.k8s.io", "v1alpha3", "deviceclasses", "DeviceClass", false, Era::Old),
-    gvr("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", false, Era::New),
-];
-
 pub use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
 
-/// [`LISTS`] for real 1.36 binaries (same positions: 8 and 9 are watched): their old era serves
-/// DRA at v1beta1, and their new-era-only group is mutating admission policies.
-const REAL_LISTS: [Gvr; 10] = {
-    let mut lists = LISTS;
-    lists[0].version = "v1beta1";
-    lists[1].version = "v1beta1";
-    lists[6] = gvr(
-        "admissionregistration.k8s.io",
-        "v1",
-        "mutatingadmissionpolicies",
-        "MutatingAdmissionPolicy",
-        false,
-        Era::New,
-    );
-    lists
-};
-
-/// The GVRs the drill lists on real binaries: (name, resource, apiVersion), for `kubectl explain`.
-pub(crate) fn real_list_names() -> Vec<(String, String, String)> {
-    REAL_LISTS.iter().map(|g| (g.name(), g.resource.to_string(), g.api_version())).collect()
-}
-
-/// [`CREATES`] for real 1.36 binaries: old-era DRA at v1beta1.
-const REAL_CREATES: [Gvr; 3] = {
-    let mut creates = CREATES;
-    creates[1].version = "v1beta1";
-    creates
-};
-
 const DISCOVERY: &str = "apis (aggregated discovery v2)";
-/// A real `kubectl get` of a GVR only the new era serves: during the upgrade, only the
-/// restarting apiservers serve it.
-const KUBECTL_GET: [&str; 3] = ["get", "resourceclaims.v1.resource.k8s.io", "-A"];
 const WATCHES: usize = 3;
 
 /// How a request ended.
@@ -491,7 +400,8 @@ pub struct Run {
     pub steps: Vec<Step>,
     /// The client-go-like client, next to the raw one (whose requests the rest counts).
     pub client_go: ClientGoTally,
-    /// The kubectl loop ([`KUBECTL_GET`]).
+    /// The kubectl loop (a `kubectl get` of a GVR only the new era serves: during the upgrade,
+    /// only the upgraded apiservers serve it).
     pub kubectl: Option<KubectlTally>,
     /// skewgate: requests its Envoy held while their GVR had no ready apiserver.
     pub held: Option<held::Held>,
@@ -594,16 +504,18 @@ fn plan(seed: u64, n: usize) -> Vec<Op> {
     let mut rng = Rng(seed);
     (0..n as u64)
         .map(|i| match rng.below(100) {
-            0..60 => Op::List(rng.below(LISTS.len())),
-            60..85 => Op::CreateRead(rng.below(CREATES.len()), i),
+            0..60 => Op::List(rng.below(load::LISTED)),
+            60..85 => Op::CreateRead(rng.below(load::CREATED), i),
             _ => Op::Discovery,
         })
         .collect()
 }
 
 struct Shared {
-    lists: &'static [Gvr; 10],
-    creates: &'static [Gvr; 3],
+    /// [`load::LISTED`] GVRs.
+    lists: Vec<Gvr>,
+    /// [`load::CREATED`] GVRs.
+    creates: Vec<Gvr>,
     client: reqwest::Client,
     base: String,
     epoch: Instant,
@@ -720,9 +632,9 @@ async fn operation(s: Arc<Shared>, client: Client, op: Op) {
                     "generateName": "drill-cg-", "namespace": "default", "labels": {WRITE_LABEL: n.to_string()}
                 });
             }
-            match g.kind {
-                "ConfigMap" => body["data"] = json!({"n": n.to_string()}),
-                _ => body["spec"] = json!({}),
+            match g.spec() {
+                Some(spec) => body["spec"] = spec,
+                None => body["data"] = json!({"n": n.to_string()}),
             }
             let req = s
                 .client
@@ -787,7 +699,7 @@ fn dispatch(
 
 /// A long watch of configmaps or pods, re-established whenever it ends, until the load stops.
 async fn watch(s: Arc<Shared>, which: usize) {
-    let g = &s.lists[8 + which % 2];
+    let g = &s.lists[load::WATCHED + which % 2];
     let mut round = 0u64;
     while !s.stop.load(Ordering::SeqCst) {
         let url = format!(
@@ -975,7 +887,9 @@ struct Phase {
     /// Sole-server steps: (what, apiserver, how, from, until).
     steps: Vec<(String, &'static str, &'static str, f64, f64)>,
     kubectl: Kubectl,
-    /// The kubectl loop ([`KUBECTL_GET`]) and when it started.
+    /// What the kubectl loop runs (none: the new era serves nothing the old one does not).
+    kubectl_args: Option<[String; 3]>,
+    /// The kubectl loop and when it started.
     looping: Option<(f64, Looping)>,
 }
 
@@ -987,8 +901,9 @@ impl Phase {
     /// The kubectl loop, once some apiserver serves what it lists (before, every run would
     /// fail rightly).
     fn start_kubectl(&mut self) {
-        if self.looping.is_none() {
-            self.looping = Some((self.now(), Looping::start(&self.kubectl, &KUBECTL_GET)));
+        if let (None, Some(args)) = (&self.looping, &self.kubectl_args) {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            self.looping = Some((self.now(), Looping::start(&self.kubectl, &args)));
         }
     }
 
@@ -1073,13 +988,34 @@ async fn rolling_upgrade(p: &mut Phase, c: &mut Cluster, o: &Options, timing: &T
         p.start_kubectl();
         p.timeline.restarts.push((id.into(), OLD.into(), NEW.into(), drain, healthy));
         tokio::time::sleep(timing.pause).await;
+        // A real release pair: what went wrong while each apiserver was upgraded.
+        if o.release() {
+            let (from, to) = o.era_names();
+            p.steps.push((format!("{id} upgraded ({from} → {to})"), id, "upgrade", drain, p.now()));
+        }
         if let (Some(away), true) = (o.sole_away, id == IDS[0]) {
             sole_server_away(p, c, id, away, false, o, timing).await?;
             sole_server_away(p, c, id, away, true, o, timing).await?;
         }
     }
+    // The version skew policy's order: the controller-manager after every apiserver.
+    let from = p.now();
+    if c.upgrade_controller_manager().await? {
+        p.event(CONTROLLER_MANAGER, "upgrade", NEW);
+        tokio::time::sleep(timing.pause + timing.pause).await;
+        let (old, new) = o.era_names();
+        p.steps.push((
+            format!("{CONTROLLER_MANAGER} upgraded ({old} → {new})"),
+            CONTROLLER_MANAGER,
+            "upgrade",
+            from,
+            p.now(),
+        ));
+    }
     Ok(())
 }
+
+const CONTROLLER_MANAGER: &str = "kube-controller-manager";
 
 /// `id`, the sole server of its era's APIs, stopped (drained and SIGTERM, or SIGKILL) for
 /// `away`, then started again as it was: its APIs are "served, unavailable" meanwhile.
@@ -1107,9 +1043,13 @@ async fn sole_server_away(
     p.timeline.restarts.push((id.into(), profile.into(), profile.into(), stop, healthy));
     p.timeline.away.push((id.into(), profile.into(), stop, healthy));
     tokio::time::sleep(timing.pause).await;
+    let shown = match profile {
+        OLD => o.era_names().0,
+        _ => o.era_names().1,
+    };
     p.steps.push((
         format!(
-            "{id} (sole {profile} server) {} {:.0} s, then back",
+            "{id} (sole {shown} server) {} {:.0} s, then back",
             if kill { "SIGKILLed" } else { "stopped (SIGTERM)" },
             away.as_secs_f64()
         ),
@@ -1190,7 +1130,8 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     // Longer than the edge's hold (10 s): a request that waits there for its apiserver to come
     // back is a slow request, and the client would otherwise count it a timeout.
     let client = c.client(Credentials::AdminToken, Duration::from_secs(15))?;
-    let (lists, creates) = o.gvrs();
+    let load = o.load();
+    let (lists, creates) = (load.lists.clone(), load.creates.clone());
     let shared = Arc::new(Shared {
         lists,
         creates,
@@ -1240,6 +1181,7 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
         exclusions: Vec::new(),
         steps: Vec::new(),
         kubectl,
+        kubectl_args: load.kubectl_args(),
         looping: None,
     };
     if o.variant.profiles().iter().any(|(_, era)| *era == NEW) {
@@ -1254,7 +1196,10 @@ async fn upgrade_under_load(c: &mut Cluster, mode: Mode, o: &Options, timing: &T
     tokio::time::sleep(timing.cooldown).await;
     shared.stop.store(true, Ordering::SeqCst);
     let kubectl = match p.looping.take() {
-        Some((from, looping)) => Some(KubectlTally::of(from, &looping.stop().await?)),
+        Some((from, looping)) => {
+            let command = load.kubectl_args().map(|a| a.join(" ")).unwrap_or_default();
+            Some(KubectlTally::of(from, command, &looping.stop().await?))
+        }
         None => None,
     };
     raw.await?;
@@ -1461,6 +1406,8 @@ impl ClientGoTally {
 /// The kubectl loop of a GVR only the new era serves, from when some apiserver first served it.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct KubectlTally {
+    /// `kubectl`'s arguments.
+    pub command: String,
     /// Seconds into the load when it started.
     pub from: f64,
     pub runs: usize,
@@ -1470,25 +1417,28 @@ pub struct KubectlTally {
 }
 
 impl KubectlTally {
-    fn of(from: f64, runs: &Runs) -> Self {
+    fn of(from: f64, command: String, runs: &Runs) -> Self {
         let failed = runs.failures();
         let mut causes = BTreeMap::new();
         for f in &failed {
             *causes.entry(skewgate_testkit::clients::error_line(f)).or_default() += 1;
         }
-        KubectlTally { from, runs: runs.0.len(), failures: failed.len(), causes }
+        KubectlTally { command, from, runs: runs.0.len(), failures: failed.len(), causes }
     }
 }
 
 /// Every run, plain LB first (on real binaries: plain LB, in-apiserver MVP, skewgate, each with
 /// its probe).
 pub async fn drill(o: &Options) -> Result<Vec<Run>> {
+    let mut o = o.clone();
+    if o.release() && o.release_load.is_none() {
+        o.release_load = Some(release_load(&o).await?);
+    }
+    let o = &o;
     let mut runs = Vec::new();
     for mode in Mode::all(o.real.is_some()).iter().filter(|m| o.only.is_none_or(|only| only == **m)) {
         let probe = match &o.real {
-            Some(_) => {
-                Some(crate::probe::probe(*mode, &o.work, o.real.clone(), o.poll, &real_list_names()).await?)
-            }
+            Some(_) => Some(crate::probe::probe(*mode, o, &o.load()).await?),
             None => None,
         };
         let mut r = run(*mode, o).await?;
@@ -1497,6 +1447,36 @@ pub async fn drill(o: &Options) -> Result<Vec<Run>> {
     }
     let _ = std::fs::remove_dir(&o.work);
     Ok(runs)
+}
+
+/// A real release pair's load: each release's binary started alone on a throwaway etcd, and
+/// what one serves and the other does not listed.
+pub async fn release_load(o: &Options) -> Result<Load> {
+    let binaries = o.real.as_ref().context("a release pair needs real binaries")?;
+    let mut documents = Vec::new();
+    for era in [OLD, NEW] {
+        let spec = real::Spec::parse(&o.spec(era))?;
+        let dir = o.work.join(format!("discovery-{}", era.to_lowercase()));
+        let found = real::discovery_of(binaries, &spec, &dir)
+            .await
+            .with_context(|| format!("reading what {} serves", o.spec(era)))?;
+        let _ = std::fs::remove_dir_all(&dir);
+        documents.push(found);
+    }
+    let load = Load::release(&documents[0], &documents[1])?;
+    eprintln!(
+        "drill: the releases differ in {}",
+        match load.differ.is_empty() {
+            true => "nothing the load asks for".to_string(),
+            false => load
+                .differ
+                .iter()
+                .map(|g| format!("{} ({:?} only)", g.name(), g.era))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    );
+    Ok(load)
 }
 
 /// What the drill shows, for `latest.json`.
@@ -1511,28 +1491,40 @@ pub fn results_json(o: &Options, runs: &[Run]) -> Value {
         "awaySeconds": (o.variant == Variant::LeaveAndReturn).then(|| o.away().as_secs_f64()),
         "apiservers": match &o.real {
             None => json!({"stand-ins": {"old": OLD, "new": NEW}}),
-            Some(b) => json!({"kube-apiserver": b.version().ok().flatten(), "old": REAL_OLD, "new": REAL_NEW}),
+            Some(b) => json!({"kube-apiserver": b.version().ok().flatten(), "old": o.spec(OLD), "new": o.spec(NEW)}),
         },
+        "differ": o.load().differ.iter().map(|g| json!({"gvr": g.name(), "era": g.era})).collect::<Vec<_>>(),
         "runs": runs,
     })
+}
+
+fn era_name(era: Era, old: &str, new: &str) -> String {
+    match era {
+        Era::Old => old.to_string(),
+        Era::New => new.to_string(),
+        Era::Both => "both".to_string(),
+    }
 }
 
 /// What the run was, in one sentence for the README.
 pub fn settings(o: &Options) -> String {
     let ready = match (&o.real, o.ready_delay.is_zero()) {
         (Some(b), _) => format!(
-            "real {} ({REAL_OLD} → {REAL_NEW}), ready when their own start-up is done",
-            b.version().ok().flatten().unwrap_or_else(|| "kube-apiservers".into())
+            "real {} ({} → {}), ready when their own start-up is done",
+            b.version().ok().flatten().unwrap_or_else(|| "kube-apiservers".into()),
+            o.spec(OLD),
+            o.spec(NEW)
         ),
         (None, true) => "ready the instant they start".to_string(),
         (None, false) => format!("ready {} s after they start", o.ready_delay.as_secs_f64()),
     };
+    let (from, to) = o.era_names();
     let what = match o.variant {
         Variant::Upgrade => match o.sole_away {
-            None => "three apiservers upgraded from 1.33 to 1.36 one at a time".to_string(),
+            None => format!("three apiservers upgraded from {from} to {to} one at a time"),
             Some(away) => format!(
-                "three apiservers upgraded from 1.33 to 1.36 one at a time; the first upgraded (a, \
-                 the sole 1.36 server) stopped (SIGTERM) for {0:.0} s and back, then SIGKILLed for \
+                "three apiservers upgraded from {from} to {to} one at a time; the first upgraded (a, \
+                 the sole {to} server) stopped (SIGTERM) for {0:.0} s and back, then SIGKILLed for \
                  {0:.0} s and back, before b and c",
                 away.as_secs_f64()
             ),
@@ -1559,8 +1551,34 @@ pub fn settings(o: &Options) -> String {
              KUBE_CONTROLLER_MANAGER=PATH), so the garbage-collection and namespace rows are not measured"
         }
     };
+    let differ = match o.release() {
+        true => {
+            let differ: Vec<String> = o
+                .load()
+                .differ
+                .iter()
+                .map(|g| format!("{} ({} only)", g.name(), era_name(g.era, &from, &to)))
+                .collect();
+            match differ.is_empty() {
+                true => "; the releases serve the same GVRs".to_string(),
+                false => format!(
+                    "; the releases differ in {}: from the first apiserver's upgrade to the last, only \
+                     some apiservers serve them, and the load asks for them",
+                    differ.join(", ")
+                ),
+            }
+        }
+        false => String::new(),
+    };
+    let kcm_last =
+        match o.real.as_ref().and_then(|b| b.old.as_ref()).and_then(|r| r.kube_controller_manager.as_ref()) {
+            Some(_) => {
+                format!("; the controller-manager {from} until every apiserver is upgraded, then {to}")
+            }
+            None => String::new(),
+        };
     format!(
-        "{what}; apiservers {ready}{controllers}; sidecar poll {} s; {} operations/s from a raw client \
+        "{what}{differ}; apiservers {ready}{controllers}{kcm_last}; sidecar poll {} s; {} operations/s from a raw client \
          (seed {}) and {} from a client that sends again as client-go does",
         o.poll.as_secs_f64(),
         o.rate,
@@ -1653,16 +1671,13 @@ pub fn markdown_table(runs: &[Run]) -> String {
         by_class(&failed.into_iter().collect())
     });
     row("writes applied twice (client-go-like client)", &|r| r.client_go.applied_twice.to_string());
-    row(
-        &format!(
-            "`kubectl {}` in a loop, from the first moment it is served: failed / runs",
-            KUBECTL_GET.join(" ")
-        ),
-        &|r| match &r.kubectl {
+    let command = runs.iter().find_map(|r| r.kubectl.as_ref()).map_or("get", |k| k.command.as_str());
+    row(&format!("`kubectl {command}` in a loop, from the first moment it is served: failed / runs"), &|r| {
+        match &r.kubectl {
             Some(k) => format!("{} / {}", k.failures, k.runs),
             None => "-".into(),
-        },
-    );
+        }
+    });
     row("requests held at the edge (resumed / expired / refused)", &|r| match &r.held {
         Some(h) => format!(
             "{} ({} / {} / {})",
@@ -1768,11 +1783,12 @@ pub fn markdown_table(runs: &[Run]) -> String {
 }
 
 /// Errors per second by class, one panel per run, restarts marked.
-pub fn timeline_svg(runs: &[Run]) -> String {
+pub fn timeline_svg(o: &Options, runs: &[Run]) -> String {
+    let (from, to) = o.era_names();
     let title = match runs.first().map(|r| r.variant) {
-        Some(Variant::LeaveAndReturn) => "The only 1.36 apiserver away and back under load",
-        Some(Variant::Restarts) => "An apiserver restarted again and again under load",
-        _ => "Rolling upgrade 1.33 → 1.36 under load",
+        Some(Variant::LeaveAndReturn) => format!("The only {to} apiserver away and back under load"),
+        Some(Variant::Restarts) => "An apiserver restarted again and again under load".to_string(),
+        _ => format!("Rolling upgrade {from} → {to} under load"),
     };
     let (w, panel, left, right, top, gap) = (860.0, 220.0, 60.0, 200.0, 34.0, 50.0);
     let h = top + runs.len() as f64 * (panel + gap);

@@ -31,7 +31,8 @@ use skewgate_testkit::real::Binaries;
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
                      [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \
                      [--sole-away SECONDS] [--kube-apiserver PATH --etcd PATH \
-                     [--kube-controller-manager PATH]] [--only plain-lb|mvp|skewgate] [--keep]";
+                     [--kube-controller-manager PATH] [--old-kube-apiserver PATH \
+                     [--old-kube-controller-manager PATH]]] [--only plain-lb|mvp|skewgate] [--keep]";
 
 fn seconds(flag: &str, value: Option<String>, zero_ok: bool) -> Result<Duration> {
     let value = value.with_context(|| format!("{flag} SECONDS"))?;
@@ -49,6 +50,7 @@ fn main() -> Result<()> {
     let (mut restarts, mut down, mut sole_away) = (None, None, None);
     let (mut kube_apiserver, mut etcd): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut controller_manager: Option<PathBuf> = None;
+    let (mut old_apiserver, mut old_controller_manager): (Option<PathBuf>, Option<PathBuf>) = (None, None);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -75,6 +77,13 @@ fn main() -> Result<()> {
             "--etcd" => etcd = Some(args.next().context("--etcd PATH")?.into()),
             "--kube-controller-manager" => {
                 controller_manager = Some(args.next().context("--kube-controller-manager PATH")?.into())
+            }
+            "--old-kube-apiserver" => {
+                old_apiserver = Some(args.next().context("--old-kube-apiserver PATH")?.into())
+            }
+            "--old-kube-controller-manager" => {
+                old_controller_manager =
+                    Some(args.next().context("--old-kube-controller-manager PATH")?.into())
             }
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -130,6 +139,16 @@ fn main() -> Result<()> {
         },
         _ => bail!("--kube-apiserver and --etcd go together; {USAGE}"),
     };
+    if old_apiserver.is_some() || old_controller_manager.is_some() {
+        let real = o
+            .real
+            .take()
+            .context("--old-kube-apiserver needs the release upgraded to (--kube-apiserver and --etcd)")?;
+        o.real = Some(real.with_old_release(old_apiserver.as_deref(), old_controller_manager.as_deref())?);
+    }
+    if o.release() && variant != Variant::Upgrade {
+        bail!("--old-kube-apiserver goes with the upgrade (the other variants emulate the old release)");
+    }
     if controller_manager.is_some() && o.real.is_none() {
         bail!("--kube-controller-manager needs real apiservers (--kube-apiserver and --etcd); {USAGE}");
     }
@@ -152,6 +171,10 @@ fn main() -> Result<()> {
     }
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    // What a release pair differs in decides the load, and the results name it.
+    if o.release() {
+        o.release_load = Some(runtime.block_on(drill::release_load(&o))?);
+    }
     let runs = runtime.block_on(drill::drill(&o))?;
     let root = paths::workspace_root();
     // One column alone is for looking into: its files stay beside its run's, out of the results.
@@ -161,12 +184,16 @@ fn main() -> Result<()> {
     };
     std::fs::create_dir_all(&out)?;
     // Real binaries' results sit next to the stand-ins' and stay out of the README's section.
-    let prefix = if o.real.is_some() { "real-" } else { "" };
+    let prefix = match (&o.real, o.release()) {
+        (Some(_), true) => "release-",
+        (Some(_), false) => "real-",
+        (None, _) => "",
+    };
     let (latest, timeline) =
         (format!("{prefix}latest.json"), format!("{prefix}{}", drill::timeline_file(variant)));
     let results = serde_json::to_string_pretty(&drill::results_json(&o, &runs))?;
     std::fs::write(out.join(&latest), &results)?;
-    std::fs::write(out.join(&timeline), drill::timeline_svg(&runs))?;
+    std::fs::write(out.join(&timeline), drill::timeline_svg(&o, &runs))?;
     // A partial or quick run leaves the committed comparison alone.
     let whole = !quick && o.only.is_none();
     let readme = whole && o.real.is_none();

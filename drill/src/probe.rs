@@ -13,9 +13,9 @@ use serde::Serialize;
 use skewgate_testkit::cluster::{self, Cluster, Credentials};
 use skewgate_testkit::kubectl::Kubectl;
 
-use skewgate_testkit::real::{Binaries, REAL_NEW, REAL_OLD};
-
+use crate::load::{Era, Load};
 use crate::mode::Mode;
+use crate::{NEW, OLD, Options};
 
 /// Sequential requests per series (after [`WARMUP`]): enough for a stable p50 and p99.
 const REQUESTS: usize = 200;
@@ -23,8 +23,6 @@ const WARMUP: usize = 20;
 /// `kubectl explain` runs per GVR, each with an empty cache (round robin lands its discovery
 /// and OpenAPI requests on different apiservers from one run to the next).
 const EXPLAIN_TRIES: usize = 3;
-/// Only c (the native release) serves it.
-const REROUTED: &str = "/apis/resource.k8s.io/v1/deviceclasses?limit=500";
 /// Both serve it.
 const LOCAL: &str = "/api/v1/namespaces/default/configmaps?limit=500";
 
@@ -104,9 +102,9 @@ async fn series(what: &str, client: &reqwest::Client, url: &str) -> Series {
 }
 
 /// The MVP: until a proxies c's API (its peer discovery has c), at most 120 s.
-async fn until_rerouted(c: &Cluster) -> Result<f64> {
+async fn until_rerouted(c: &Cluster, rerouted: &str) -> Result<f64> {
     let client = c.direct_client(Duration::from_secs(5))?;
-    let url = format!("{}{REROUTED}", c.apiserver_url("a")?);
+    let url = format!("{}{rerouted}", c.apiserver_url("a")?);
     let started = Instant::now();
     loop {
         if let Ok(r) = client.get(&url).send().await {
@@ -115,7 +113,7 @@ async fn until_rerouted(c: &Cluster) -> Result<f64> {
             }
         }
         if started.elapsed() > Duration::from_secs(120) {
-            bail!("a never proxied {REROUTED} to c within 120 s (is the Mixed Version Proxy on?)");
+            bail!("a never proxied {rerouted} to c within 120 s (is the Mixed Version Proxy on?)");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -148,26 +146,28 @@ async fn explain(
     Ok((ok, total, failed))
 }
 
-/// The probe of `mode`: a (old era) and c (new era) of `real` behind the run's Envoy, nothing
-/// else running, in a folder under `work`; `kubectl explain` of `gvrs` (name, resource,
-/// apiVersion).
-pub async fn probe(
-    mode: Mode,
-    work: &std::path::Path,
-    real: Option<Binaries>,
-    poll: Duration,
-    gvrs: &[(String, String, String)],
-) -> Result<Probe> {
-    let dir = work.join(format!("probe-{}", mode.key()));
+/// The probe of `mode`: a (old era) and c (new era) of `o`'s binaries behind the run's Envoy,
+/// nothing else running, in a folder under its work folder; the first cluster-wide GVR of
+/// `load`'s that only the new era serves asked for, and `kubectl explain` of its lists.
+pub async fn probe(mode: Mode, o: &Options, load: &Load) -> Result<Probe> {
+    let dir = o.work.join(format!("probe-{}", mode.key()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut options = cluster::Options::ephemeral(&dir, &[("a", REAL_OLD), ("c", REAL_NEW)]);
-    options.real = real;
+    let (old, new) = (o.spec(OLD), o.spec(NEW));
+    let mut options = cluster::Options::ephemeral(&dir, &[("a", old.as_str()), ("c", new.as_str())]);
+    options.real = o.real.clone();
     mode.cluster_options(&mut options);
-    options.poll_period = poll;
+    options.poll_period = o.poll;
+    let rerouted = load
+        .lists
+        .iter()
+        .find(|g| g.era == Era::New && !g.namespaced)
+        .map(|g| format!("{}?limit=500", g.collection()))
+        .context("the new era serves no cluster-wide GVR of its own to ask for")?;
     let c = cluster::start(&options)
         .await
         .with_context(|| format!("starting the {} probe cluster", mode.name()))?;
-    let result = measure(&c, mode, &dir, gvrs).await;
+    let cluster = format!("a={old}, c={new}, behind the {} Envoy", mode.name());
+    let result = measure(&c, mode, &dir, &load.list_names(), &rerouted, cluster).await;
     c.shutdown().await?;
     let _ = std::fs::remove_dir_all(&dir);
     result
@@ -178,9 +178,11 @@ async fn measure(
     mode: Mode,
     dir: &std::path::Path,
     gvrs: &[(String, String, String)],
+    rerouted: &str,
+    cluster: String,
 ) -> Result<Probe> {
     let reroute_ready_seconds = match mode {
-        Mode::Mvp => Some(until_rerouted(c).await?),
+        Mode::Mvp => Some(until_rerouted(c, rerouted).await?),
         Mode::PlainLb | Mode::Skewgate => None,
     };
     let lb = c.client(Credentials::AdminToken, Duration::from_secs(5))?;
@@ -190,21 +192,14 @@ async fn measure(
     let mut all = Vec::new();
     for (what, client, url) in [
         ("local", &lb, format!("{envoy}{LOCAL}")),
-        ("rerouted", &lb, format!("{envoy}{REROUTED}")),
-        ("straight to a", &direct, format!("{a}{REROUTED}")),
-        ("straight to c", &direct, format!("{cc}{REROUTED}")),
+        ("rerouted", &lb, format!("{envoy}{rerouted}")),
+        ("straight to a", &direct, format!("{a}{rerouted}")),
+        ("straight to c", &direct, format!("{cc}{rerouted}")),
     ] {
         all.push(series(what, client, &url).await);
     }
     let (explain_ok, explain_total, explain_failed) = explain(c, &dir.join("kubectl"), gvrs).await?;
-    Ok(Probe {
-        cluster: format!("a={REAL_OLD}, c={REAL_NEW}, behind the {} Envoy", mode.name()),
-        reroute_ready_seconds,
-        series: all,
-        explain_ok,
-        explain_total,
-        explain_failed,
-    })
+    Ok(Probe { cluster, reroute_ready_seconds, series: all, explain_ok, explain_total, explain_failed })
 }
 
 fn cell(s: Option<&Series>) -> String {
@@ -224,7 +219,9 @@ pub type Cell<'a> = &'a dyn Fn(Option<&Probe>) -> String;
 /// The probe's rows of the drill's table.
 pub fn markdown_rows(row: &mut dyn FnMut(&str, Cell<'_>)) {
     let get = |p: Option<&Probe>, what: &str| cell(p.and_then(|p| p.series(what)));
-    row("quiet cluster (a 1.33, c 1.36): c's API through the LB, p50 / p99", &|r| get(r, "rerouted"));
+    row("quiet cluster (a at the old release, c at the new): c's API through the LB, p50 / p99", &|r| {
+        get(r, "rerouted")
+    });
     row("… an API both serve through the LB (local), p50 / p99", &|r| get(r, "local"));
     row("… c's API straight to a (MVP: a proxies it to c), p50 / p99", &|r| get(r, "straight to a"));
     row("… c's API straight to c (local), p50 / p99", &|r| get(r, "straight to c"));

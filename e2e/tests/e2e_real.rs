@@ -3,7 +3,9 @@
 //! (`drill::REAL_OLD`), c at the binary's own version — behind a real Envoy 1.40 with the built
 //! filter and the sidecar, driven by the pinned kubectl and a Rust load loop. The scenarios of
 //! `e2e/` that real apiservers can answer (the others read the stand-ins' own records or need
-//! a stand-in's rogue certificate).
+//! a stand-in's rogue certificate). R15 upgrades all three from the release you upgrade from
+//! (`make e2e … OLD_KUBE_APISERVER=PATH [OLD_KUBE_CONTROLLER_MANAGER=PATH]`; without it, the
+//! binary emulating 1.33) to the binary, then the controller-manager.
 //!
 //! Real apiservers do not say who served a request: Envoy's access log (on through the runtime
 //! key `skewgate.access_log_min_status`) does, by upstream address.
@@ -1093,6 +1095,165 @@ fn writer(client: reqwest::Client, url: String) -> Background<Vec<String>> {
         }
         Ok(created)
     })
+}
+
+// ---------------------------------------------------------------------------------------------
+// 15. A release upgrade: the old release's binaries replaced by the new one's, apiserver by
+//     apiserver as kubeadm does, then the controller-manager
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r15_release_upgrade() -> Result<()> {
+    scenario("R15", "release upgrade (real)", release_upgrade()).await
+}
+
+/// Lists of `names` (in `default` where the resource is namespaced).
+fn list_targets(names: &BTreeSet<String>, all: &[real::Listable]) -> Vec<skewgate_testkit::load::Target> {
+    all.iter()
+        .filter(|l| names.contains(&l.name()))
+        .map(|l| {
+            let ns = l.namespaced.then_some("default");
+            skewgate_testkit::load::Target::list(&l.group, &l.version, &l.resource, ns)
+        })
+        .collect()
+}
+
+async fn release_upgrade() -> Result<Row> {
+    let mut row = Row::default();
+    let binaries = real::Binaries::from_env()?
+        .context("this suite runs real binaries: make e2e KUBE_APISERVER=PATH ETCD=PATH")?;
+    // The operator's old release when given (OLD_KUBE_APISERVER); else the new binary emulating
+    // 1.33, as the other scenarios' old era.
+    let old = binaries.old.as_ref().map_or(REAL_OLD.to_string(), |o| o.kube_apiserver.display().to_string());
+    let work = fresh_dir(Path::new(env!("CARGO_TARGET_TMPDIR")), "e2e-real", "r15-discovery");
+    let old_docs = real::discovery_of(&binaries, &real::Spec::parse(&old)?, &work.join("old")).await?;
+    let new_docs = real::discovery_of(&binaries, &real::Spec::parse(REAL_NEW)?, &work.join("new")).await?;
+    let _ = std::fs::remove_dir_all(&work);
+    let mut all = old_docs.listable()?;
+    all.extend(new_docs.listable()?);
+    all.sort();
+    all.dedup();
+    let names = |d: &real::Discovery| -> Result<BTreeSet<String>> {
+        Ok(d.listable()?.iter().map(real::Listable::name).collect())
+    };
+    let (was, will) = (names(&old_docs)?, names(&new_docs)?);
+    let added: BTreeSet<String> = will.difference(&was).cloned().collect();
+    let removed: BTreeSet<String> = was.difference(&will).cloned().collect();
+    ensure!(!added.is_empty() || !removed.is_empty(), "{old} and {REAL_NEW} serve the same GVRs");
+    let both: BTreeSet<String> = ["configmaps.v1", "pods.v1"].map(str::to_owned).into();
+
+    let mut c = start("r15", |o| {
+        for a in &mut o.apiservers {
+            a.profile = old.clone();
+        }
+    })
+    .await?;
+    let alice = c.client(Credentials::Alice, TIMEOUT)?;
+    let settings = |workers| skewgate_testkit::load::Settings {
+        workers,
+        pause: Duration::from_millis(20),
+        timeout: TIMEOUT,
+    };
+    // What only the old release serves is asked for until its last server goes.
+    let mut removed_load = Some(skewgate_testkit::load::Load::start(
+        &alice,
+        &c.envoy_url()?,
+        list_targets(&both.union(&removed).cloned().collect(), &all),
+        settings(3),
+    ));
+    let mut added_load = None;
+    let mut steps = Vec::new();
+    for (i, id) in ["a", "b", "c"].into_iter().enumerate() {
+        // c is the last server of what only the old release serves: those requests stop here.
+        if let Some(load) = removed_load.take_if(|_| id == "c") {
+            let report = load.finish().await;
+            println!("{}", report.summary());
+            row.tally(&report, &report.failures(), "failures before the last old apiserver went")?;
+        }
+        let generation = c.table_on_disk()?.generation().to_string();
+        upgrade_one(&mut c, id, &generation).await?;
+        let table = c.table_on_disk()?;
+        let upgraded = ids(&["a", "b", "c"][..=i]);
+        for name in &added {
+            ensure!(
+                serving(&table, name) == upgraded,
+                "after {id}'s upgrade {name} is routed to {:?}, not the upgraded {upgraded:?}",
+                serving(&table, name)
+            );
+        }
+        let old_ones = ids(&["a", "b", "c"][i + 1..]);
+        for name in &removed {
+            ensure!(
+                serving(&table, name) == old_ones,
+                "after {id}'s upgrade {name} is routed to {:?}, not {old_ones:?}",
+                serving(&table, name)
+            );
+        }
+        steps.push(match old_ones.is_empty() {
+            false => format!(
+                "{id} upgraded: the {} added served by {} only, the {} removed by {} only",
+                added.len(),
+                upgraded.join(","),
+                removed.len(),
+                old_ones.join(",")
+            ),
+            true => format!("{id} upgraded: every apiserver serves the same again"),
+        });
+        if added_load.is_none() && !added.is_empty() {
+            added_load = Some(skewgate_testkit::load::Load::start(
+                &alice,
+                &c.envoy_url()?,
+                list_targets(&both.union(&added).cloned().collect(), &all),
+                settings(3),
+            ));
+        }
+    }
+    let upgraded_kcm = c.upgrade_controller_manager().await?;
+    if upgraded_kcm {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let running = c.controller_manager.as_mut().is_some_and(|m| m.running());
+        ensure!(
+            running,
+            "the new kube-controller-manager stopped: {}",
+            c.controller_manager.as_ref().map(|m| m.log_tail(20)).unwrap_or_default()
+        );
+    }
+    if let Some(load) = added_load {
+        let report = load.finish().await;
+        println!("{}", report.summary());
+        row.tally(&report, &report.failures(), "failures after the first apiserver was upgraded")?;
+    }
+    let version = |b: &Path| {
+        real::version_of(b).unwrap_or_default().split_whitespace().last().unwrap_or_default().to_owned()
+    };
+    let from = binaries.old.as_ref().map_or("1.33 (emulated)".to_string(), |o| version(&o.kube_apiserver));
+    let to = binaries.kube_apiserver.as_deref().map(version).unwrap_or_default();
+    row.figure(format!(
+        "{from} → {to}: added {}, removed {}; {}; kube-controller-manager {}",
+        added.iter().cloned().collect::<Vec<_>>().join(", "),
+        match removed.is_empty() {
+            true => "none".to_string(),
+            false => removed.iter().cloned().collect::<Vec<_>>().join(", "),
+        },
+        steps.join("; "),
+        if upgraded_kcm { "upgraded last" } else { "not upgraded (OLD_KUBE_CONTROLLER_MANAGER not given)" }
+    ));
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
+/// `id` upgraded as kubeadm does: drained (SIGTERM, serving through its shutdown delay while
+/// Envoy takes it out), stopped, the new binary started with the same flags; returns once the
+/// table followed and Envoy sends it requests.
+async fn upgrade_one(c: &mut Cluster, id: &str, generation: &str) -> Result<()> {
+    c.drain_apiserver(id, Duration::from_secs(10)).await?;
+    c.stop_apiserver(id).await?;
+    c.boot_apiserver(id, REAL_NEW, Duration::ZERO).await?;
+    until(&format!("the table follows {id}'s upgrade"), Duration::from_secs(90), || {
+        Ok((c.table_on_disk()?.generation() != generation).then_some(()))
+    })
+    .await?;
+    c.wait_envoy_sees(id, true, Duration::from_secs(60)).await?;
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

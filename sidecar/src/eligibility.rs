@@ -23,7 +23,8 @@ use crate::tether::Readiness;
 pub enum Exclusion {
     /// The live table was built without its discovery (it never answered, or not yet).
     Undescribed,
-    /// Its latest probe or fetch did not reach its discovery.
+    /// Its latest probe or fetch did not reach its discovery: the connection refused or
+    /// closed, or no answer in time twice in a row.
     Unreachable,
     /// Its `/readyz` failed at the latest probe.
     Unready,

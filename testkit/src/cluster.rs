@@ -328,6 +328,22 @@ impl Cluster {
     /// it stops accepting, finishes what is in flight, ends watches. A real one gets SIGTERM
     /// (unless drained already) and this returns once it has exited, after its
     /// `--shutdown-delay-duration`.
+    /// The last step of a release upgrade, after every apiserver: the old release's
+    /// kube-controller-manager stops (SIGTERM, as the kubelet stops a static pod) and the new
+    /// one starts with the same flags. Returns whether there was one to upgrade.
+    pub async fn upgrade_controller_manager(&mut self) -> Result<bool> {
+        let Some(binaries) = self.real.as_ref().map(|r| r.binaries.clone()) else { return Ok(false) };
+        let old = binaries.old.as_ref().and_then(|o| o.kube_controller_manager.as_ref());
+        let (Some(_), Some(new)) = (old, binaries.kube_controller_manager.as_deref()) else {
+            return Ok(false);
+        };
+        if let Some(mut running) = self.controller_manager.take() {
+            running.stop(Duration::from_secs(30)).await?;
+        }
+        self.controller_manager = Some(start_controller_manager(Some(&binaries), new, &self.out, &self.pki)?);
+        Ok(true)
+    }
+
     pub async fn stop_apiserver(&mut self, id: &str) -> Result<()> {
         if let Some(real) = &mut self.real {
             return real.take(id)?.stop().await;
@@ -816,17 +832,15 @@ pub async fn start(o: &Options) -> Result<Cluster> {
     let kubeconfig_text = kubeconfig_yaml(&pki, &admin_token, envoy.as_ref(), &running);
     std::fs::write(&kubeconfig, &kubeconfig_text)?;
     // Through the front door (Envoy: skewgate or the plain load balancer), as the admin.
-    let controller_manager = match o.real.as_ref().and_then(|b| b.kube_controller_manager.as_deref()) {
+    let controller_manager = match o.real.as_ref().and_then(|b| b.first_controller_manager()) {
         Some(binary) => {
-            let config = out.join("kube-controller-manager.kubeconfig");
             let admin = kubeconfig_text.replacen(
                 "current-context: skewgate\n",
                 "current-context: skewgate-admin\n",
                 1,
             );
-            std::fs::write(&config, admin)?;
-            let controllers = o.real.as_ref().map_or(real::CONTROLLERS, |b| b.controllers.as_str());
-            Some(real::ControllerManager::start(binary, &config, &out, controllers, &pki)?)
+            std::fs::write(controller_manager_kubeconfig(&out), admin)?;
+            Some(start_controller_manager(o.real.as_ref(), binary, &out, &pki)?)
         }
         None => None,
     };
@@ -882,6 +896,22 @@ async fn start_real(
     }
     control.bind_demo_users().await?;
     Ok(control)
+}
+
+fn controller_manager_kubeconfig(out: &Path) -> PathBuf {
+    out.join("kube-controller-manager.kubeconfig")
+}
+
+/// A kube-controller-manager of `binary` through the front door, as the admin; its log goes on
+/// after the one before it (an upgrade's old release).
+fn start_controller_manager(
+    real: Option<&real::Binaries>,
+    binary: &Path,
+    out: &Path,
+    pki: &Pki,
+) -> Result<real::ControllerManager> {
+    let controllers = real.map_or(real::CONTROLLERS, |b| b.controllers.as_str());
+    real::ControllerManager::start(binary, &controller_manager_kubeconfig(out), out, controllers, pki)
 }
 
 fn health() -> Health {

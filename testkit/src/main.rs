@@ -354,38 +354,24 @@ async fn save_discovery(
     out: &std::path::Path,
     flags: &[String],
 ) -> anyhow::Result<serde_json::Value> {
-    use skewgate_testkit::real::{ControlPlane, Spec};
+    use skewgate_testkit::real::Spec;
     if let Some(bad) = flags.iter().find(|f| !f.starts_with("--") || f.contains(':')) {
         bail!("--apiserver-flag {bad:?}: expected --flag=value without a colon");
     }
     let binaries = Binaries::new(Some(kube_apiserver), etcd)?;
-    let run = out.join("run");
-    let _ = std::fs::remove_dir_all(&run);
-    std::fs::create_dir_all(&run)?;
-    let pki = skewgate_pki::Pki::generate(&run.join("pki"))?;
-    let token = uuid::Uuid::new_v4().simple().to_string();
-    let mut plane = ControlPlane::new(&binaries, &run, &pki, &token, false, 0).await?;
     let spec = Spec::parse(
         &std::iter::once("kube-apiserver".to_string())
             .chain(flags.iter().cloned())
             .collect::<Vec<_>>()
             .join(":"),
     )?;
-    let saved = async {
-        plane.spawn("target", &spec, 0)?;
-        plane.wait_ready("target", Duration::from_secs(120)).await?;
-        let mut written = Vec::new();
-        for (path, file) in [("/apis", "apis.json"), ("/api", "api.json")] {
-            let body = plane.get("target", path, skewgate_core::discovery::ACCEPT_NOPEER).await?;
-            let dest = out.join(file);
-            std::fs::write(&dest, &body).with_context(|| format!("writing {}", dest.display()))?;
-            written.push(dest.display().to_string());
-        }
-        anyhow::Ok(written)
+    let documents = skewgate_testkit::real::discovery_of(&binaries, &spec, &out.join("run")).await?;
+    let mut written = Vec::new();
+    for (body, file) in [(&documents.apis, "apis.json"), (&documents.api, "api.json")] {
+        let dest = out.join(file);
+        std::fs::write(&dest, body).with_context(|| format!("writing {}", dest.display()))?;
+        written.push(dest.display().to_string());
     }
-    .await;
     let version = binaries.version().ok().flatten();
-    plane.shutdown().await?;
-    let written = saved?;
     Ok(json!({"kubeApiserver": version, "flags": flags, "written": written}))
 }

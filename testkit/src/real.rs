@@ -32,6 +32,10 @@ pub const KUBE_APISERVER: &str = "kube-apiserver";
 pub const KUBE_APISERVER_ENV: &str = "SKEWGATE_KUBE_APISERVER";
 pub const ETCD_ENV: &str = "SKEWGATE_ETCD";
 pub const KUBE_CONTROLLER_MANAGER_ENV: &str = "SKEWGATE_KUBE_CONTROLLER_MANAGER";
+/// Where they pass the release being upgraded from: its kube-apiserver and, optionally, its
+/// kube-controller-manager.
+pub const OLD_KUBE_APISERVER_ENV: &str = "SKEWGATE_OLD_KUBE_APISERVER";
+pub const OLD_KUBE_CONTROLLER_MANAGER_ENV: &str = "SKEWGATE_OLD_KUBE_CONTROLLER_MANAGER";
 /// What the controller-manager runs: the controllers that act on what a wrong 404 tells them
 /// (an owner gone, a resource type not served).
 pub const CONTROLLERS: &str = "garbagecollector,namespace";
@@ -96,6 +100,18 @@ pub struct Binaries {
     pub kube_controller_manager: Option<PathBuf>,
     /// Its `--controllers` ([`CONTROLLERS`] unless given).
     pub controllers: String,
+    /// The release upgraded from, when it is a real one rather than `kube-apiserver` emulating
+    /// an older version: the cluster starts at it and is upgraded to the binaries above.
+    pub old: Option<OldRelease>,
+}
+
+/// The binaries of the release an upgrade starts from.
+#[derive(Debug, Clone)]
+pub struct OldRelease {
+    pub kube_apiserver: PathBuf,
+    /// Runs until every apiserver is upgraded, then gives way to `kube_controller_manager`
+    /// (the version skew policy's order); without it, the new one runs throughout.
+    pub kube_controller_manager: Option<PathBuf>,
 }
 
 fn check_binary(path: &Path, what: &str) -> Result<PathBuf> {
@@ -131,7 +147,43 @@ impl Binaries {
             etcd: check_binary(etcd, "etcd")?,
             kube_controller_manager: None,
             controllers: CONTROLLERS.to_owned(),
+            old: None,
         })
+    }
+
+    /// Upgrading from this release's binaries rather than from an emulated version.
+    pub fn with_old_release(
+        self,
+        kube_apiserver: Option<&Path>,
+        controller_manager: Option<&Path>,
+    ) -> Result<Self> {
+        let old = match (kube_apiserver, controller_manager) {
+            (None, None) => None,
+            (None, Some(_)) => bail!("an old kube-controller-manager needs the old kube-apiserver too"),
+            (Some(k), cm) => {
+                if self.kube_apiserver.is_none() {
+                    bail!("an old kube-apiserver needs the new one to upgrade to");
+                }
+                if cm.is_some() && self.kube_controller_manager.is_none() {
+                    bail!("an old kube-controller-manager needs the new one to upgrade to");
+                }
+                Some(OldRelease {
+                    kube_apiserver: check_binary(k, "old kube-apiserver")?,
+                    kube_controller_manager: cm
+                        .map(|p| check_binary(p, "old kube-controller-manager"))
+                        .transpose()?,
+                })
+            }
+        };
+        Ok(Self { old, ..self })
+    }
+
+    /// The kube-controller-manager the cluster starts with: the old release's, if given.
+    pub fn first_controller_manager(&self) -> Option<&Path> {
+        self.old
+            .as_ref()
+            .and_then(|o| o.kube_controller_manager.as_deref())
+            .or(self.kube_controller_manager.as_deref())
     }
 
     /// With a kube-controller-manager binary to run.
@@ -150,10 +202,19 @@ impl Binaries {
     pub fn from_env() -> Result<Option<Self>> {
         let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
         match (var(KUBE_APISERVER_ENV), var(ETCD_ENV)) {
+            (None, None) if var(OLD_KUBE_APISERVER_ENV).is_some() => {
+                bail!(
+                    "{OLD_KUBE_APISERVER_ENV} is the release upgraded from: set {KUBE_APISERVER_ENV} and {ETCD_ENV} too"
+                )
+            }
             (None, None) => Ok(None),
             (Some(k), Some(e)) => Ok(Some(
                 Self::new(Some(&k), &e)?
-                    .with_controller_manager(var(KUBE_CONTROLLER_MANAGER_ENV).as_deref())?,
+                    .with_controller_manager(var(KUBE_CONTROLLER_MANAGER_ENV).as_deref())?
+                    .with_old_release(
+                        var(OLD_KUBE_APISERVER_ENV).as_deref(),
+                        var(OLD_KUBE_CONTROLLER_MANAGER_ENV).as_deref(),
+                    )?,
             )),
             _ => {
                 bail!("set both {KUBE_APISERVER_ENV} and {ETCD_ENV} (real binaries), or neither (stand-ins)")
@@ -300,6 +361,12 @@ impl ControllerManager {
         self.process.running()
     }
 
+    /// SIGTERM, and until it has exited (SIGKILL after `timeout`).
+    pub async fn stop(&mut self, timeout: Duration) -> Result<()> {
+        self.process.terminate()?;
+        self.process.wait(timeout).await
+    }
+
     pub fn log_tail(&self, lines: usize) -> String {
         self.process.log_tail(lines)
     }
@@ -382,17 +449,27 @@ impl Apiserver {
         Ok(())
     }
 
-    /// SIGTERM (unless sent already) and wait for the exit.
+    /// SIGTERM (unless sent already) and wait for the exit; one still running a minute past
+    /// its shutdown delay is SIGKILLed, as the kubelet kills a pod at the end of its grace
+    /// period, and the upgrade goes on.
     pub async fn stop(mut self) -> Result<()> {
         self.terminate()?;
-        self.process.wait(SHUTDOWN_DELAY + Duration::from_secs(60)).await?;
+        let exited = self.process.wait(SHUTDOWN_DELAY + Duration::from_secs(60)).await;
         let after = self.terminated.map(|t| t.elapsed()).unwrap_or_default();
-        eprintln!(
-            "kube-apiserver {} ({}) exited {:.1}s after SIGTERM",
-            self.id,
-            self.spec,
-            after.as_secs_f64()
-        );
+        match exited {
+            Ok(()) => eprintln!(
+                "kube-apiserver {} ({}) exited {:.1}s after SIGTERM",
+                self.id,
+                self.spec,
+                after.as_secs_f64()
+            ),
+            Err(_) => eprintln!(
+                "kube-apiserver {} ({}) still running {:.1}s after SIGTERM: SIGKILLed",
+                self.id,
+                self.spec,
+                after.as_secs_f64()
+            ),
+        }
         Ok(())
     }
 
@@ -768,6 +845,77 @@ impl ControlPlane {
         }
         self.etcd.stop().await
     }
+}
+
+/// The aggregated discovery documents of one kube-apiserver, as it serves them to a peer.
+#[derive(Debug, Clone)]
+pub struct Discovery {
+    pub api: Vec<u8>,
+    pub apis: Vec<u8>,
+}
+
+/// One top-level resource a client can list, as a discovery document names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Listable {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub kind: String,
+    pub namespaced: bool,
+}
+
+impl Listable {
+    /// `resource.version.group` (`pods.v1` in the core group), as kubectl names it.
+    pub fn name(&self) -> String {
+        match self.group.is_empty() {
+            true => format!("{}.{}", self.resource, self.version),
+            false => format!("{}.{}.{}", self.resource, self.version, self.group),
+        }
+    }
+}
+
+impl Discovery {
+    /// Every resource of both documents that has the `list` verb.
+    pub fn listable(&self) -> Result<Vec<Listable>> {
+        let mut all = Vec::new();
+        for body in [&self.api, &self.apis] {
+            let list: skewgate_core::discovery::ApiGroupDiscoveryList = serde_json::from_slice(body)?;
+            for group in &list.items {
+                for version in &group.versions {
+                    for r in version.resources.iter().filter(|r| r.verbs.iter().any(|v| v == "list")) {
+                        all.push(Listable {
+                            group: group.name().to_owned(),
+                            version: version.version.clone(),
+                            resource: r.resource.clone(),
+                            kind: r.response_kind.as_ref().map(|k| k.kind.clone()).unwrap_or_default(),
+                            namespaced: r.scope == "Namespaced",
+                        });
+                    }
+                }
+            }
+        }
+        Ok(all)
+    }
+}
+
+/// What `spec` serves: one apiserver of it started on a throwaway etcd under `dir`, its
+/// discovery read as a peer reads it, both stopped again (~10 s).
+pub async fn discovery_of(binaries: &Binaries, spec: &Spec, dir: &Path) -> Result<Discovery> {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir)?;
+    let pki = Pki::generate(&dir.join("pki"))?;
+    let token = uuid::Uuid::new_v4().simple().to_string();
+    let mut plane = ControlPlane::new(binaries, dir, &pki, &token, false, 0).await?;
+    let read = async {
+        plane.spawn("target", spec, 0)?;
+        plane.wait_ready("target", Duration::from_secs(120)).await?;
+        let apis = plane.get("target", "/apis", skewgate_core::discovery::ACCEPT_NOPEER).await?;
+        let api = plane.get("target", "/api", skewgate_core::discovery::ACCEPT_NOPEER).await?;
+        anyhow::Ok(Discovery { api, apis })
+    }
+    .await;
+    plane.shutdown().await?;
+    read
 }
 
 #[cfg(test)]

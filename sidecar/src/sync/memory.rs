@@ -8,6 +8,9 @@ use crate::fetch::{Documents, ErrorKind, Etags, FetchError};
 use crate::peers::Source;
 use crate::tether::Readiness;
 
+/// Looks in a row without an answer in time that make a reachable apiserver unreachable.
+pub(super) const TIMEOUTS_OUT: u32 = 2;
+
 /// What is remembered of one apiserver.
 #[derive(Debug, Default)]
 pub(super) struct Memory {
@@ -18,6 +21,8 @@ pub(super) struct Memory {
     pub(super) error: Option<FetchError>,
     /// The latest look reached its discovery.
     pub(super) reachable: bool,
+    /// Looks in a row that got no answer in time.
+    pub(super) timeouts: u32,
     /// `/readyz` at the latest probe.
     pub(super) ready: Option<Readiness>,
     /// When the look behind what is remembered started: a slower, older look that finishes
@@ -71,6 +76,7 @@ impl Memory {
         self.failing = false;
         self.error = None;
         self.reachable = true;
+        self.timeouts = 0;
         // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
         // its documents must not cause a push (and a save) at every probe.
         let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
@@ -105,10 +111,33 @@ impl Memory {
         }
         self.failing = true;
         // Over a `[limits]` bound the apiserver still answers, and what it serves in the table
-        // (its last good documents) is unchanged: it keeps its requests. Anything else counts
+        // (its last good documents) is unchanged: it keeps its requests. So does one that was
+        // reachable and is slow to answer once: a busy apiserver (one that has just started,
+        // under load) misses a deadline now and then, and taking out the only server of an API
+        // for it fails every request for that API. A process that stopped closes the
+        // connection (at once) and one frozen misses the next deadline too. Anything else counts
         // as unreachable.
-        self.reachable = error.kind == ErrorKind::Limit;
+        self.timeouts = match error.kind {
+            ErrorKind::Timeout => self.timeouts.saturating_add(1),
+            _ => 0,
+        };
+        self.reachable = match error.kind {
+            ErrorKind::Limit => true,
+            ErrorKind::Timeout => self.reachable && self.timeouts < TIMEOUTS_OUT,
+            _ => false,
+        };
         self.error = Some(error);
+    }
+
+    /// A probe found its documents unchanged: it answers.
+    pub(super) fn unchanged(&mut self, id: &str) {
+        if self.failing {
+            tracing::info!(apiserver = id, "discovery answers again, unchanged");
+        }
+        self.failing = false;
+        self.error = None;
+        self.reachable = true;
+        self.timeouts = 0;
     }
 
     pub(super) fn readiness(&mut self, id: &str, ready: Readiness) {
@@ -153,7 +182,7 @@ pub(super) mod tests {
     }
 
     fn failure() -> FetchError {
-        FetchError { path: "/apis".into(), kind: ErrorKind::Timeout, detail: "x".into() }
+        FetchError { path: "/apis".into(), kind: ErrorKind::Connect, detail: "x".into() }
     }
 
     /// No timer: the last good documents stand for as long as the apiserver fails.
@@ -187,6 +216,35 @@ pub(super) mod tests {
         assert!(m.fill(docs("v1.33.0"), t0));
         assert!(!m.fill(docs("v1.36.0"), t0));
         assert_eq!(m.good.as_ref().map(|(d, _, _)| d.version.as_str()), Some("v1.33.0"));
+    }
+
+    /// One look without an answer in time leaves a reachable apiserver reachable; the second
+    /// in a row does not, nor does any answer-less look of one unreachable already. An answer
+    /// starts the count again; a closed connection counts at once.
+    #[test]
+    fn one_slow_answer_is_not_an_outage() {
+        let t0 = Instant::now();
+        let slow = || FetchError { path: "/readyz".into(), kind: ErrorKind::Timeout, detail: "x".into() };
+        let mut m = Memory::default();
+        m.failed("a", slow());
+        assert!(!m.reachable, "never answered: not reachable");
+        assert!(m.answered("a", docs("v1.36.0"), t0));
+        m.failed("a", slow());
+        assert!(m.reachable, "one slow answer");
+        m.failed("a", slow());
+        assert!(!m.reachable, "two in a row");
+        m.unchanged("a");
+        assert!(m.reachable && m.timeouts == 0);
+        m.failed("a", slow());
+        assert!(m.reachable);
+        m.unchanged("a");
+        m.failed(
+            "a",
+            FetchError { path: "(connection)".into(), kind: ErrorKind::Closed, detail: "x".into() },
+        );
+        assert!(!m.reachable, "a closed connection counts at once");
+        m.failed("a", slow());
+        assert!(!m.reachable);
     }
 
     /// Over a limit the last good documents stay and the apiserver stays reachable (it

@@ -504,12 +504,7 @@ impl Sidecar {
         let changed = match look {
             Look::Unchanged { ready } => {
                 memory.readiness(id, ready);
-                if memory.failing {
-                    tracing::info!(apiserver = id, "discovery answers again, unchanged");
-                }
-                memory.failing = false;
-                memory.error = None;
-                memory.reachable = true;
+                memory.unchanged(id);
                 false
             }
             Look::Ready { .. } => false,
