@@ -1899,18 +1899,29 @@ pub fn readme_part(o: &Options, runs: &[Run]) -> String {
     format!(
         "**{title}** (`make drill {}DRILL_ARGS=\"{}\"`): {}.\n\n{}\n![{title}: client errors per second](drill/results/{})\n",
         match &o.real {
-            Some(b) if b.kube_controller_manager.is_some() => {
-                "KUBE_APISERVER=PATH ETCD=PATH KUBE_CONTROLLER_MANAGER=PATH "
+            Some(b) => {
+                let kcm = |old: &str| match b.kube_controller_manager.is_some() {
+                    true => format!("{old}KUBE_CONTROLLER_MANAGER=PATH "),
+                    false => String::new(),
+                };
+                let release = match &b.old {
+                    Some(old) if old.kube_controller_manager.is_some() => {
+                        format!("OLD_KUBE_APISERVER=PATH {}", kcm("OLD_"))
+                    }
+                    Some(_) => "OLD_KUBE_APISERVER=PATH ".to_string(),
+                    None => String::new(),
+                };
+                format!("KUBE_APISERVER=PATH ETCD=PATH {}{release}", kcm(""))
             }
-            Some(_) => "KUBE_APISERVER=PATH ETCD=PATH ",
-            None => "",
+            None => String::new(),
         },
         args(o),
         settings(o),
         markdown_table(runs),
-        match o.real {
-            None => timeline_file(o.variant),
-            Some(_) => format!("real-{}", timeline_file(o.variant)),
+        match (&o.real, o.release()) {
+            (None, _) => timeline_file(o.variant),
+            (Some(_), false) => format!("real-{}", timeline_file(o.variant)),
+            (Some(_), true) => format!("release-{}", timeline_file(o.variant)),
         }
     )
 }
