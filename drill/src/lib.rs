@@ -619,14 +619,15 @@ async fn operation(s: Arc<Shared>, client: Client, op: Op) {
                 Client::Raw => format!("drill-{n}"),
                 Client::ClientGo => format!("drill-cg-{n}"),
             };
-            let mut body = json!({"apiVersion": g.api_version(), "kind": g.kind, "metadata": {"name": name}});
-            if g.namespaced {
+            let mut body =
+                json!({"apiVersion": g.api_version(), "kind": g.api.kind, "metadata": {"name": name}});
+            if g.api.namespaced {
                 body["metadata"]["namespace"] = json!("default");
             }
             // The client-go-like client's ConfigMaps get their names from the server: a
             // re-sent create that had taken effect makes a second object, which a named create
             // cannot.
-            let generated = client == Client::ClientGo && g.kind == "ConfigMap";
+            let generated = client == Client::ClientGo && g.api.kind == "ConfigMap";
             if generated {
                 body["metadata"] = json!({
                     "generateName": "drill-cg-", "namespace": "default", "labels": {WRITE_LABEL: n.to_string()}

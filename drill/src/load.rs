@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use skewgate_testkit::real::Discovery;
+use skewgate_testkit::real::{Discovery, Listable};
 
 use crate::{NEW, OLD};
 
@@ -26,45 +26,40 @@ impl Era {
     }
 }
 
+/// A resource the load asks for, and which eras serve it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Gvr {
-    pub group: String,
-    pub version: String,
-    pub resource: String,
-    pub kind: String,
-    pub namespaced: bool,
+    pub api: Listable,
     pub era: Era,
 }
 
 impl Gvr {
     pub fn name(&self) -> String {
-        match self.group.is_empty() {
-            true => format!("{}.{}", self.resource, self.version),
-            false => format!("{}.{}.{}", self.resource, self.version, self.group),
-        }
+        self.api.name()
     }
 
     pub fn collection(&self) -> String {
-        let prefix = match self.group.is_empty() {
-            true => format!("/api/{}", self.version),
-            false => format!("/apis/{}/{}", self.group, self.version),
+        let api = &self.api;
+        let prefix = match api.group.is_empty() {
+            true => format!("/api/{}", api.version),
+            false => format!("/apis/{}/{}", api.group, api.version),
         };
-        match self.namespaced {
-            true => format!("{prefix}/namespaces/default/{}", self.resource),
-            false => format!("{prefix}/{}", self.resource),
+        match api.namespaced {
+            true => format!("{prefix}/namespaces/default/{}", api.resource),
+            false => format!("{prefix}/{}", api.resource),
         }
     }
 
     pub fn api_version(&self) -> String {
-        match self.group.is_empty() {
-            true => self.version.clone(),
-            false => format!("{}/{}", self.group, self.version),
+        match self.api.group.is_empty() {
+            true => self.api.version.clone(),
+            false => format!("{}/{}", self.api.group, self.api.version),
         }
     }
 
     /// The `spec` a created object of this kind gets: one its validation takes.
     pub fn spec(&self) -> Option<Value> {
-        match (self.group.as_str(), self.kind.as_str()) {
+        match (self.api.group.as_str(), self.api.kind.as_str()) {
             ("resource.k8s.io", "DeviceClass") => Some(json!({})),
             ("admissionregistration.k8s.io", "MutatingAdmissionPolicy") => Some(json!({
                 "matchConstraints": {"resourceRules": [{
@@ -83,14 +78,14 @@ impl Gvr {
 }
 
 fn gvr(group: &str, version: &str, resource: &str, kind: &str, namespaced: bool, era: Era) -> Gvr {
-    Gvr {
+    let api = Listable {
         group: group.into(),
         version: version.into(),
         resource: resource.into(),
         kind: kind.into(),
         namespaced,
-        era,
-    }
+    };
+    Gvr { api, era }
 }
 
 /// Lists: four GVRs of the old era only, four of the new era only, then pods and configmaps
@@ -160,8 +155,8 @@ impl Load {
     /// new.
     pub fn emulated() -> Self {
         let mut load = Self::standins();
-        load.lists[0].version = "v1beta1".into();
-        load.lists[1].version = "v1beta1".into();
+        load.lists[0].api.version = "v1beta1".into();
+        load.lists[1].api.version = "v1beta1".into();
         load.lists[6] = gvr(
             "admissionregistration.k8s.io",
             "v1",
@@ -170,24 +165,27 @@ impl Load {
             false,
             Era::New,
         );
-        load.creates[1].version = "v1beta1".into();
+        load.creates[1].api.version = "v1beta1".into();
         Self::of(load.lists, load.creates, load.kubectl)
     }
 
     /// A real release pair: the tables from what each release serves.
     pub fn release(old: &Discovery, new: &Discovery) -> anyhow::Result<Self> {
-        let old = served(old)?;
-        let new = served(new)?;
+        let (old, new) = (old.listable()?, new.listable()?);
+        let same = |a: &Listable, b: &Listable| {
+            (&a.group, &a.version, &a.resource) == (&b.group, &b.version, &b.resource)
+        };
         let mut gvrs: Vec<Gvr> = Vec::new();
-        for (g, in_new) in old.iter().map(|g| (g, new.iter().any(|n| n.same(g)))) {
-            gvrs.push(Gvr { era: if in_new { Era::Both } else { Era::Old }, ..g.gvr.clone() });
+        for api in &old {
+            let era = if new.iter().any(|n| same(n, api)) { Era::Both } else { Era::Old };
+            gvrs.push(Gvr { api: api.clone(), era });
         }
-        for g in new.iter().filter(|n| !old.iter().any(|o| o.same(n))) {
-            gvrs.push(Gvr { era: Era::New, ..g.gvr.clone() });
+        for api in new.iter().filter(|n| !old.iter().any(|o| same(o, n))) {
+            gvrs.push(Gvr { api: api.clone(), era: Era::New });
         }
         let listable = |era: Era| -> Vec<Gvr> {
             let mut all: Vec<Gvr> = gvrs.iter().filter(|g| g.era == era).cloned().collect();
-            all.sort_by_key(|g| (g.namespaced, g.name()));
+            all.sort_by_key(|g| (g.api.namespaced, g.name()));
             all
         };
         let (olds, news, boths) = (listable(Era::Old), listable(Era::New), listable(Era::Both));
@@ -197,7 +195,8 @@ impl Load {
             }
         }
         // Both releases' GVRs, other than the watched two, fill the slots an era leaves empty.
-        let mut fillers = boths.iter().filter(|g| !g.group.is_empty() && g.resource != "events").cycle();
+        let mut fillers =
+            boths.iter().filter(|g| !g.api.group.is_empty() && g.api.resource != "events").cycle();
         let mut lists = Vec::with_capacity(LISTED);
         for era in [&olds, &news] {
             for i in 0..4 {
@@ -236,7 +235,7 @@ impl Load {
 
     /// (name, resource, apiVersion) of every listed GVR, for `kubectl explain`.
     pub fn list_names(&self) -> Vec<(String, String, String)> {
-        self.lists.iter().map(|g| (g.name(), g.resource.clone(), g.api_version())).collect()
+        self.lists.iter().map(|g| (g.name(), g.api.resource.clone(), g.api_version())).collect()
     }
 }
 
@@ -246,27 +245,6 @@ fn pods() -> Gvr {
 
 fn configmaps() -> Gvr {
     gvr("", "v1", "configmaps", "ConfigMap", true, Era::Both)
-}
-
-/// A release's listable resources, as the load's GVRs (era to be decided).
-fn served(documents: &Discovery) -> anyhow::Result<Vec<Served>> {
-    Ok(documents
-        .listable()?
-        .into_iter()
-        .map(|l| Served { gvr: gvr(&l.group, &l.version, &l.resource, &l.kind, l.namespaced, Era::Both) })
-        .collect())
-}
-
-/// A top-level resource a client can list, as one release serves it.
-struct Served {
-    gvr: Gvr,
-}
-
-impl Served {
-    fn same(&self, other: &Served) -> bool {
-        let (a, b) = (&self.gvr, &other.gvr);
-        (&a.group, &a.version, &a.resource) == (&b.group, &b.version, &b.resource)
-    }
 }
 
 #[cfg(test)]
@@ -358,7 +336,7 @@ mod tests {
             assert_eq!(load.lists.len(), LISTED);
             assert!(load.lists[..4].iter().all(|g| g.era == Era::Old));
             assert!(load.lists[4..WATCHED].iter().all(|g| g.era == Era::New));
-            assert_eq!(load.lists[WATCHED].resource, "pods");
+            assert_eq!(load.lists[WATCHED].api.resource, "pods");
             assert_eq!(
                 load.creates.iter().map(|g| g.era).collect::<Vec<_>>(),
                 [Era::Both, Era::Old, Era::New]

@@ -160,7 +160,7 @@ pub async fn probe(mode: Mode, o: &Options, load: &Load) -> Result<Probe> {
     let rerouted = load
         .lists
         .iter()
-        .find(|g| g.era == Era::New && !g.namespaced)
+        .find(|g| g.era == Era::New && !g.api.namespaced)
         .map(|g| format!("{}?limit=500", g.collection()))
         .context("the new era serves no cluster-wide GVR of its own to ask for")?;
     let c = cluster::start(&options)

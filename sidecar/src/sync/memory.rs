@@ -70,13 +70,7 @@ impl Memory {
 
     /// Returns whether the documents changed.
     pub(super) fn answered(&mut self, id: &str, documents: Documents, now: Instant) -> bool {
-        if self.failing {
-            tracing::info!(apiserver = id, "discovery answers again");
-        }
-        self.failing = false;
-        self.error = None;
-        self.reachable = true;
-        self.timeouts = 0;
+        self.answers(id, "discovery answers again");
         // ETags alone say nothing the table needs: a server whose ETag is not a pure function of
         // its documents must not cause a push (and a save) at every probe.
         let changed = self.good.as_ref().is_none_or(|(d, _, _)| {
@@ -131,8 +125,13 @@ impl Memory {
 
     /// A probe found its documents unchanged: it answers.
     pub(super) fn unchanged(&mut self, id: &str) {
+        self.answers(id, "discovery answers again, unchanged");
+    }
+
+    /// Its discovery answered: whatever failed before is over (`again` is logged if it did).
+    fn answers(&mut self, id: &str, again: &'static str) {
         if self.failing {
-            tracing::info!(apiserver = id, "discovery answers again, unchanged");
+            tracing::info!(apiserver = id, "{again}");
         }
         self.failing = false;
         self.error = None;
