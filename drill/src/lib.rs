@@ -830,8 +830,12 @@ fn classify(r: &mut Request, timeline: &Timeline) {
                 }
             }
             Some(503) => {
+                // The stopping apiserver dropped the request under way: its connection, or over
+                // HTTP/2 its stream.
                 let raced_stop = timeline.stopped_during(r.t, r.end())
-                    && r.message.as_deref().is_some_and(|m| m.contains("connection_termination"));
+                    && r.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("connection_termination") || m.contains("remote_reset"));
                 r.expected =
                     raced_stop || (!timeline.serving_at(r.era, r.t) && timeline.restarting(r.era, r.t));
                 Class::Unavailable

@@ -1873,7 +1873,9 @@ async fn failures_become_503(native: bool) -> Result<()> {
     let f = Fixture::start_with(if native { "failures-native" } else { "failures" }, native).await?;
     log_every_request(&f).await?;
     let cases = [
-        ("resets", "[d]", "connection_termination"),
+        // The apiserver drops the request: its connection over HTTP/1.1, its stream over
+        // HTTP/2 (how Envoy reaches it follows the client's protocol).
+        ("resets", "[d]", "connection_termination|remote_reset"),
         // Connection refused; the retries' failures eject the host, so Envoy's last word can be
         // either one.
         ("refuses", "[e]", "remote_connection_failure|no_healthy_upstream"),
@@ -1882,7 +1884,11 @@ async fn failures_become_503(native: bool) -> Result<()> {
         ("hangs", "[c]", "stream_idle_timeout"),
         ("orphans", "[a,c]", "cluster_not_found"),
         // Not in the table: the pool, and the GVR named from the path.
-        ("vanishes", "[a,b,c,d,e,f]", "connection_termination|remote_connection_failure|no_healthy_upstream"),
+        (
+            "vanishes",
+            "[a,b,c,d,e,f]",
+            "connection_termination|remote_reset|remote_connection_failure|no_healthy_upstream",
+        ),
     ];
     for (resource, servers, detail) in cases {
         let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x");
@@ -2117,6 +2123,150 @@ async fn connections_past_the_limit_are_refused_and_the_held_ones_served() -> Re
     Ok(())
 }
 
+/// The sum of a statistic over every cluster (`cluster.<name>.<stat>`).
+fn over_clusters(stats: &BTreeMap<String, u64>, stat: &str) -> u64 {
+    let suffix = format!(".{stat}");
+    stats.iter().filter(|(k, _)| k.starts_with("cluster.") && k.ends_with(&suffix)).map(|(_, v)| v).sum()
+}
+
+/// What a client can make Envoy hold upstream grows with its connections, which the listener's
+/// limit counts, not with its requests: the watches of HTTP/2 clients share Envoy's HTTP/2
+/// connections to the apiserver (as kube-apiserver's own aggregator carries long-running
+/// requests to the apiservers behind it), an HTTP/1.1 client's request takes one of HTTP/1.1,
+/// which upgrades need. Before, every watch held an upstream HTTP/1.1 connection of its own:
+/// 1,000 watches on two connections took ~1,000 descriptors upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_share_upstream_connections() -> Result<()> {
+    const H2_WATCHES: u64 = 1000;
+    const H1_WATCHES: u64 = 20;
+    let f = Fixture::start("watch-flood").await?;
+    let url = format!("{}/apis/test.skewgate.io/v1/namespaces/default/hangs?watch=1", f.base);
+    let h2 = [
+        listener_client(&f.pki, Some(&f.pki.alice), Duration::from_secs(60))?.build()?,
+        listener_client(&f.pki, Some(&f.pki.alice), Duration::from_secs(60))?.build()?,
+    ];
+    let h1 = listener_client(&f.pki, Some(&f.pki.alice), Duration::from_secs(60))?.http1_only().build()?;
+    // One request each first, so that each client has its one connection before the flood.
+    for client in &h2 {
+        let (status, _, body) = f.send(client, client.get(format!("{}{PODS}", f.base))).await?;
+        ensure!(status == 200, "{status} {body}");
+    }
+    let before = f.envoy.stats().await?;
+    let watch = |client: &reqwest::Client| {
+        let req = client.get(&url);
+        tokio::spawn(async move { req.send().await.map(|r| r.status().as_u16()) })
+    };
+    let mut watches: Vec<_> = (0..H2_WATCHES).map(|i| watch(&h2[(i % 2) as usize])).collect();
+    let active = |stats: &BTreeMap<String, u64>| over_clusters(stats, "upstream_rq_active");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let during = loop {
+        let stats = f.envoy.stats().await?;
+        if active(&stats) >= H2_WATCHES {
+            break stats;
+        }
+        ensure!(Instant::now() < deadline, "{} of {H2_WATCHES} watches open upstream", active(&stats));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let opened = |stats: &BTreeMap<String, u64>, kind: &str| {
+        over_clusters(stats, &format!("upstream_cx_{kind}_total"))
+            - over_clusters(&before, &format!("upstream_cx_{kind}_total"))
+    };
+    let (h2_opened, h1_opened) = (opened(&during, "http2"), opened(&during, "http1"));
+    // 100 streams a connection (kube-apiserver's default), each worker its own connections, and
+    // a few more where a burst outran the streams a connection being opened would take.
+    println!(
+        "{H2_WATCHES} watches on 2 HTTP/2 client connections: {h2_opened} HTTP/2 and {h1_opened} HTTP/1.1 \
+         connections opened upstream"
+    );
+    let bound = H2_WATCHES / 100 + 2 + 4;
+    ensure!(
+        h1_opened == 0 && (1..=bound).contains(&h2_opened),
+        "{h2_opened} HTTP/2 (at most {bound}), {h1_opened} HTTP/1.1 opened upstream"
+    );
+    watches.extend((0..H1_WATCHES).map(|_| watch(&h1)));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let after = loop {
+        let stats = f.envoy.stats().await?;
+        if active(&stats) >= H2_WATCHES + H1_WATCHES {
+            break stats;
+        }
+        ensure!(Instant::now() < deadline, "{} HTTP/1.1 watches open upstream", active(&stats) - H2_WATCHES);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let h1_opened = opened(&after, "http1");
+    println!("{H1_WATCHES} watches of an HTTP/1.1 client: {h1_opened} HTTP/1.1 connections opened upstream");
+    ensure!(h1_opened == H1_WATCHES, "{h1_opened} HTTP/1.1 connections for {H1_WATCHES} HTTP/1.1 watches");
+    for w in watches {
+        let status = w.await??;
+        ensure!(status == 200, "a watch ended {status}");
+    }
+    Ok(())
+}
+
+/// Reads from `io` until what it read ends with `end`, within 10 s.
+async fn read_until(io: &mut (impl tokio::io::AsyncRead + Unpin), end: &str) -> Result<String> {
+    use tokio::io::AsyncReadExt;
+    let mut read = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !String::from_utf8_lossy(&read).ends_with(end) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let n = tokio::time::timeout(left, io.read(&mut buf))
+            .await
+            .with_context(|| format!("no {end:?} within 10 s: {:?}", String::from_utf8_lossy(&read)))??;
+        ensure!(n > 0, "closed before {end:?}: {:?}", String::from_utf8_lossy(&read));
+        read.extend_from_slice(&buf[..n]);
+    }
+    Ok(String::from_utf8_lossy(&read).into_owned())
+}
+
+/// exec, attach and port-forward as kubectl sends them (SPDY/3.1, or a WebSocket's channel
+/// protocol) switch protocols with the apiserver, over an HTTP/1.1 connection upstream, while
+/// the other requests of HTTP/2 clients go upstream on HTTP/2; the bytes then flow both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_attach_and_port_forward_switch_protocols() -> Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let f = Fixture::start("upgrades").await?;
+    let ca = f.dir.join("pki/cluster-ca.crt");
+    // The apiserver's first line names the HTTP version the request reached it in.
+    let upgrades = [
+        (
+            "/api/v1/namespaces/default/pods/p/exec?command=sh&stdin=true&stdout=true",
+            "SPDY/3.1",
+            "X-Stream-Protocol-Version: v4.channel.k8s.io\r\n",
+        ),
+        (
+            "/api/v1/namespaces/default/pods/p/attach?stdin=true&stdout=true",
+            "websocket",
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: v5.channel.k8s.io\r\n",
+        ),
+        (
+            "/api/v1/namespaces/default/pods/p/portforward?ports=80",
+            "SPDY/3.1",
+            "X-Stream-Protocol-Version: portforward.k8s.io\r\n",
+        ),
+    ];
+    for (path, protocol, extra) in upgrades {
+        let mut tls =
+            skewgate_testkit::envoy::connect_tls(&ca, Some(&f.pki.alice), f.envoy.settings.listen_port)
+                .await?;
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\n{extra}\r\n"
+        );
+        tls.write_all(request.as_bytes()).await?;
+        let head = read_until(&mut tls, "\r\n\r\n").await?;
+        ensure!(head.starts_with("HTTP/1.1 101"), "{path}: {head}");
+        let greeting = read_until(&mut tls, "\n").await?;
+        ensure!(greeting.ends_with(&format!(" GET {path} HTTP/1.1\n")), "{path}: upstream saw {greeting:?}");
+        for line in ["ping\n", "a longer line, twice over\n"] {
+            tls.write_all(line.as_bytes()).await?;
+            let echoed = read_until(&mut tls, "\n").await?;
+            ensure!(echoed == line, "{path}: sent {line:?}, got {echoed:?}");
+        }
+    }
+    Ok(())
+}
+
 /// GET `path` (with a token when `token`): c's answer, which takes it 12 s.
 async fn slow_answer(f: &Fixture, client: &reqwest::Client, path: &str, token: bool) -> Result<()> {
     let mut req = client.get(format!("{}{path}", f.base));
@@ -2157,7 +2307,8 @@ async fn reads_are_retried_after_a_reset_and_writes_are_not() -> Result<()> {
         let (status, _, body) = f.send(&f.anonymous, req).await?;
         match status {
             200 => {}
-            503 if body.contains("connection_termination") => reset += 1,
+            // Its connection (HTTP/1.1) or its stream (HTTP/2) dropped by d.
+            503 if body.contains("connection_termination") || body.contains("remote_reset") => reset += 1,
             other => bail!("POST {i}: {other} {body}"),
         }
     }

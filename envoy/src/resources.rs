@@ -219,12 +219,34 @@ fn cluster(
             // apiserver truly down leaves by its health checks.
             "max_ejection_percent": 50
         },
-        // Each watch holds an HTTP/1.1 connection (upgrades need HTTP/1.1 upstream); Envoy's
-        // default of 1024 would turn the 1025th watch into a 503.
+        // Each request of an HTTP/1.1 client holds an upstream connection of its own, a watch
+        // for as long as it lasts: Envoy's default of 1024 would turn the 1025th into a 503.
         "circuit_breakers": {"thresholds": [{
             "max_connections": 1_000_000, "max_pending_requests": 1_000_000,
             "max_requests": 1_000_000, "max_retries": 1000
         }]},
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                // Before kube-apiserver's own 90 s (`http.Server` IdleTimeout) closes it under a
+                // request Envoy has just sent on it.
+                "common_http_protocol_options": {"idle_timeout": "60s"},
+                // HTTP/2 clients' requests share HTTP/2 connections, as the aggregator in
+                // kube-apiserver carries long-running ones to the apiservers behind it: what a
+                // client holds upstream grows with its connections, which the listener counts,
+                // not with its watches, each of which took a connection and descriptor of its
+                // own. HTTP/1.1 clients' requests stay HTTP/1.1, which upgrades need (exec,
+                // attach, port-forward: SPDY and WebSocket). 100 streams a connection,
+                // kube-apiserver's default (`--http2-max-streams-per-connection`), and another
+                // connection past them. With 1,000, 817 watch requests were refused while the
+                // 1,647 watches a stopping apiserver ended came back at once (`make scale`'s
+                // drain; BENCHMARKS.md), with 100 none.
+                "use_downstream_protocol_config": {
+                    "http_protocol_options": {},
+                    "http2_protocol_options": {"max_concurrent_streams": 100}
+                }
+            }
+        },
         "transport_socket": {
             "name": "envoy.transport_sockets.tls",
             "typed_config": {

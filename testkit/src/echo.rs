@@ -1,6 +1,7 @@
 //! A loopback apiserver double for Envoy tests: TLS with the peer CA's serving certificate,
 //! client certificates required from the requestheader CA (only Envoy gets in), and an echo of
-//! what arrived. Paths under `/apis/test.skewgate.io/` misbehave on purpose.
+//! what arrived; a request to switch protocols (exec, attach, port-forward) gets its bytes echoed.
+//! Paths under `/apis/test.skewgate.io/` misbehave on purpose.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -139,6 +140,11 @@ impl State {
             return Ok(self.respond(status, Value::String(if ok { "ok" } else { "not ready" }.into())));
         }
         self.requests.fetch_add(1, Ordering::SeqCst);
+        // exec, attach and port-forward: kube-apiserver switches protocols (SPDY/3.1, or a
+        // WebSocket's channel protocols) on the connection the request came on, HTTP/1.1 only.
+        if let Some(protocol) = req.headers().get(hyper::header::UPGRADE).cloned() {
+            return Ok(self.switch_protocols(req, protocol));
+        }
         // `flaky` fails only on d, so a retry elsewhere can succeed; `vanishes`, which no table
         // lists, fails everywhere.
         let resets = is_test(&path, "resets") || is_test(&path, "vanishes");
@@ -180,6 +186,39 @@ impl State {
             "bodyBytes": body.len(),
         });
         Ok(self.respond(StatusCode::OK, echo))
+    }
+
+    /// 101, then every byte the client sends on the upgraded connection comes back to it,
+    /// after a first line `<id> <method> <target> <HTTP version>`.
+    fn switch_protocols(
+        &self,
+        req: Request<Incoming>,
+        protocol: hyper::header::HeaderValue,
+    ) -> Response<Full<Bytes>> {
+        let greeting = format!("{} {} {} {:?}\n", self.id, req.method(), req.uri(), req.version());
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let Ok(upgraded) = hyper::upgrade::on(req).await else { return };
+            let mut io = TokioIo::new(upgraded);
+            if io.write_all(greeting.as_bytes()).await.is_err() {
+                return;
+            }
+            let mut buf = [0u8; 4096];
+            while let Ok(n @ 1..) = io.read(&mut buf).await {
+                if io.write_all(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let mut resp = Response::new(Full::new(Bytes::new()));
+        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let headers = resp.headers_mut();
+        headers.insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("Upgrade"));
+        headers.insert(hyper::header::UPGRADE, protocol);
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&self.id) {
+            headers.insert(SERVED_BY, v);
+        }
+        resp
     }
 
     fn respond(&self, status: StatusCode, body: Value) -> Response<Full<Bytes>> {

@@ -29,6 +29,10 @@ use super::{Event, now_ns, parse_watch_query};
 /// that does not keep up; its client resumes from where it was.
 const WATCH_BUFFER: usize = 256;
 
+/// The HTTP/2 streams kube-apiserver takes on a connection by default (k8s.io/apiserver's secure
+/// serving, without `--http2-max-streams-per-connection`).
+const KUBE_APISERVER_STREAMS: u32 = 100;
+
 /// A running upstream; stops when dropped.
 pub struct Upstream {
     pub ports: Vec<(String, u16)>,
@@ -281,7 +285,10 @@ async fn serve(
                 let store = store.clone();
                 async move { Ok::<_, Infallible>(handle(&store, apiserver, req)) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // kube-apiserver's streams a connection unless --http2-max-streams-per-connection
+            // says otherwise: how many connections Envoy's HTTP/2 watches take upstream.
+            builder.http2().max_concurrent_streams(KUBE_APISERVER_STREAMS);
             let conn = builder.serve_connection(TokioIo::new(tls), service);
             tokio::pin!(conn);
             tokio::select! {
