@@ -7,8 +7,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use sha2::{Digest, Sha512};
-
+use crate::digest::short_hash;
 use crate::discovery::{ApiGroupDiscovery, ApiGroupDiscoveryList, etag, merge_peer_discovery};
 use crate::extensions::Extensions;
 use crate::legacy_build::{LegacySet, compose_legacy};
@@ -118,8 +117,6 @@ impl std::error::Error for BuildError {
 
 /// Cluster names must stay within what the table accepts; a long member list is hashed instead.
 const MAX_CLUSTER_NAME: usize = 200;
-/// Hex characters of SHA-512 kept for the generation and for hashed set names.
-const SHORT_HASH: usize = 16;
 
 /// The routing table for `servers`, apiservers in the given order.
 ///
@@ -331,15 +328,6 @@ fn set_cluster_name(prefix: &str, members: &[String]) -> String {
 fn generation(table: &TableConfig) -> Result<String, BuildError> {
     let bytes = serde_json::to_vec(table).map_err(|e| BuildError::Serialize(e.to_string()))?;
     Ok(short_hash(&bytes))
-}
-
-/// Upper-case hex, like the discovery ETag, cut to [`SHORT_HASH`] characters.
-fn short_hash(bytes: &[u8]) -> String {
-    hex_prefix(&Sha512::digest(bytes))
-}
-
-pub(crate) fn hex_prefix(digest: &[u8]) -> String {
-    digest.iter().take(SHORT_HASH / 2).map(|b| format!("{b:02X}")).collect()
 }
 
 #[cfg(test)]

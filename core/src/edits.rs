@@ -311,6 +311,26 @@ impl Reply {
     }
 }
 
+/// What a header list looks like once `edits` are made to it, as a plan means them: the
+/// reference the adapters' fakes are held to. Sorted by name, values in order.
+#[cfg(any(test, feature = "testing"))]
+pub fn apply(edits: &[Edit<'_>], headers: &[(&str, &str)]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> =
+        headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+    for edit in edits {
+        match edit {
+            Edit::Remove(name) => out.retain(|(n, _)| !n.eq_ignore_ascii_case(name)),
+            Edit::Set(name, value) => {
+                out.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+                out.push((name.to_string(), value.to_string()));
+            }
+            Edit::Add(name, value) => out.push((name.to_string(), value.to_string())),
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
 #[cfg(test)]
 mod tests {
 

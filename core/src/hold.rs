@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use crate::table::{RoutingTable, Serving};
+use crate::table::{PolicyConfig, RoutingTable, Serving};
 
 /// How long, and how many, requests may wait.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +28,27 @@ pub struct HoldPolicy {
 }
 
 impl Default for HoldPolicy {
-    /// A real kube-apiserver restart (SIGTERM, then the same binary again) is refused for 0.9 to
-    /// 2.2 s and ready 2.0 to 4.2 s after its start; Envoy's health check finds it within one
-    /// interval (2 s) more, and the probe within [`PROBE_PERIOD`]. 10 s covers that twice over
-    /// and stays far below every client's and the apiserver's own request timeout (60 s).
+    /// The table's defaults ([`crate::table::DEFAULT_MAX_HOLD_MS`]).
     fn default() -> Self {
-        Self { max_wait: Duration::from_secs(10), max_held: 1024 }
+        Self::from(&PolicyConfig::default())
+    }
+}
+
+impl From<&PolicyConfig> for HoldPolicy {
+    /// The hold a table's policy asks for.
+    fn from(policy: &PolicyConfig) -> Self {
+        HoldPolicy {
+            max_wait: Duration::from_millis(policy.max_hold_ms),
+            max_held: usize::try_from(policy.max_held).unwrap_or(usize::MAX),
+        }
+    }
+}
+
+impl HoldPolicy {
+    /// Writes this hold into a table's policy, which carries it to the filter and the module.
+    pub fn write_to(&self, policy: &mut PolicyConfig) {
+        policy.max_hold_ms = u64::try_from(self.max_wait.as_millis()).unwrap_or(u64::MAX);
+        policy.max_held = u32::try_from(self.max_held).unwrap_or(u32::MAX);
     }
 }
 
@@ -535,6 +550,17 @@ mod tests {
 
     fn answered<T>(due: &Due<T>) -> Vec<(u32, Why)> {
         due.answers.iter().map(|a| (a.held.id, a.why)).collect()
+    }
+
+    #[test]
+    fn the_hold_travels_in_the_tables_policy() {
+        let shipped = HoldPolicy::default();
+        assert_eq!(shipped, HoldPolicy { max_wait: Duration::from_secs(10), max_held: 1024 });
+        let mut policy = PolicyConfig { max_hold_ms: 0, max_held: 0, ..PolicyConfig::default() };
+        let asked = HoldPolicy { max_wait: Duration::from_millis(2500), max_held: 7 };
+        asked.write_to(&mut policy);
+        assert_eq!((policy.max_hold_ms, policy.max_held), (2500, 7));
+        assert_eq!(HoldPolicy::from(&policy), asked);
     }
 
     #[test]

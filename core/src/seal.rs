@@ -103,7 +103,7 @@ fn named_clusters(table: &TableConfig) -> Vec<(String, String)> {
     named
 }
 
-/// The same hash as [`crate::build`]'s generation, streamed: the serialised table (up to
+/// [`crate::digest::short_hash`] of the serialised table, streamed: the serialised table (up to
 /// `MAX_TABLE_BYTES`) is never held, since a Wasm VM's memory never shrinks.
 fn content_hash(table: &TableConfig) -> String {
     use sha2::Digest;
@@ -122,7 +122,7 @@ fn content_hash(table: &TableConfig) -> String {
     if serde_json::to_writer(&mut hasher, table).is_err() {
         return String::new();
     }
-    crate::build::hex_prefix(&hasher.0.finalize())
+    crate::digest::hex_prefix(&hasher.0.finalize())
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@ use std::sync::OnceLock;
 
 use crate::discovery::ApiGroupDiscoveryList;
 use crate::discovery::protobuf::ToProtobuf;
-use crate::hold::HoldPolicy;
 use serde::{Deserialize, Serialize};
 
 pub use crate::legacy_documents::{
@@ -195,8 +194,17 @@ fn yes() -> bool {
     true
 }
 
+/// A request's longest wait at the edge, by default. A real kube-apiserver restart (SIGTERM, then
+/// the same binary again) is refused for 0.9 to 2.2 s and ready 2.0 to 4.2 s after its start;
+/// Envoy's health check finds it within one interval (2 s) more, and the hold's probe within
+/// 200 ms. 10 s covers that twice over and stays far below every client's and the apiserver's
+/// own request timeout (60 s).
+pub const DEFAULT_MAX_HOLD_MS: u64 = 10_000;
+/// Requests waiting at once per worker, by default.
+pub const DEFAULT_MAX_HELD: u32 = 1024;
+
 fn default_max_hold_ms() -> u64 {
-    u64::try_from(HoldPolicy::default().max_wait.as_millis()).unwrap_or(u64::MAX)
+    DEFAULT_MAX_HOLD_MS
 }
 
 fn is_default_max_hold_ms(ms: &u64) -> bool {
@@ -204,7 +212,7 @@ fn is_default_max_hold_ms(ms: &u64) -> bool {
 }
 
 fn default_max_held() -> u32 {
-    u32::try_from(HoldPolicy::default().max_held).unwrap_or(u32::MAX)
+    DEFAULT_MAX_HELD
 }
 
 fn is_default_max_held(n: &u32) -> bool {
@@ -219,16 +227,6 @@ impl Default for PolicyConfig {
             x509_credential_id: true,
             max_hold_ms: default_max_hold_ms(),
             max_held: default_max_held(),
-        }
-    }
-}
-
-impl PolicyConfig {
-    /// How requests wait at the edge.
-    pub fn hold(&self) -> HoldPolicy {
-        HoldPolicy {
-            max_wait: std::time::Duration::from_millis(self.max_hold_ms),
-            max_held: usize::try_from(self.max_held).unwrap_or(usize::MAX),
         }
     }
 }
@@ -395,7 +393,7 @@ impl MergedDiscovery {
     }
 }
 
-fn parse(bytes: &[u8]) -> Result<TableConfig, TableError> {
+pub(crate) fn parse(bytes: &[u8]) -> Result<TableConfig, TableError> {
     check_table_bytes(bytes.len())?;
     serde_json::from_slice(bytes).map_err(|e| {
         let field = if e.is_syntax() || e.is_eof() { "(document)" } else { "(schema)" };
@@ -403,31 +401,22 @@ fn parse(bytes: &[u8]) -> Result<TableConfig, TableError> {
     })
 }
 
+/// Refuses a parsed table of another schema or over the limits, before its seal is hashed or
+/// any look-up map is built.
+pub(crate) fn check_shape(config: &TableConfig) -> Result<(), TableError> {
+    if config.schema != SCHEMA_VERSION {
+        return Err(err(
+            "schema",
+            format!("unsupported schema {} (this build reads schema {SCHEMA_VERSION})", config.schema),
+        ));
+    }
+    check_counts(config)
+}
+
 impl RoutingTable {
-    /// Parses and validates a table; the error names the field and the reason. A sealed table's
-    /// seal is checked; an unsealed one is taken (tools, tests).
-    pub fn from_json(bytes: &[u8]) -> Result<Self, TableError> {
-        Self::compile(parse(bytes)?)
-    }
-
-    /// As [`RoutingTable::from_json`], and the table must be sealed ([`crate::seal::require`]):
-    /// what the filter and the native module take from Envoy.
-    pub fn from_sealed_json(bytes: &[u8]) -> Result<Self, TableError> {
-        let config = parse(bytes)?;
-        crate::seal::require(&config)?;
-        Self::compile(config)
-    }
-
-    /// Validates a parsed table and builds the look-up maps.
-    pub fn compile(mut config: TableConfig) -> Result<Self, TableError> {
-        if config.schema != SCHEMA_VERSION {
-            return Err(err(
-                "schema",
-                format!("unsupported schema {} (this build reads schema {SCHEMA_VERSION})", config.schema),
-            ));
-        }
-        check_counts(&config)?;
-        crate::seal::check(&mut config)?;
+    /// Validates a table [`check_shape`] and its seal have passed and builds the look-up maps;
+    /// every way in is [`RoutingTable::compile`] (`load.rs`).
+    pub(crate) fn from_checked(config: TableConfig) -> Result<Self, TableError> {
         let apiservers = compile_apiservers(&config.apiservers)?;
         let mut clusters: HashMap<String, String> = HashMap::new();
         for (i, a) in config.apiservers.iter().enumerate() {

@@ -126,26 +126,6 @@ pub fn peer_certificate() -> String {
     url_encoded_pem(&certificate_der(&[(CN, 12, b"ca")], &[(CN, 12, b"alice"), (O, 19, b"devs")]))
 }
 
-/// What a header list looks like once `edits` are made to it, as a plan means them: the
-/// reference the adapters' fakes are held to. Sorted by name, values in order.
-pub fn apply_edits(edits: &[crate::edits::Edit<'_>], headers: &[(&str, &str)]) -> Vec<(String, String)> {
-    use crate::edits::Edit;
-    let mut out: Vec<(String, String)> =
-        headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
-    for edit in edits {
-        match edit {
-            Edit::Remove(name) => out.retain(|(n, _)| !n.eq_ignore_ascii_case(name)),
-            Edit::Set(name, value) => {
-                out.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
-                out.push((name.to_string(), value.to_string()));
-            }
-            Edit::Add(name, value) => out.push((name.to_string(), value.to_string())),
-        }
-    }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    out
-}
-
 /// A request whose client sent every header skewgate reserves, for a rerouted watch with a
 /// token: what it must lose, and what the plan sets instead.
 pub const SPOOFED_WATCH: &[(&str, &str)] = &[

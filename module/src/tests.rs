@@ -119,9 +119,10 @@ fn a_rerouted_watch_takes_the_native_long_running_route() {
 #[test]
 fn the_request_leaves_as_cores_plan_says() {
     use skewgate_core::decision::{RequestHead, decide};
+    use skewgate_core::edits::apply as apply_edits;
     use skewgate_core::edits::{Carrier, request_edits};
     use skewgate_core::table::RoutingTable;
-    use skewgate_core::testing::{SPOOFED_WATCH, apply_edits};
+    use skewgate_core::testing::SPOOFED_WATCH;
 
     let mut stream = Fake::request(SPOOFED_WATCH);
     assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));

@@ -4,8 +4,8 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use super::Invalid;
 use super::escape::into_str;
-use super::query::Invalid;
 
 /// `fields.ParseSelector(s).RequiresExactMatch("metadata.name")`: `Ok(None)` when the selector
 /// is valid but names nothing, `Err` when it does not parse. The range is the raw value.

@@ -1,7 +1,7 @@
 //! Label selectors: Go's `labels.Parse` (its lexer, parser and `NewRequirement` validation),
 //! reduced to accept or reject.
 
-use super::query::{Invalid, is_go_int64};
+use super::{Invalid, is_go_int64};
 
 /// Whether Go's `labels.Parse` accepts the selector.
 pub(super) fn is_valid_label_selector(selector: &[u8]) -> bool {

@@ -98,6 +98,15 @@ impl fmt::Display for InvalidEscape {
 
 impl std::error::Error for InvalidEscape {}
 
+/// Something Go's list-options decoding rejects (the query and the selectors it decodes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Invalid;
+
+/// `strconv.ParseInt(v, 10, 64)` succeeds: an optional sign, ASCII digits, in range.
+fn is_go_int64(v: &[u8]) -> bool {
+    std::str::from_utf8(v).is_ok_and(|s| s.parse::<i64>().is_ok())
+}
+
 impl Serialize for RequestInfo<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let len = if self.error.is_some() { 14 } else { 13 };

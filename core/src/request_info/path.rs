@@ -5,9 +5,10 @@ use std::borrow::Cow;
 
 use serde::ser::{Serialize, Serializer};
 
+use super::Invalid;
 use super::escape::{into_str, unescape};
 use super::field_selector::field_value;
-use super::query::{Invalid, ListParams, lowercases_to_false};
+use super::query::{ListParams, lowercases_to_false};
 use super::{InvalidEscape, RequestInfo, RequestInfoError};
 
 /// Splits a request target at its first '?' into the raw path and the raw query (without '?').

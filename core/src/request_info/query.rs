@@ -7,14 +7,11 @@ use std::ops::Range;
 use super::escape::unescape;
 use super::field_selector::field_selector_exact_name;
 use super::label_selector::is_valid_label_selector;
+use super::{Invalid, is_go_int64};
 
 /// Go's `url.ParseQuery` gives up on a query with more parameters than this and the apiserver
 /// then sees none (GODEBUG `urlmaxqueryparams`, a default in Go's recent security releases).
 pub(super) const MAX_QUERY_PARAMS: usize = 10_000;
-
-/// Something Go's list-options decoding rejects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Invalid;
 
 /// The first value of each query parameter that `DecodeParameters` into `ListOptions` can fail
 /// on, or that the verb and selectors depend on. Other parameters cannot make decoding fail.
@@ -125,9 +122,4 @@ pub(super) fn equal_fold_false(v: &[u8]) -> bool {
         .or_else(|| rest.strip_prefix(b"s"))
         .or_else(|| rest.strip_prefix(b"S"));
     head.eq_ignore_ascii_case(b"fal") && rest.is_some_and(|e| e.eq_ignore_ascii_case(b"e"))
-}
-
-/// `strconv.ParseInt(v, 10, 64)` succeeds: an optional sign, ASCII digits, in range.
-pub(super) fn is_go_int64(v: &[u8]) -> bool {
-    std::str::from_utf8(v).is_ok_and(|s| s.parse::<i64>().is_ok())
 }

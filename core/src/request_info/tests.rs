@@ -3,8 +3,9 @@
 use super::field_selector::{field_selector_exact_name, unescape_field_value};
 use super::label_selector::is_valid_label_selector;
 use super::path::{Segments, is_valid_path_segment_name};
-use super::query::{Invalid, MAX_QUERY_PARAMS, equal_fold_false, is_go_int64, lowercases_to_false};
+use super::query::{MAX_QUERY_PARAMS, equal_fold_false, lowercases_to_false};
 use super::*;
+use super::{Invalid, is_go_int64};
 
 /// Expected fields; rows override what they care about.
 #[derive(Debug, Clone, Copy)]

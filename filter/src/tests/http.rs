@@ -81,9 +81,10 @@ fn long_running_requests_get_the_route_without_timeout() {
 #[test]
 fn the_request_leaves_as_cores_plan_says() {
     use skewgate_core::decision::{RequestHead, decide};
+    use skewgate_core::edits::apply as apply_edits;
     use skewgate_core::edits::{Carrier, request_edits};
     use skewgate_core::table::RoutingTable;
-    use skewgate_core::testing::{SPOOFED_WATCH, apply_edits};
+    use skewgate_core::testing::SPOOFED_WATCH;
 
     let (fake, root) = configured(&sample());
     let mut http = stream(&fake, &root, SPOOFED_WATCH);

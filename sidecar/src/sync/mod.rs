@@ -576,9 +576,7 @@ impl Sidecar {
             })
             .collect();
         let mut table = build_table_with(&servers, &ClusterNames::default(), &self.extensions)?;
-        let hold = self.config.hold;
-        table.policy.max_hold_ms = u64::try_from(hold.max_wait.as_millis()).unwrap_or(u64::MAX);
-        table.policy.max_held = u32::try_from(hold.max_held).unwrap_or(u32::MAX);
+        self.config.hold.write_to(&mut table.policy);
         Ok(table)
     }
 
