@@ -45,6 +45,11 @@ impl From<&PolicyConfig> for HoldPolicy {
 }
 
 impl HoldPolicy {
+    /// No request waits: each gets its 503 at once.
+    pub fn is_off(&self) -> bool {
+        self.max_wait.is_zero()
+    }
+
     /// Writes this hold into a table's policy, which carries it to the filter and the module.
     pub fn write_to(&self, policy: &mut PolicyConfig) {
         policy.max_hold_ms = u64::try_from(self.max_wait.as_millis()).unwrap_or(u64::MAX);
@@ -81,7 +86,7 @@ pub const MAX_HELD_BODY: usize = 512 * 1024;
 /// skips the filter (a bypass route, the native module's) would answer 503 at once. Without a
 /// hold, a route does as well.
 pub fn needs_the_filter(table: &RoutingTable, serving: Serving, rerouted: bool) -> bool {
-    rerouted && table.policy().max_hold_ms != 0 && table.members(serving).count() == 1
+    rerouted && !HoldPolicy::from(&table.policy()).is_off() && table.members(serving).count() == 1
 }
 
 /// The bodies all waiting requests of a worker keep, together, at most: past it a request whose
@@ -268,7 +273,7 @@ impl<T> Holds<T> {
         let Some(at) = self.down.iter().position(|d| d.cluster == cluster) else {
             return Admission::Forward;
         };
-        if self.policy.max_wait.is_zero() {
+        if self.policy.is_off() {
             return Admission::Full;
         }
         if self.held >= self.policy.max_held && !self.make_room_for(client) {
@@ -325,7 +330,7 @@ impl<T> Holds<T> {
     /// through it reaches an apiserver, however long that takes and whether or not anything
     /// waits for it.
     pub fn failed(&mut self, cluster: &str) {
-        if self.policy.max_wait.is_zero() {
+        if self.policy.is_off() {
             return;
         }
         match self.down.iter_mut().find(|d| d.cluster == cluster) {

@@ -471,7 +471,7 @@ impl Reader {
         let cluster = self.cluster(root.get("cluster"));
         let hold = self.hold(root.get("hold"));
         if let Some(envoy) = &envoy {
-            if !hold.max_wait.is_zero() && hold.max_wait >= envoy.route_timeout {
+            if !hold.is_off() && hold.max_wait >= envoy.route_timeout {
                 // Envoy would end a waiting request with its own timeout first.
                 self.fail(
                     "hold.maxWait",
