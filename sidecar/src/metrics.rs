@@ -58,7 +58,7 @@ pub struct Metrics {
     last_success_age: Gauge<f64, AtomicU64>,
     last_success: Mutex<Option<Instant>>,
     /// `skewgate_openapi_*`: the OpenAPI composer.
-    pub openapi: crate::openapi::Metrics,
+    pub openapi: OpenapiMetrics,
 }
 
 impl Default for Metrics {
@@ -142,7 +142,7 @@ impl Metrics {
             last_success_age.clone(),
         );
         last_success_age.set(-1.0);
-        let openapi = crate::openapi::Metrics::default();
+        let openapi = OpenapiMetrics::default();
         openapi.register(registry.sub_registry_with_prefix("openapi"));
         Self {
             registry,
@@ -209,6 +209,42 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+}
+
+/// The composer's metrics, under `skewgate_openapi_`.
+#[derive(Debug, Default)]
+pub struct OpenapiMetrics {
+    /// Failed fetches of an apiserver's OpenAPI, by apiserver and kind.
+    pub fetch_errors: Family<FetchErrorLabels, Counter>,
+    /// Compositions served (each after a change of some apiserver's documents).
+    pub compositions: Counter,
+    /// Bytes held: every apiserver's fetched documents and the composed ones.
+    pub held_bytes: Gauge,
+    /// Composed v3 documents, and how many of them are merged (not one apiserver's, unchanged).
+    pub documents: Gauge,
+    pub merged_documents: Gauge,
+}
+
+impl OpenapiMetrics {
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "fetch_errors",
+            "Failed OpenAPI fetches by apiserver and kind",
+            self.fetch_errors.clone(),
+        );
+        registry.register("compositions", "OpenAPI compositions served", self.compositions.clone());
+        registry.register(
+            "held_bytes",
+            "Bytes of OpenAPI documents the composer holds",
+            self.held_bytes.clone(),
+        );
+        registry.register("documents", "Composed OpenAPI v3 documents", self.documents.clone());
+        registry.register(
+            "merged_documents",
+            "Composed OpenAPI v3 documents merged from several apiservers'",
+            self.merged_documents.clone(),
+        );
     }
 }
 

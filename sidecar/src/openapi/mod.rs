@@ -17,50 +17,14 @@ use std::fmt::Write as _;
 use std::time::SystemTime;
 
 use bytes::Bytes;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
 
 use skewgate_openapi::merge::{self, Flavor, Outcome};
 use skewgate_openapi::v2proto;
 
-/// The composer's metrics, under `skewgate_openapi_`.
-#[derive(Debug, Default)]
-pub struct Metrics {
-    /// Failed fetches of an apiserver's OpenAPI, by apiserver and kind.
-    pub fetch_errors: Family<crate::metrics::FetchErrorLabels, Counter>,
-    /// Compositions served (each after a change of some apiserver's documents).
-    pub compositions: Counter,
-    /// Bytes held: every apiserver's fetched documents and the composed ones.
-    pub held_bytes: Gauge,
-    /// Composed v3 documents, and how many of them are merged (not one apiserver's, unchanged).
-    pub documents: Gauge,
-    pub merged_documents: Gauge,
-}
-
-impl Metrics {
-    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
-        registry.register(
-            "fetch_errors",
-            "Failed OpenAPI fetches by apiserver and kind",
-            self.fetch_errors.clone(),
-        );
-        registry.register("compositions", "OpenAPI compositions served", self.compositions.clone());
-        registry.register(
-            "held_bytes",
-            "Bytes of OpenAPI documents the composer holds",
-            self.held_bytes.clone(),
-        );
-        registry.register("documents", "Composed OpenAPI v3 documents", self.documents.clone());
-        registry.register(
-            "merged_documents",
-            "Composed OpenAPI v3 documents merged from several apiservers'",
-            self.merged_documents.clone(),
-        );
-    }
-}
+/// The composer's metrics, with the sidecar's others.
+pub use crate::metrics::OpenapiMetrics as Metrics;
 
 /// The Envoy cluster the filter fetches composed documents from.
 pub const CLUSTER: &str = "skewgate-openapi";
