@@ -153,13 +153,8 @@ impl State {
             return Err(Reset);
         }
         if is_test(&path, "fails") {
-            let mut resp = Response::new(Full::new(Bytes::from_static(b"apiserver says no\n")));
-            *resp.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            resp.headers_mut().insert("content-type", hyper::header::HeaderValue::from_static("text/plain"));
-            if let Ok(v) = hyper::header::HeaderValue::from_str(&self.id) {
-                resp.headers_mut().insert(SERVED_BY, v);
-            }
-            return Ok(resp);
+            let body = Bytes::from_static(b"apiserver says no\n");
+            return Ok(self.answer(StatusCode::SERVICE_UNAVAILABLE, Some("text/plain"), body));
         }
         if is_test(&path, "hangs") {
             tokio::time::sleep(Duration::from_secs(30)).await;
@@ -197,35 +192,38 @@ impl State {
     ) -> Response<Full<Bytes>> {
         let greeting = format!("{} {} {} {:?}\n", self.id, req.method(), req.uri(), req.version());
         tokio::spawn(async move {
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            use tokio::io::AsyncWriteExt;
             let Ok(upgraded) = hyper::upgrade::on(req).await else { return };
             let mut io = TokioIo::new(upgraded);
-            if io.write_all(greeting.as_bytes()).await.is_err() {
-                return;
-            }
-            let mut buf = [0u8; 4096];
-            while let Ok(n @ 1..) = io.read(&mut buf).await {
-                if io.write_all(&buf[..n]).await.is_err() {
-                    return;
-                }
+            if io.write_all(greeting.as_bytes()).await.is_ok() {
+                let (mut from, mut to) = tokio::io::split(io);
+                let _ = tokio::io::copy(&mut from, &mut to).await;
             }
         });
-        let mut resp = Response::new(Full::new(Bytes::new()));
-        *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let mut resp = self.answer(StatusCode::SWITCHING_PROTOCOLS, None, Bytes::new());
         let headers = resp.headers_mut();
         headers.insert(hyper::header::CONNECTION, hyper::header::HeaderValue::from_static("Upgrade"));
         headers.insert(hyper::header::UPGRADE, protocol);
-        if let Ok(v) = hyper::header::HeaderValue::from_str(&self.id) {
-            headers.insert(SERVED_BY, v);
-        }
         resp
     }
 
     fn respond(&self, status: StatusCode, body: Value) -> Response<Full<Bytes>> {
-        let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+        self.answer(status, Some("application/json"), Bytes::from(body.to_string()))
+    }
+
+    /// `body` with `status`, its content type, and who served it.
+    fn answer(
+        &self,
+        status: StatusCode,
+        content_type: Option<&'static str>,
+        body: Bytes,
+    ) -> Response<Full<Bytes>> {
+        let mut resp = Response::new(Full::new(body));
         *resp.status_mut() = status;
         let headers = resp.headers_mut();
-        headers.insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+        if let Some(content_type) = content_type {
+            headers.insert("content-type", hyper::header::HeaderValue::from_static(content_type));
+        }
         if let Ok(v) = hyper::header::HeaderValue::from_str(&self.id) {
             headers.insert(SERVED_BY, v);
         }

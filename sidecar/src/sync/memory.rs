@@ -111,14 +111,13 @@ impl Memory {
         // for it fails every request for that API. A process that stopped closes the
         // connection (at once) and one frozen misses the next deadline too. Anything else counts
         // as unreachable.
-        self.timeouts = match error.kind {
-            ErrorKind::Timeout => self.timeouts.saturating_add(1),
-            _ => 0,
-        };
-        self.reachable = match error.kind {
-            ErrorKind::Limit => true,
-            ErrorKind::Timeout => self.reachable && self.timeouts < TIMEOUTS_OUT,
-            _ => false,
+        (self.timeouts, self.reachable) = match error.kind {
+            ErrorKind::Limit => (0, true),
+            ErrorKind::Timeout => {
+                let timeouts = self.timeouts.saturating_add(1);
+                (timeouts, self.reachable && timeouts < TIMEOUTS_OUT)
+            }
+            _ => (0, false),
         };
         self.error = Some(error);
     }
