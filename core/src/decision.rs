@@ -5,6 +5,7 @@ use crate::accept::{DiscoveryAccept, Encoding, negotiate};
 use crate::certificate;
 use crate::discovery::MEDIA_TYPE_V2_JSON;
 use crate::discovery::protobuf::{MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_V2_PROTOBUF};
+use crate::features::{self, GatedResource};
 use crate::identity::{self, CertIdentity, Identity, Unforwardable};
 use crate::request_info::{RequestInfo, decode_path, has_send_initial_events, split_target};
 use crate::table::{Gvr, LegacyPath, RoutingTable, Serving};
@@ -67,6 +68,34 @@ pub struct Route<'t> {
     /// `If-None-Match`, so that an apiserver authenticates and authorizes it; only a 2xx or 304
     /// answer is replaced by this reply, a 401 or 403 reaches the client as the apiserver sent it.
     pub compose: Option<Reply<'t>>,
+    /// A write whose body may set fields that some of the apiservers it goes to drop or refuse:
+    /// its body decides ([`GatedWrite::route`]).
+    pub gated: Option<GatedWrite>,
+}
+
+/// A write of a resource with gated fields ([`crate::features::GATED`]) whose gates only some of
+/// its apiservers have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedWrite {
+    pub resource: &'static GatedResource,
+    /// The gates of its fields that narrow where it goes (a mask of [`crate::features::bit`]s).
+    pub gates: u32,
+    pub serving: Serving,
+}
+
+impl GatedWrite {
+    /// The gates among [`GatedWrite::gates`] whose fields the body sets
+    /// ([`crate::field_use::gates_used`]).
+    pub fn used(&self, content_type: Option<&str>, content_encoding: Option<&str>, body: &[u8]) -> u32 {
+        crate::field_use::gates_used(self.resource, self.gates, content_type, content_encoding, body)
+    }
+
+    /// Where the write goes once its body is known to use `gates`: to the apiservers that have
+    /// them all, or `None` to where it was routed.
+    pub fn route<'t>(&self, table: &'t RoutingTable, gates: u32) -> Option<(Serving, Route<'t>)> {
+        let narrowed = table.with_features(self.serving, gates & self.gates)?;
+        Some((narrowed, to_serving(table, narrowed, false)))
+    }
 }
 
 /// What the filter answers in place of an authorized upstream answer: the merged aggregated
@@ -358,7 +387,13 @@ fn certificate_identity<'r>(head: &RequestHead<'r>, subject: &'r str) -> CertIde
 }
 
 fn pool(table: &RoutingTable, reason: Reason) -> Outcome<'_> {
-    let route = Route { cluster: table.pool_cluster(), rerouted: false, long_running: false, compose: None };
+    let route = Route {
+        cluster: table.pool_cluster(),
+        rerouted: false,
+        long_running: false,
+        compose: None,
+        gated: None,
+    };
     Outcome { action: Action::Route(route), reason, gvr: None, serving: None }
 }
 
@@ -368,6 +403,7 @@ fn to_serving(table: &RoutingTable, serving: Serving, long_running: bool) -> Rou
         rerouted: matches!(serving, Serving::Set(_)),
         long_running,
         compose: None,
+        gated: None,
     }
 }
 
@@ -385,6 +421,7 @@ fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>, query: &str) ->
             rerouted: false,
             long_running,
             compose: None,
+            gated: None,
         });
         return o;
     };
@@ -395,18 +432,28 @@ fn resource<'t>(table: &'t RoutingTable, info: &RequestInfo<'_>, query: &str) ->
     // A streaming list, to the apiservers of the resource that have the feature. Only a watch
     // is one: the parameter on a list is refused by every apiserver alike.
     let (serving, reason) = match info.verb == "watch" && has_send_initial_events(query) {
-        true => match table.with_watch_list(gvr.serving) {
+        true => match table.with_features(gvr.serving, features::bit(features::WATCH_LIST)) {
             Some(narrowed) => (narrowed, Reason::WatchListSubset),
             None => (gvr.serving, reason),
         },
         false => (gvr.serving, reason),
     };
-    Outcome {
-        action: Action::Route(to_serving(table, serving, long_running)),
-        reason,
-        gvr: Some(gvr),
-        serving: Some(serving),
+    let mut route = to_serving(table, serving, long_running);
+    route.gated = gated_write(table, info, serving);
+    Outcome { action: Action::Route(route), reason, gvr: Some(gvr), serving: Some(serving) }
+}
+
+/// A write of gated fields, when some of the apiservers `serving` lack a gate of one.
+fn gated_write(table: &RoutingTable, info: &RequestInfo<'_>, serving: Serving) -> Option<GatedWrite> {
+    if !matches!(&*info.verb, "create" | "update" | "patch") {
+        return None;
     }
+    let resource = features::gated(info.api_group, info.resource, info.subresource)?;
+    let gates = (0..features::ROUTED.len())
+        .map(|i| 1u32 << i)
+        .filter(|&bit| resource.gates() & bit != 0 && table.with_features(serving, bit).is_some())
+        .fold(0, |m, bit| m | bit);
+    (gates != 0).then_some(GatedWrite { resource, gates, serving })
 }
 
 /// kube-apiserver's `BasicLongRunningRequestCheck`: these requests outlive its request timeout.
@@ -742,6 +789,54 @@ mod tests {
         let t = table();
         let d = decide(&t, &head("GET", "/api/v1/configmaps?watch=1&sendInitialEvents=true"));
         assert_eq!((d.route().unwrap().cluster, d.reason), ("pool", Reason::ServedByAll));
+    }
+
+    /// b without VolumeAttributesClass (a 1.33 apiserver), a and c with it, all three serving
+    /// PersistentVolumeClaims.
+    fn gated_table(b_has_it: bool) -> RoutingTable {
+        let mut v = sample();
+        v["apiservers"][1]["features"] = serde_json::json!({"VolumeAttributesClass": b_has_it});
+        v["groupVersions"][0]["resources"]["persistentvolumeclaims"] = serde_json::json!(["a", "b", "c"]);
+        v["sets"]
+            .as_array_mut()
+            .unwrap()
+            .push(serde_json::json!({"cluster": "set-a-c", "members": ["a", "c"]}));
+        RoutingTable::from_json(v.to_string().as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn writes_of_gated_fields_go_where_their_body_says() {
+        let t = gated_table(false);
+        let gated = |method: &str, target: &str| decide(&t, &head(method, target)).route().unwrap().gated;
+        let claims = "/api/v1/namespaces/x/persistentvolumeclaims";
+        let json = Some("application/json");
+        for (method, target) in
+            [("POST", claims.to_owned()), ("PUT", format!("{claims}/c1")), ("PATCH", format!("{claims}/c1"))]
+        {
+            let g = gated(method, &target).unwrap_or_else(|| panic!("{method} {target}"));
+            assert_eq!(g.gates, features::bit(features::VOLUME_ATTRIBUTES_CLASS));
+            let sets = g.used(json, None, br#"{"spec":{"volumeAttributesClassName":"gold"}}"#);
+            let (serving, route) = g.route(&t, sets).unwrap();
+            assert_eq!((t.cluster(serving), route.cluster, route.rerouted), ("set-a-c", "set-a-c", true));
+            let plain = g.used(json, None, br#"{"spec":{"storageClassName":"standard"}}"#);
+            assert_eq!(plain, 0);
+            assert!(g.route(&t, plain).is_none(), "{method} {target}: where it was routed");
+            let d = decide(&t, &head(method, &target));
+            assert_eq!(d.route().unwrap().cluster, "pool");
+            assert!(!crate::native::module_handles(&t, &d), "the filter reads the body");
+        }
+        // Reads, deletes, other resources and subresources without gated fields: no body read.
+        for (method, target) in [
+            ("GET", claims.to_owned()),
+            ("DELETE", format!("{claims}/c1")),
+            ("POST", "/api/v1/namespaces/x/configmaps".to_owned()),
+            ("PUT", format!("{claims}/c1/finalize")),
+        ] {
+            assert_eq!(gated(method, &target), None, "{method} {target}");
+        }
+        // Every apiserver has the gate: nothing to narrow, nothing to read.
+        let t = gated_table(true);
+        assert_eq!(decide(&t, &head("POST", claims)).route().unwrap().gated, None);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use crate::decision::{Action, Decision, Reason, RequestHead};
+use crate::decision::{Action, Decision, Reason, RequestHead, Route};
 use crate::identity::{CREDENTIAL_ID_HEADER, PEER_PROXIED, REMOTE_GROUP, REMOTE_USER};
 use crate::request_info::{RequestInfo, decode_path, split_target};
 use crate::status::{self, Unavailable};
@@ -76,6 +76,17 @@ pub fn request_edits<'a>(
         if let Some(id) = credential_id {
             edits.push(Edit::Set(CREDENTIAL_ID_HEADER, Cow::Borrowed(id)));
         }
+    }
+    edits
+}
+
+/// The edits that send a request decided on already to `route` instead: a gated write whose
+/// body named where it goes ([`crate::decision::GatedWrite`]). Its identity and strips stay as
+/// the decision made them.
+pub fn reroute_edits<'a>(route: &Route<'a>) -> Vec<Edit<'a>> {
+    let mut edits = vec![Edit::Set(CLUSTER_HEADER, Cow::Borrowed(route.cluster))];
+    if route.rerouted {
+        edits.push(Edit::Set(PEER_PROXIED, Cow::Borrowed("true")));
     }
     edits
 }

@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod edits;
 pub mod extensions;
 pub mod features;
+pub mod field_use;
 pub mod hold;
 pub mod identity;
 pub mod legacy_build;

@@ -1,19 +1,21 @@
 //! Which decisions the native fast path (the Envoy dynamic module) applies on its own: all but
 //! those that need an OpenAPI document composed from every apiserver's, which takes HTTP callouts,
 //! and those for an API whose only server may have to be waited for ([`crate::hold`]): both stay
-//! with the proxy-wasm filter. Composed discovery (merged `/apis`, legacy documents) the module
+//! with the proxy-wasm filter, as do writes whose body decides where they go (gated fields,
+//! [`crate::decision::GatedWrite`]), which the filter reads. Composed discovery (merged `/apis`, legacy documents) the module
 //! answers itself from the table, as the filter does.
 
 use crate::decision::{Action, Decision};
 use crate::table::{RoutingTable, Serving};
 
 /// Whether the module applies `d`, decided on `table`, itself: anything but an OpenAPI
-/// composition or a request the hold may keep waiting.
+/// composition, a gated write or a request the hold may keep waiting.
 pub fn module_handles(table: &RoutingTable, d: &Decision<'_, '_>) -> bool {
     match &d.action {
         Action::Refuse(_) => true,
         Action::Route(r) => {
             d.openapi.is_none()
+                && r.gated.is_none()
                 && !crate::hold::needs_the_filter(table, d.serving.unwrap_or(Serving::All), r.rerouted)
         }
     }

@@ -361,8 +361,9 @@ pub struct RoutingTable {
     legacy: LegacyDocuments,
     policy: PolicyConfig,
     openapi_cluster: Option<String>,
-    /// The apiservers that have (or may have) `WatchList`, as a member mask.
-    watch_list: u64,
+    /// For each of [`crate::features::ROUTED`], the apiservers that have (or may have) it, as a
+    /// member mask.
+    gate_members: [u64; crate::features::ROUTED.len()],
 }
 
 /// The peer-aggregated `/apis` answer, ready to send.
@@ -534,7 +535,7 @@ impl RoutingTable {
             None => None,
         };
 
-        let watch_list = feature_mask(&config.apiservers, crate::features::WATCH_LIST);
+        let gate_members = crate::features::ROUTED.map(|gate| feature_mask(&config.apiservers, gate));
         let legacy = LegacyDocuments::compile(config.legacy_discovery, |g, v| {
             groups.get(g).is_some_and(|entry| v.is_none_or(|v| entry.versions.contains_key(v)))
         })
@@ -552,16 +553,22 @@ impl RoutingTable {
             legacy,
             policy: config.policy,
             openapi_cluster: config.openapi_cluster,
-            watch_list,
+            gate_members,
         })
     }
 
-    /// Where a streaming list (`WatchList`) of a resource served by `serving` goes: the members
-    /// that have the feature, when only some of them do and the table has their set. `None`: as
-    /// any other request, since they all have it, or none does (each answers the same 422).
-    pub fn with_watch_list(&self, serving: Serving) -> Option<Serving> {
+    /// Where a request of a resource served by `serving` that uses the features `gates` (a mask
+    /// of [`crate::features::bit`]s) goes: the members that have them all, when only some of them
+    /// do and the table has their set. `None`: as any other request, since they all have them, or
+    /// none does (each answers alike: a streaming list's 422, a gated field refused or dropped).
+    pub fn with_features(&self, serving: Serving, gates: u32) -> Option<Serving> {
         let members = self.mask(serving);
-        let narrowed = members & self.watch_list;
+        let narrowed = self
+            .gate_members
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| gates & (1 << i) != 0)
+            .fold(members, |m, (_, have)| m & have);
         if narrowed == members || narrowed == 0 {
             return None;
         }
@@ -675,13 +682,13 @@ impl TableConfig {
         self.sets_needed(true)
     }
 
-    /// [`TableConfig::needed_sets`] but those only streaming lists go to: the sets ordinary
-    /// requests are routed to.
+    /// [`TableConfig::needed_sets`] but those only requests that use a feature go to (streaming
+    /// lists, writes of gated fields): the sets ordinary requests are routed to.
     pub fn serving_sets(&self) -> Vec<Vec<String>> {
         self.sets_needed(false)
     }
 
-    fn sets_needed(&self, streaming_lists: bool) -> Vec<Vec<String>> {
+    fn sets_needed(&self, featured: bool) -> Vec<Vec<String>> {
         let index: HashMap<&str, usize> =
             self.apiservers.iter().enumerate().map(|(i, a)| (a.id.as_str(), i)).collect();
         let mask_of = |ids: &[String]| {
@@ -690,32 +697,46 @@ impl TableConfig {
         let all = full_mask(self.apiservers.len());
         let mut masks = std::collections::BTreeSet::new();
         let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
+        // Who serves each gated resource (in any version), cut down below for its fields' gates.
+        let mut gated: Vec<(u32, u64)> = Vec::new();
         for gv in &self.group_versions {
             let gv_mask = mask_of(&gv.served_by);
             masks.insert(gv_mask);
             *groups.entry(gv.group.as_str()).or_default() |= gv_mask;
             masks.extend(gv.resources.values().map(|ids| mask_of(ids)));
+            for gated_resource in crate::features::GATED.iter().filter(|g| g.group == gv.group) {
+                if let Some(ids) = gv.resources.get(gated_resource.resource) {
+                    gated.push((gated_resource.gates(), mask_of(ids)));
+                }
+            }
         }
         masks.extend(groups.into_values());
+        if !featured {
+            return sets_of(&self.apiservers, masks, all);
+        }
+        let gate_members = crate::features::ROUTED.map(|gate| feature_mask(&self.apiservers, gate));
+        let mut narrowed = Vec::new();
         // A streaming list goes to the apiservers of its resource that have the feature: each
         // serving set (and the pool) cut down to them is a set too.
         let watch_list = feature_mask(&self.apiservers, crate::features::WATCH_LIST);
-        if streaming_lists && watch_list != all {
-            let narrowed: Vec<u64> = masks.iter().chain([&all]).map(|m| m & watch_list).collect();
-            masks.extend(narrowed);
+        if watch_list != all {
+            narrowed.extend(masks.iter().chain([&all]).map(|m| m & watch_list));
         }
-        masks
-            .into_iter()
-            .filter(|&m| m != 0 && m != all)
-            .map(|m| {
-                self.apiservers
+        // A write that sets gated fields goes to the apiservers of its resource that have every
+        // gate it uses: any combination of its fields' gates.
+        for (gates, serving) in gated {
+            let bits: Vec<usize> = (0..gate_members.len()).filter(|i| gates & (1 << i) != 0).collect();
+            for combination in 1..(1u32 << bits.len()) {
+                let cut = bits
                     .iter()
                     .enumerate()
-                    .filter(|(i, _)| m & (1u64 << i) != 0)
-                    .map(|(_, a)| a.id.clone())
-                    .collect()
-            })
-            .collect()
+                    .filter(|(j, _)| combination & (1 << j) != 0)
+                    .fold(serving, |m, (_, &i)| m & gate_members[i]);
+                narrowed.push(cut);
+            }
+        }
+        masks.extend(narrowed);
+        sets_of(&self.apiservers, masks, all)
     }
 
     /// Replaces `sets` with exactly the needed ones, named by `cluster_name(members)`.
@@ -726,6 +747,26 @@ impl TableConfig {
             .map(|members| SetConfig { cluster: cluster_name(&members), members })
             .collect();
     }
+}
+
+/// The member lists (in apiserver order) of `masks`, but none and all.
+fn sets_of(
+    apiservers: &[ApiserverConfig],
+    masks: std::collections::BTreeSet<u64>,
+    all: u64,
+) -> Vec<Vec<String>> {
+    masks
+        .into_iter()
+        .filter(|&m| m != 0 && m != all)
+        .map(|m| {
+            apiservers
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| m & (1u64 << i) != 0)
+                .map(|(_, a)| a.id.clone())
+                .collect()
+        })
+        .collect()
 }
 
 /// The apiservers that have (or may have) `gate`, as a member mask.
@@ -1098,6 +1139,22 @@ pub(crate) mod tests {
         }
         config.apiservers[1].features.clear();
         assert!(!config.needed_sets().iter().any(|s| *s == ["a", "c"]));
+    }
+
+    #[test]
+    fn writes_of_gated_fields_need_their_resources_sets_cut_to_the_apiservers_with_the_gate() {
+        let mut config: TableConfig = serde_json::from_value(sample()).unwrap();
+        config.apiservers[1].features =
+            BTreeMap::from([(crate::features::VOLUME_ATTRIBUTES_CLASS.to_owned(), false)]);
+        // No gated resource served: no set for the gate.
+        assert!(!config.needed_sets().iter().any(|s| *s == ["a", "c"]));
+        config.group_versions[0].resources.insert(
+            "persistentvolumeclaims".to_owned(),
+            vec!["a".to_owned(), "b".to_owned(), "c".to_owned()],
+        );
+        assert!(config.needed_sets().iter().any(|s| *s == ["a", "c"]));
+        // Only writes that set the field go there: not a set ordinary requests are routed to.
+        assert!(!config.serving_sets().iter().any(|s| *s == ["a", "c"]));
     }
 
     #[test]

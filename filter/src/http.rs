@@ -8,7 +8,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use skewgate_core::bypass::{self, ConnectionIdentity};
 use skewgate_core::certificate;
-use skewgate_core::decision::{self, RequestHead};
+use skewgate_core::decision::{self, GatedWrite, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit, Reply, Routed};
 use skewgate_core::identity::{self, Identity};
 use skewgate_core::table::Serving;
@@ -16,6 +16,7 @@ use skewgate_core::table::Serving;
 use crate::active::Active;
 use crate::hold::{Holding, Release};
 use crate::host::Host;
+use crate::metrics;
 use crate::openapi::Pending;
 
 pub struct Http<H: Host> {
@@ -36,7 +37,14 @@ pub struct Http<H: Host> {
     holding: Rc<Holding<H>>,
     /// Held at the edge while its cluster was down: where it stands.
     held: Option<Rc<Cell<Release>>>,
+    /// A write whose body decides where it goes, waiting for its body in Envoy's buffer.
+    gated: Option<GatedWrite>,
 }
+
+/// The largest body of a gated write read to decide where it goes: a longer one goes to the
+/// apiservers that keep every gated field, without being read. Well within the listener's
+/// buffer (1 MiB), past which Envoy would answer 413; the objects with gated fields are small.
+const MAX_GATED_BODY: usize = 256 * 1024;
 
 impl<H: Host> Http<H> {
     pub fn new(host: H, active: Option<Rc<Active<H>>>, id: u32, holding: Rc<Holding<H>>) -> Self {
@@ -51,6 +59,7 @@ impl<H: Host> Http<H> {
             id,
             holding,
             held: None,
+            gated: None,
         }
     }
 
@@ -77,7 +86,7 @@ impl<H: Host> Context for Http<H> {
 }
 
 impl<H: Host> HttpContext for Http<H> {
-    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         let Some(active) = self.active.clone() else {
             return self.reply_status(&edits::unconfigured());
         };
@@ -130,13 +139,7 @@ impl<H: Host> HttpContext for Http<H> {
             _ => None,
         };
         let names = headers.iter().map(|(name, _)| name.as_str());
-        for edit in edits::request_edits(&decision, names, Carrier::Filter, credential_id.as_deref()) {
-            match edit {
-                Edit::Remove(name) => self.host.set_request_header(name, None),
-                Edit::Set(name, value) => self.host.set_request_header(name, Some(&value)),
-                Edit::Add(name, value) => self.host.add_request_header(name, &value),
-            }
-        }
+        self.edit(edits::request_edits(&decision, names, Carrier::Filter, credential_id.as_deref()));
         if let Some((status, body)) = edits::refusal(&decision) {
             active.metrics.refused();
             return self.reply(status, vec![("content-type", "application/json")], Some(body.as_bytes()));
@@ -155,19 +158,28 @@ impl<H: Host> HttpContext for Http<H> {
         if let (Some(identity), false) = (&decision.identity, head.certificate_checked) {
             self.leave_on_connection(&active, identity, credential_id.as_deref());
         }
-        // Last: everything the request carries is decided, only when it leaves is not.
-        if decision.openapi.is_none() {
-            self.held = self.holding.admit(route.cluster, self.id, &active, &self.routed);
-            if self.held.is_some() {
-                return Action::Pause;
-            }
+        if let Some(gated) = route.gated.filter(|_| !end_of_stream) {
+            self.gated = Some(gated);
+            return Action::Pause;
         }
-        Action::Continue
+        match decision.openapi {
+            None => self.admit(&active, route.cluster, 0),
+            Some(_) => Action::Continue,
+        }
     }
 
     /// A held request's body waits with it, in Envoy's buffer: left to Envoy's default, the
-    /// first piece of it would send the request on while its cluster is still down.
-    fn on_http_request_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+    /// first piece of it would send the request on while its cluster is still down. A gated
+    /// write's body is read whole before it goes anywhere.
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if let Some(gated) = self.gated {
+            if !end_of_stream && body_size <= MAX_GATED_BODY {
+                return Action::Pause;
+            }
+            self.gated = None;
+            let body = end_of_stream.then_some(body_size);
+            return self.route_by_body(gated, body);
+        }
         match self.held.as_ref().map(|r| r.get()) {
             Some(Release::Waiting) => {
                 self.holding.body_grew(self.id, body_size);
@@ -179,6 +191,9 @@ impl<H: Host> HttpContext for Http<H> {
     }
 
     fn on_http_request_trailers(&mut self, _trailers: usize) -> Action {
+        if let Some(gated) = self.gated.take() {
+            return self.route_by_body(gated, None);
+        }
         match self.held.as_ref().map(|r| r.get()) {
             Some(Release::Waiting | Release::Answered) => Action::Pause,
             Some(Release::Resumed) | None => Action::Continue,
@@ -270,6 +285,59 @@ impl<H: Host> Drop for Http<H> {
 }
 
 impl<H: Host> Http<H> {
+    fn edit(&self, edits: Vec<Edit<'_>>) {
+        for edit in edits {
+            match edit {
+                Edit::Remove(name) => self.host.set_request_header(name, None),
+                Edit::Set(name, value) => self.host.set_request_header(name, Some(&value)),
+                Edit::Add(name, value) => self.host.add_request_header(name, &value),
+            }
+        }
+    }
+
+    /// Last: everything the request carries is decided, only when it leaves is not. A request
+    /// whose cluster is down waits for it ([`crate::hold`]), its body (`body_size` bytes so far)
+    /// counted against the room.
+    fn admit(&mut self, active: &Rc<Active<H>>, cluster: &str, body_size: usize) -> Action {
+        self.held = self.holding.admit(cluster, self.id, active, &self.routed);
+        if self.held.is_none() {
+            return Action::Continue;
+        }
+        if body_size > 0 {
+            self.holding.body_grew(self.id, body_size);
+        }
+        Action::Pause
+    }
+
+    /// A gated write, its body complete (`Some(size)`) or not to be read (too long, or followed
+    /// by trailers): to the apiservers that have the gates of the fields it sets, which a body
+    /// not read is taken to set all of.
+    fn route_by_body(&mut self, gated: GatedWrite, body_size: Option<usize>) -> Action {
+        let Some(active) = self.active.clone() else { return Action::Continue };
+        let gates = match body_size {
+            Some(size) => {
+                let headers = self.host.request_headers();
+                let header = |name: &str| {
+                    headers.iter().find(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v))
+                };
+                let body = self.host.request_body(size).unwrap_or_default();
+                gated.used(header("content-type").as_deref(), header("content-encoding").as_deref(), &body)
+            }
+            None => gated.gates,
+        };
+        let outcome = match (gated.route(&active.table, gates), body_size) {
+            (Some((serving, route)), _) => {
+                self.edit(edits::reroute_edits(&route));
+                self.routed.serving = Some(serving);
+                if body_size.is_some() { "narrowed" } else { "unread" }
+            }
+            (None, _) => "as_routed",
+        };
+        increment(&self.host, &metrics::gated_writes(outcome));
+        let cluster = active.table.cluster(self.routed.serving.unwrap_or(gated.serving)).to_owned();
+        self.admit(&active, &cluster, body_size.unwrap_or(0))
+    }
+
     /// Leaves a mapped certificate identity on the connection, for the bypass routes to forward
     /// on its later requests ([`skewgate_core::bypass`]). Read-only there, and a second set would
     /// trap the VM: only for a connection without the marker.
@@ -341,6 +409,12 @@ impl<H: Host> Http<H> {
             self.host.set_response_header(name, (!value.is_empty()).then_some(value));
         }
         self.host.set_response_header("content-length", Some(&reply.body.len().to_string()));
+    }
+}
+
+fn increment<H: Host>(host: &H, name: &str) {
+    if let Some(id) = host.define_counter(name) {
+        host.increment_metric(id, 1);
     }
 }
 

@@ -40,6 +40,13 @@ pub fn held_requests(cluster: &str, outcome: &str) -> String {
     format!("skewgate.held_requests_total.cluster={cluster};outcome={outcome};")
 }
 
+/// Writes of gated fields ([`skewgate_core::features::GATED`]) by where their body sent them:
+/// `narrowed` (to the apiservers with the gates of the fields it sets), `as_routed` (it sets
+/// none of them), `unread` (too long to read, or with trailers: narrowed unread).
+pub fn gated_writes(outcome: &str) -> String {
+    format!("skewgate.gated_writes_total.outcome={outcome};")
+}
+
 /// Counts configurations, by outcome, on each VM (the main thread's and every worker's).
 pub fn count_config(host: &impl Host, accepted: bool) {
     let result = if accepted { "accepted" } else { "rejected" };

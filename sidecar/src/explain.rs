@@ -4,9 +4,10 @@
 
 use serde_json::{Map, Value, json};
 use skewgate_core::accept::Encoding;
-use skewgate_core::decision::{self, Action, Composed, Reason, RequestHead};
+use skewgate_core::decision::{self, Action, Composed, GatedWrite, Reason, RequestHead};
 use skewgate_core::discovery::protobuf;
 use skewgate_core::edits::{self, Carrier, Edit};
+use skewgate_core::features;
 use skewgate_core::identity;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status;
@@ -121,6 +122,9 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
                     json!({"requestHeaders": header_edits(req, &decision, Carrier::Module, credential_id)}),
                 );
             }
+            if let Some(gated) = route.gated {
+                out.insert("gatedFields".into(), gated_fields(table, &gated));
+            }
             if let Some(composer) = decision.openapi {
                 out.insert("openapi".into(), openapi(req, target, composer));
             }
@@ -153,6 +157,26 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
     }
     out.insert("reason".into(), json!(decision.reason.as_str()));
     Value::Object(out)
+}
+
+/// A write whose body decides where it goes: the fields read for, and where a body that sets
+/// them goes.
+fn gated_fields(table: &RoutingTable, gated: &GatedWrite) -> Value {
+    let fields: Vec<Value> = gated
+        .resource
+        .fields
+        .iter()
+        .filter(|f| features::bit(f.gate) & gated.gates != 0)
+        .map(|f| {
+            let path: Vec<&str> = f.path.iter().map(|s| s.json).collect();
+            let to = gated.route(table, features::bit(f.gate)).map(|(s, r)| (r.cluster, table.members(s).collect::<Vec<_>>()));
+            json!({"field": path.join("."), "gate": f.gate, "ifSet": to.map(|(cluster, members)| json!({"cluster": cluster, "servingSet": members}))})
+        })
+        .collect();
+    json!({
+        "when": "the body is read whole first (JSON, protobuf, patches; over 256 KiB or compressed it is not read and goes where every field is kept)",
+        "fields": fields,
+    })
 }
 
 /// An OpenAPI document composed at the edge: what the apiserver is asked (to authorize), what

@@ -322,3 +322,29 @@ fn the_path_is_explained_as_envoy_forwards_it() {
         (Some("respond"), Some(400), Some("envoy"))
     );
 }
+
+/// b at 1.33's defaults (VolumeAttributesClass off): a write of a claim is read for the field
+/// before it goes anywhere, and explain says where it goes if it sets it.
+#[test]
+fn a_write_of_a_gated_field_says_its_body_decides() {
+    let mut table: Value = match std::fs::read(TABLE).map(|b| serde_json::from_slice(&b)) {
+        Ok(Ok(table)) => table,
+        other => panic!("the example table: {other:?}"),
+    };
+    table["apiservers"][1]["features"] = json!({"VolumeAttributesClass": false});
+    if let Some(sets) = table["sets"].as_array_mut() {
+        sets.push(json!({"cluster": "skewgate-set-a_c", "members": ["a", "c"]}));
+    }
+    let path = scratch("gated.json", &table.to_string());
+    let v = explain_with(&path, &["POST", "/api/v1/namespaces/default/persistentvolumeclaims"]);
+    assert_eq!(v["cluster"], "skewgate-pool", "{v}");
+    assert_eq!(
+        v["gatedFields"]["fields"],
+        json!([{"field": "spec.volumeAttributesClassName", "gate": "VolumeAttributesClass",
+                "ifSet": {"cluster": "skewgate-set-a_c", "servingSet": ["a", "c"]}}]),
+        "{v}"
+    );
+    assert!(v.get("withNativeModule").is_none(), "the filter reads the body: {v}");
+    let v = explain_with(&path, &["GET", "/api/v1/namespaces/default/persistentvolumeclaims"]);
+    assert!(v.get("gatedFields").is_none(), "{v}");
+}

@@ -213,9 +213,12 @@ impl Instance {
             "/version" | "/version/" => return reply::bytes(200, "application/json", self.version.clone()),
             // The one metric the sidecar reads, as kube-apiserver reports it.
             "/metrics" => {
-                let on = u8::from(self.profile.watch_list());
+                let (watch_list, vac) =
+                    (u8::from(self.profile.watch_list()), u8::from(self.profile.volume_attributes_class()));
                 let text = format!(
-                    "# TYPE kubernetes_feature_enabled gauge\nkubernetes_feature_enabled{{name=\"WatchList\",stage=\"BETA\"}} {on}\n"
+                    "# TYPE kubernetes_feature_enabled gauge\n\
+                     kubernetes_feature_enabled{{name=\"VolumeAttributesClass\",stage=\"BETA\"}} {vac}\n\
+                     kubernetes_feature_enabled{{name=\"WatchList\",stage=\"BETA\"}} {watch_list}\n"
                 );
                 return reply::bytes(200, "text/plain; version=0.0.4; charset=utf-8", text);
             }

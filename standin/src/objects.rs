@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::catalog::Resource;
 use super::clock;
+use super::profile::Profile;
 use super::status::{Errors, Status};
 use super::store::metadata_mut;
 
@@ -177,6 +178,24 @@ pub(super) fn new_object(r: &Resource, namespace: &str, mut object: Value) -> Re
         }
     }
     Ok(object)
+}
+
+/// What kube-apiserver's strategies drop from a written object while a feature gate is off
+/// (`DropDisabledSpecFields`): a claim's `spec.volumeAttributesClassName`, unless the stored
+/// claim (`old`) has one.
+pub(super) fn drop_disabled_fields(profile: &Profile, r: &Resource, old: Option<&Value>, new: &mut Value) {
+    let class = |o: &Value| {
+        o.get("spec").and_then(|s| s.get("volumeAttributesClassName")).is_some_and(|c| !c.is_null())
+    };
+    if r.group.is_empty()
+        && r.name == "persistentvolumeclaims"
+        && !profile.volume_attributes_class()
+        && !old.is_some_and(class)
+    {
+        if let Some(spec) = new.get_mut("spec").and_then(Value::as_object_mut) {
+            spec.remove("volumeAttributesClassName");
+        }
+    }
 }
 
 /// The object an update (or a patch, once applied) stores, or None if nothing changed.

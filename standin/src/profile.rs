@@ -48,6 +48,13 @@ impl Profile {
         !matches!(self.era.as_str(), "1.30" | "1.33")
     }
 
+    /// Whether the era's kube-apiserver has the `VolumeAttributesClass` feature gate on by
+    /// default: beta and off through 1.33, on from 1.34. Off, it drops a claim's
+    /// `spec.volumeAttributesClassName` on write unless the stored claim has one.
+    pub fn volume_attributes_class(&self) -> bool {
+        !matches!(self.era.as_str(), "1.30" | "1.33")
+    }
+
     /// `1.36`, `1.36:disable=resource.k8s.io/v1beta1,storage.k8s.io/v1alpha1` or `1.36-real`.
     /// An unknown era, an unknown option or a disable naming a group/version the era lacks is
     /// an error; a real profile takes no options (its documents are served as captured).

@@ -12,7 +12,7 @@ use super::call::{Addressed, Call, body_object, decode_body};
 use super::catalog::Resource;
 use super::clock;
 use super::instance::Instance;
-use super::objects::{check_type, new_object, shown, text_at, updated_object};
+use super::objects::{check_type, drop_disabled_fields, new_object, shown, text_at, updated_object};
 use super::patch::{self, PatchType};
 use super::reply::{self, Reply};
 use super::reviews::create_only;
@@ -317,7 +317,8 @@ fn dry_run(call: &Call<'_>) -> bool {
 fn create(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Reply, Status> {
     let r = t.r;
     let body = body_object(call, r)?;
-    let object = new_object(r, t.namespace, body)?;
+    let mut object = new_object(r, t.namespace, body)?;
+    drop_disabled_fields(&instance.profile, r, None, &mut object);
     let name = text_at(&object, "name").to_string();
     let key = Key::new(&r.group, &r.name, t.namespace, &name);
     let target = t.target();
@@ -360,7 +361,9 @@ fn update(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Result<Rep
         {
             return Err(Status::conflict(target, t.name));
         }
-        Ok(match updated_object(r, current, body.clone(), t.status)? {
+        let mut body = body.clone();
+        drop_disabled_fields(&instance.profile, r, Some(current), &mut body);
+        Ok(match updated_object(r, current, body, t.status)? {
             Some(next) => Write::Put(next),
             None => Write::Unchanged,
         })
@@ -391,7 +394,9 @@ fn patch_object(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Resu
                 meta.insert("name".into(), json!(t.name));
             }
             created = true;
-            return new_object(r, t.namespace, seed).map(Write::Put);
+            let mut object = new_object(r, t.namespace, seed)?;
+            drop_disabled_fields(&instance.profile, r, None, &mut object);
+            return Ok(Write::Put(object));
         };
         let before = shown(r, current);
         let patched = patch::apply(kind, &before, &patch_body)?;
@@ -414,6 +419,7 @@ fn patch_object(instance: &Instance, call: &Call<'_>, t: &Addressed<'_>) -> Resu
         if let Some(map) = patched.as_object_mut() {
             map.insert("apiVersion".into(), current["apiVersion"].clone());
         }
+        drop_disabled_fields(&instance.profile, r, Some(current), &mut patched);
         Ok(match updated_object(r, current, patched, t.status)? {
             Some(next) => Write::Put(next),
             None => Write::Unchanged,

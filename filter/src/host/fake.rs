@@ -23,6 +23,8 @@ pub struct State {
     pub request_headers: Vec<(String, Vec<u8>)>,
     /// Edited by the filter's set, once it paused them.
     pub response_headers: Vec<(String, Vec<u8>)>,
+    /// The request body Envoy buffered for the filter.
+    pub request_body: Vec<u8>,
     /// The response body Envoy holds for the filter: what came and the filter left or put there.
     pub response_body: Vec<u8>,
     /// Envoy holds no response body to edit (an answer ended with trailers and no data).
@@ -83,6 +85,7 @@ impl Fake {
         s.property_reads.clear();
         s.dropped_body = 0;
         s.response_body.clear();
+        s.request_body.clear();
         s.no_response_body = false;
     }
 
@@ -94,6 +97,11 @@ impl Fake {
     /// A chunk of the upstream response body arrives (the filter's body callback follows).
     pub fn body_chunk(&self, chunk: &[u8]) {
         self.state().response_body.extend_from_slice(chunk);
+    }
+
+    /// A chunk of the request body arrives (the filter's body callback follows).
+    pub fn request_chunk(&self, chunk: &[u8]) {
+        self.state().request_body.extend_from_slice(chunk);
     }
 
     pub fn set_property(&self, path: &[&str], value: &str) {
@@ -139,6 +147,11 @@ impl Host for Fake {
 
     fn request_headers(&self) -> Vec<(String, Bytes)> {
         self.0.borrow().request_headers.clone()
+    }
+
+    fn request_body(&self, size: usize) -> Option<Bytes> {
+        let s = self.0.borrow();
+        (!s.request_body.is_empty()).then(|| s.request_body[..size.min(s.request_body.len())].to_vec())
     }
 
     fn response_header(&self, name: &str) -> Option<Bytes> {

@@ -21,6 +21,8 @@ pub trait Host: Clone + 'static {
     /// The plugin configuration (the routing table), as `on_configure` sees it.
     fn plugin_configuration(&self) -> Option<Bytes>;
     fn request_headers(&self) -> Vec<(String, Bytes)>;
+    /// The first `size` bytes of the request body Envoy buffered for the filter.
+    fn request_body(&self, size: usize) -> Option<Bytes>;
     fn response_header(&self, name: &str) -> Option<Bytes>;
     fn response_headers(&self) -> Vec<(String, Bytes)>;
     /// An Envoy attribute (`connection.subject_peer_certificate`, `response.code_details`, ...).

@@ -19,6 +19,10 @@ impl Host for ProxyWasm {
         hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
     }
 
+    fn request_body(&self, size: usize) -> Option<Bytes> {
+        hostcalls::get_buffer(BufferType::HttpRequestBody, 0, size).ok().flatten()
+    }
+
     fn response_header(&self, name: &str) -> Option<Bytes> {
         hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name).ok().flatten()
     }

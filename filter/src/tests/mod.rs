@@ -1,6 +1,7 @@
 //! The filter's behaviour against a fake Envoy ([`Fake`]): what a stream does to the request
 //! headers, which local replies it sends, what the root context makes of a configuration.
 
+mod gated;
 mod hold;
 mod http;
 mod root;
