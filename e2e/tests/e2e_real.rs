@@ -26,8 +26,8 @@ use skewgate_testkit::kubectl::Kubectl;
 use skewgate_testkit::load::Record;
 use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
 use skewgate_testkit::scenario::{
-    Row, cert_sha256, claim_yaml, fresh_dir, ids, kubectl, listing, scenario, serving, successes_after,
-    until, vm_untroubled,
+    Row, cert_sha256, claim_yaml, class_patch, fresh_dir, ids, kubectl, listing, scenario, serving,
+    successes_after, until, vm_untroubled, volume_claim,
 };
 use skewgate_testkit::{clients, paths, real};
 
@@ -344,6 +344,176 @@ async fn streaming_lists() -> Result<Row> {
         "streaming lists that reached an apiserver without WatchList: {elsewhere:#?}"
     );
     row.figure(format!("{runs} streaming lists through the edge, all to c (a and b: 422 straight)"));
+    finish(c, &mut row).await?;
+    Ok(row)
+}
+
+/// Fields an apiserver drops while their feature gate is off: a claim's
+/// `spec.volumeAttributesClassName` (VolumeAttributesClass) and a pod template's pod-level
+/// `resources` (PodLevelResources), both off at 1.33's defaults. Straight to a, the field is gone;
+/// through the edge, every write that sets one (JSON, protobuf, merge and JSON patches) reaches
+/// c and keeps it; writes that set none go anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r16_gated_fields() -> Result<()> {
+    scenario("R16", "writes of gated fields only where their gate is on (real)", gated_fields()).await
+}
+
+/// A claim in kube-apiserver's protobuf encoding, with `class` as its volume attributes class
+/// (k8s.io/api core/v1 generated.proto: spec = 2, accessModes = 1, resources = 2 with requests = 2,
+/// volumeAttributesClassName = 9).
+fn protobuf_claim(name: &str, class: &str) -> Vec<u8> {
+    use skewgate_core::protowire::Writer;
+    let mut claim = Writer::default();
+    claim.message(1, |m| m.string(1, name));
+    claim.message(2, |spec| {
+        spec.string(1, "ReadWriteOnce");
+        spec.message(2, |resources| {
+            resources.message(2, |entry| {
+                entry.string(1, "storage");
+                entry.message(2, |q| q.string(1, "1Gi"));
+            })
+        });
+        spec.string(9, class);
+    });
+    let mut unknown = Writer::default();
+    unknown.message(1, |t| {
+        t.string(1, "v1");
+        t.string(2, "PersistentVolumeClaim");
+    });
+    unknown.bytes(2, &claim.into_bytes());
+    [&b"k8s\0"[..], &unknown.into_bytes()].concat()
+}
+
+async fn gated_fields() -> Result<Row> {
+    let mut row = Row::default();
+    let c = start("r16", |_| {}).await?;
+    let table = table_json(&c)?;
+    for gate in ["VolumeAttributesClass", "PodLevelResources"] {
+        let gates: BTreeMap<String, Value> = table["apiservers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|a| (a["id"].as_str().unwrap_or_default().to_owned(), a["features"][gate].clone()))
+            .collect();
+        let want: BTreeMap<String, Value> =
+            [("a", false), ("b", false), ("c", true)].map(|(id, on)| (id.to_owned(), Value::Bool(on))).into();
+        ensure!(gates == want, "{gate} per apiserver in the table: {gates:?}");
+    }
+    let edge = c.client(Credentials::AdminToken, TIMEOUT)?;
+    let direct = c.direct_client(TIMEOUT)?;
+    let base = c.envoy_url()?;
+    for ns in ["r16-set", "r16-plain"] {
+        let r = edge
+            .post(format!("{base}/api/v1/namespaces"))
+            .json(&json!({"metadata": {"name": ns}}))
+            .send()
+            .await?;
+        row.requests += 1;
+        ensure!(r.status() == 201, "namespace {ns}: {}", r.status());
+    }
+    // Straight to a: the field is dropped, as a plain load balancer loses it.
+    let r = direct
+        .post(format!("{}/api/v1/namespaces/r16-plain/persistentvolumeclaims", c.apiserver_url("a")?))
+        .json(&volume_claim("straight-to-a", Some("gold")))
+        .send()
+        .await?;
+    row.requests += 1;
+    let stored: Value = r.json().await?;
+    ensure!(stored["spec"].get("volumeAttributesClassName").is_none(), "a kept the class: {stored}");
+
+    let set = format!("{base}/api/v1/namespaces/r16-set/persistentvolumeclaims");
+    for i in 0..10 {
+        let r = edge.post(&set).json(&volume_claim(&format!("json-{i}"), Some("gold"))).send().await?;
+        row.requests += 1;
+        ensure!(r.status() == 201, "json-{i}: {} {}", r.status(), r.text().await.unwrap_or_default());
+    }
+    for i in 0..5 {
+        let r = edge
+            .post(&set)
+            .header("content-type", "application/vnd.kubernetes.protobuf")
+            .header("accept", "application/json")
+            .body(protobuf_claim(&format!("protobuf-{i}"), "gold"))
+            .send()
+            .await?;
+        row.requests += 1;
+        ensure!(r.status() == 201, "protobuf-{i}: {} {}", r.status(), r.text().await.unwrap_or_default());
+    }
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "pod-level"},
+        "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "pod-level"}},
+                 "template": {"metadata": {"labels": {"app": "pod-level"}},
+                              "spec": {"resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                                       "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}
+    });
+    let r = edge
+        .post(format!("{base}/apis/apps/v1/namespaces/r16-set/deployments"))
+        .json(&deployment)
+        .send()
+        .await?;
+    row.requests += 1;
+    ensure!(r.status() == 201, "deployment: {} {}", r.status(), r.text().await.unwrap_or_default());
+
+    let plain = format!("{base}/api/v1/namespaces/r16-plain/persistentvolumeclaims");
+    for i in 0..10 {
+        let r = edge.post(&plain).json(&volume_claim(&format!("patched-{i}"), None)).send().await?;
+        row.requests += 1;
+        ensure!(r.status() == 201, "patched-{i}: {}", r.status());
+    }
+    for i in 0..10 {
+        let (content_type, body) = class_patch(i);
+        let r = edge
+            .patch(format!("{plain}/patched-{i}"))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await?;
+        row.requests += 1;
+        ensure!(
+            r.status() == 200,
+            "patch of patched-{i}: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
+    }
+
+    // As stored, read straight from c.
+    let c_url = c.apiserver_url("c")?;
+    let claims = |ns: &str| format!("{c_url}/api/v1/namespaces/{ns}/persistentvolumeclaims");
+    let kept = |list: &Value, want: &str| -> Vec<String> {
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|o| o["spec"]["volumeAttributesClassName"] != want)
+            .map(|o| o["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let list: Value = direct.get(claims("r16-set")).send().await?.json().await?;
+    ensure!(list["items"].as_array().map_or(0, Vec::len) == 15, "claims in r16-set: {list}");
+    let lost = kept(&list, "gold");
+    ensure!(lost.is_empty(), "claims that lost their class: {lost:?}");
+    let list: Value = direct.get(claims("r16-plain")).send().await?.json().await?;
+    let lost: Vec<String> = kept(&list, "silver").into_iter().filter(|n| n.starts_with("patched-")).collect();
+    ensure!(lost.is_empty(), "patched claims without their class: {lost:?}");
+    let stored: Value = direct
+        .get(format!("{c_url}/apis/apps/v1/namespaces/r16-set/deployments/pod-level"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    ensure!(
+        stored["spec"]["template"]["spec"]["resources"]["requests"]["cpu"] == "100m",
+        "the deployment lost its pod-level resources: {}",
+        stored["spec"]["template"]["spec"]
+    );
+
+    let by = served_by(&c, "/namespaces/r16-set/", 16).await?;
+    ensure!(by == BTreeMap::from([("c".to_owned(), 16)]), "writes that set a gated field served by {by:?}");
+    let by = served_by(&c, "/persistentvolumeclaims/patched-", 10).await?;
+    ensure!(by == BTreeMap::from([("c".to_owned(), 10)]), "patches that set the class served by {by:?}");
+    let by = served_by(&c, "/namespaces/r16-plain/persistentvolumeclaims", 20).await?;
+    ensure!(by.len() > 1, "writes that set nothing gated all went to {by:?}");
+    row.figure("26 writes setting a gated field (JSON, protobuf, patches), all to c and kept; straight to a: dropped");
     finish(c, &mut row).await?;
     Ok(row)
 }

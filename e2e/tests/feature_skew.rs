@@ -17,6 +17,7 @@ use serde_json::Value;
 use skewgate_testkit::cluster::{self, Credentials, Options};
 use skewgate_testkit::echo::SERVED_BY;
 use skewgate_testkit::paths;
+use skewgate_testkit::scenario::{class_patch, volume_claim};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
@@ -56,15 +57,6 @@ fn pushed_table(c: &cluster::Cluster) -> Result<Value> {
 
 const CLAIMS: &str = "/api/v1/namespaces/default/persistentvolumeclaims";
 
-fn claim(name: &str, class: Option<&str>) -> Value {
-    let mut spec =
-        serde_json::json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
-    if let Some(class) = class {
-        spec["volumeAttributesClassName"] = class.into();
-    }
-    serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}, "spec": spec})
-}
-
 /// Claims that set `spec.volumeAttributesClassName`, created and patched through the edge: all
 /// reach c and keep it; those that do not set it go to any apiserver. Straight to a 1.33
 /// stand-in, the field is dropped: what a plain load balancer loses two times in three.
@@ -80,7 +72,7 @@ async fn gated_fields(c: &cluster::Cluster) -> Result<()> {
     let direct = c.direct_client(TIMEOUT)?;
     let url = format!("{}{CLAIMS}", c.apiserver_url("a")?);
     let stored: Value =
-        direct.post(&url).json(&claim("straight-to-a", Some("gold"))).send().await?.json().await?;
+        direct.post(&url).json(&volume_claim("straight-to-a", Some("gold"))).send().await?.json().await?;
     ensure!(stored["spec"].get("volumeAttributesClassName").is_none(), "a 1.33 stand-in kept it: {stored}");
 
     let client = c.client(Credentials::AdminToken, TIMEOUT)?;
@@ -88,7 +80,7 @@ async fn gated_fields(c: &cluster::Cluster) -> Result<()> {
     let (mut with, mut without) = (BTreeMap::new(), BTreeMap::new());
     for i in 0..24 {
         let class = (i % 2 == 0).then_some("gold");
-        let r = client.post(&base).json(&claim(&format!("claim-{i}"), class)).send().await?;
+        let r = client.post(&base).json(&volume_claim(&format!("claim-{i}"), class)).send().await?;
         let by = r.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).unwrap_or("(none)").to_owned();
         ensure!(r.status() == 201, "claim-{i}: {} from {by}", r.status());
         *(if class.is_some() { &mut with } else { &mut without }).entry(by).or_insert(0) += 1;
@@ -97,13 +89,7 @@ async fn gated_fields(c: &cluster::Cluster) -> Result<()> {
     ensure!(without.len() > 1, "claims without it all went to {without:?}");
     // The claims without it get it by a merge patch and by a JSON patch.
     for i in (1..24).step_by(2) {
-        let (content_type, body) = match i % 4 {
-            1 => ("application/merge-patch+json", r#"{"spec":{"volumeAttributesClassName":"silver"}}"#),
-            _ => (
-                "application/json-patch+json",
-                r#"[{"op":"add","path":"/spec/volumeAttributesClassName","value":"silver"}]"#,
-            ),
-        };
+        let (content_type, body) = class_patch(i / 2);
         let r = client
             .patch(format!("{base}/claim-{i}"))
             .header("content-type", content_type)

@@ -210,6 +210,29 @@ spec:
     )
 }
 
+/// A PersistentVolumeClaim of 1Gi, with `class` as its volume attributes class
+/// (`spec.volumeAttributesClassName`, a field 1.33's defaults drop) if given.
+pub fn volume_claim(name: &str, class: Option<&str>) -> serde_json::Value {
+    let mut spec =
+        serde_json::json!({"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}});
+    if let Some(class) = class {
+        spec["volumeAttributesClassName"] = class.into();
+    }
+    serde_json::json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name}, "spec": spec})
+}
+
+/// The `n`th patch that sets a claim's volume attributes class to `silver`: a merge patch, then a
+/// JSON patch, in turn. Its content type and body.
+pub fn class_patch(n: usize) -> (&'static str, &'static str) {
+    match n % 2 {
+        0 => ("application/merge-patch+json", r#"{"spec":{"volumeAttributesClassName":"silver"}}"#),
+        _ => (
+            "application/json-patch+json",
+            r#"[{"op":"add","path":"/spec/volumeAttributesClassName","value":"silver"}]"#,
+        ),
+    }
+}
+
 /// A DeviceClass of `api_version` selecting the devices of driver gpu.example.com.
 pub fn device_class_yaml(api_version: &str, name: &str) -> String {
     format!(
