@@ -178,6 +178,7 @@ pub fn discovery_answers(table: &skewgate_core::table::RoutingTable, requests: &
                 client_certificate: None,
                 certificate_checked: false,
                 token: true,
+                pretty_agent: false,
             };
             let composed = match decide(table, &head).action {
                 Action::Route(route) => {
@@ -685,6 +686,7 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
             client_certificate: None,
             certificate_checked: false,
             token: true,
+            pretty_agent: false,
         };
         by_module += usize::from(skewgate_core::native::module_handles(table, &decide(table, &head)));
         by_route += usize::from(bypass(&r.path));

@@ -741,8 +741,7 @@ mod tests {
                 client_subject: subject.as_deref(),
                 client_certificate: None,
                 certificate_checked: true,
-                token: conn.is_none(),
-            };
+                token: conn.is_none(), pretty_agent: false };
             let d = decide(&t, &h);
             let Action::Route(route) = d.action else { return Err(TestCaseError::fail(format!("{target}: refused"))) };
             prop_assert_eq!(route.cluster, bypass.cluster.as_str(), "{}", target);

@@ -7,6 +7,7 @@ use crate::discovery::MEDIA_TYPE_V2_JSON;
 use crate::discovery::protobuf::{MEDIA_TYPE_PROTOBUF, MEDIA_TYPE_V2_PROTOBUF};
 use crate::features::{self, GatedResource};
 use crate::identity::{self, CertIdentity, Identity, Unforwardable};
+use crate::pretty;
 use crate::request_info::{RequestInfo, decode_path, has_send_initial_events, split_target};
 use crate::table::{Gvr, LegacyPath, RoutingTable, Serving};
 
@@ -30,6 +31,9 @@ pub struct RequestHead<'r> {
     pub certificate_checked: bool,
     /// The request carries a token (`Authorization`, or the WebSocket bearer subprotocol).
     pub token: bool,
+    /// The `User-Agent` is curl's, Wget's or a browser's, for which kube-apiserver writes JSON
+    /// indented ([`crate::pretty::agent_wants`]).
+    pub pretty_agent: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,13 +118,29 @@ pub struct Reply<'t> {
     pub source: Composed,
 }
 
-/// Which composed document a [`Reply`] carries, in which encoding.
+/// How a composed document is written: the negotiated encoding and, for JSON, whether indented
+/// as kube-apiserver writes it for a pretty request ([`crate::pretty`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Form {
+    pub encoding: Encoding,
+    pub pretty: bool,
+}
+
+impl Form {
+    fn of(encoding: Encoding, head: &RequestHead<'_>) -> Form {
+        let pretty =
+            encoding == Encoding::Json && pretty::wanted(split_target(head.target).1, head.pretty_agent);
+        Form { encoding, pretty }
+    }
+}
+
+/// Which composed document a [`Reply`] carries, in which form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Composed {
     /// The peer-aggregated `/apis`.
-    MergedDiscovery(Encoding),
+    MergedDiscovery(Form),
     /// Index into the table's composed legacy documents.
-    Legacy(usize, Encoding),
+    Legacy(usize, Form),
     /// 406 Not Acceptable: the Accept header allows only YAML, or the table's document does not
     /// decode as its kind (so no faithful protobuf form exists).
     NotAcceptable,
@@ -159,27 +179,32 @@ impl Reply<'_> {
 /// response callback (the table a request was decided on stays with the request).
 pub fn composed_reply(table: &RoutingTable, source: Composed, status: u16) -> Option<Reply<'_>> {
     let reply = match source {
-        Composed::MergedDiscovery(encoding) => {
+        Composed::MergedDiscovery(form) => {
             let merged = table.merged_discovery()?;
             // The ETag names the document, not its encoding: kube-apiserver answers 304 before it
             // negotiates.
             let encoded = match status {
                 304 => Some((MEDIA_TYPE_V2_JSON, &[][..])),
-                _ => {
-                    encoded(encoding, [MEDIA_TYPE_V2_JSON, MEDIA_TYPE_V2_PROTOBUF], &merged.document, || {
-                        merged.protobuf()
-                    })
-                }
+                _ => encoded(
+                    form,
+                    [MEDIA_TYPE_V2_JSON, MEDIA_TYPE_V2_PROTOBUF],
+                    &merged.document,
+                    || merged.pretty(),
+                    || merged.protobuf(),
+                ),
             };
             let Some((content_type, body)) = encoded else { return Some(NOT_ACCEPTABLE_REPLY) };
             Reply { status, content_type, etag: &merged.quoted_etag, body, source }
         }
-        Composed::Legacy(index, encoding) => {
+        Composed::Legacy(index, form) => {
             let document = table.legacy_discovery().at(index)?;
-            let encoded =
-                encoded(encoding, [MEDIA_TYPE_JSON, MEDIA_TYPE_PROTOBUF], &document.document, || {
-                    document.protobuf()
-                });
+            let encoded = encoded(
+                form,
+                [MEDIA_TYPE_JSON, MEDIA_TYPE_PROTOBUF],
+                &document.document,
+                || document.pretty(),
+                || document.protobuf(),
+            );
             let Some((content_type, body)) = encoded else { return Some(NOT_ACCEPTABLE_REPLY) };
             Reply { status: 200, content_type, etag: "", body, source }
         }
@@ -188,15 +213,17 @@ pub fn composed_reply(table: &RoutingTable, source: Composed, status: u16) -> Op
     Some(reply)
 }
 
-/// A composed document in `encoding`, with its media type (`media`: JSON's, protobuf's); `None`
+/// A composed document in `form`, with its media type (`media`: JSON's, protobuf's); `None`
 /// for YAML, which skewgate does not compose.
 fn encoded<'t>(
-    encoding: Encoding,
+    form: Form,
     media: [&'static str; 2],
     json: &'t str,
+    pretty: impl FnOnce() -> &'t [u8],
     protobuf: impl FnOnce() -> Option<&'t [u8]>,
 ) -> Option<(&'static str, &'t [u8])> {
-    match encoding {
+    match form.encoding {
+        Encoding::Json if form.pretty => Some((media[0], pretty())),
         Encoding::Json => Some((media[0], json.as_bytes())),
         Encoding::Protobuf => Some((media[1], protobuf()?)),
         Encoding::Yaml => None,
@@ -527,7 +554,7 @@ fn compose_legacy<'t>(
     let (source, reason) = match accept {
         DiscoveryAccept::Legacy(Encoding::Yaml) => (Composed::NotAcceptable, Reason::ComposedNotAcceptable),
         DiscoveryAccept::Legacy(encoding) => {
-            (Composed::Legacy(index, encoding), Reason::ComposedLegacyDiscovery)
+            (Composed::Legacy(index, Form::of(encoding, head)), Reason::ComposedLegacyDiscovery)
         }
         DiscoveryAccept::MergedV2(_) | DiscoveryAccept::NoPeerV2(_) | DiscoveryAccept::Local => return base,
     };
@@ -564,7 +591,7 @@ fn discovery<'t>(table: &'t RoutingTable, head: &RequestHead<'_>) -> Outcome<'t>
     };
     let mut o = pool(table, reason);
     if let Action::Route(route) = &mut o.action {
-        route.compose = composed_reply(table, Composed::MergedDiscovery(encoding), status);
+        route.compose = composed_reply(table, Composed::MergedDiscovery(Form::of(encoding, head)), status);
     }
     o
 }
@@ -851,6 +878,31 @@ mod tests {
         assert_eq!(t.members(d.serving.unwrap()).collect::<Vec<_>>(), ["c"]);
         let d = decide(&t, &head("GET", "/api/v1/nodes"));
         assert!(d.gvr.is_none() && d.serving.is_none());
+    }
+
+    /// curl, Wget and browsers, or `?pretty=true`, get the composed JSON indented, as
+    /// kube-apiserver writes it for them; the ETag and protobuf are the same for everyone.
+    #[test]
+    fn composed_documents_are_pretty_where_kube_apiserver_is() {
+        let mut v = sample();
+        v["discovery"]["document"] = serde_json::json!("{\"kind\":\"APIGroupDiscoveryList\",\"items\":[]}\n");
+        let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
+        let body = |target: &str, accept: &str, pretty_agent: bool| {
+            let mut h = head("GET", target);
+            h.accept = Some(accept);
+            h.pretty_agent = pretty_agent;
+            let reply = decide(&t, &h).route().and_then(|r| r.compose).unwrap();
+            (String::from_utf8_lossy(reply.body).into_owned(), reply.etag)
+        };
+        let pretty = "{\n  \"kind\": \"APIGroupDiscoveryList\",\n  \"items\": []\n}";
+        let compact = "{\"kind\":\"APIGroupDiscoveryList\",\"items\":[]}\n";
+        assert_eq!(body("/apis", V2, true), (pretty.to_owned(), "\"ABC123\""));
+        assert_eq!(body("/apis", V2, false).0, compact);
+        assert_eq!(body("/apis?pretty=true", V2, false).0, pretty);
+        assert_eq!(body("/apis?pretty=0", V2, true).0, compact);
+        let protobuf =
+            "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+        assert_eq!(body("/apis", protobuf, true).0, body("/apis", protobuf, false).0);
     }
 
     #[test]
@@ -1219,7 +1271,7 @@ mod prop {
             let (path, known) = path;
             let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
             let target = format!("{path}?{query}");
-            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token: false };
+            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token: false , pretty_agent: false };
             let d = decide(&t, &h);
             if let (Action::Route(r), Some((group, version, resource))) = (&d.action, &known) {
                 let expected = expected_cluster(&sample(), group, version, resource);
@@ -1271,7 +1323,7 @@ mod prop {
             let expected = expected_cluster(&config, group, version, resource);
 
             let t = RoutingTable::from_json(config.to_string().as_bytes()).unwrap();
-            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: None, client_certificate: None, certificate_checked: true, token: true };
+            let h = RequestHead { method: &method, target: &target, accept: None, if_none_match: None, client_subject: None, client_certificate: None, certificate_checked: true, token: true , pretty_agent: false };
             let d = decide(&t, &h);
             let route = d.route().unwrap();
             prop_assert_eq!(route.cluster, expected.as_str(), "{} {}", method, target);
@@ -1281,7 +1333,7 @@ mod prop {
         #[test]
         fn arbitrary_input_never_panics(method in ".{0,10}", target in ".{0,200}", accept in proptest::option::of(".{0,80}"), subject in proptest::option::of(".{0,60}")) {
             let t = RoutingTable::from_json(sample().to_string().as_bytes()).unwrap();
-            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token: false };
+            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token: false , pretty_agent: false };
             let _ = decide(&t, &h);
         }
     }

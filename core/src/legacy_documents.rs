@@ -77,11 +77,18 @@ pub struct LegacyDocument {
     /// never asked, and a reload should not pay for it. `None`: the JSON is not a document of the
     /// kind its path serves, so there is nothing faithful to encode.
     protobuf: OnceLock<Option<Vec<u8>>>,
+    /// The JSON indented ([`crate::pretty`]), on first use.
+    pretty: OnceLock<Vec<u8>>,
 }
 
 impl LegacyDocument {
     pub fn new(path: String, inputs: Vec<String>, document: String) -> Self {
-        LegacyDocument { path, inputs, document, protobuf: OnceLock::new() }
+        LegacyDocument { path, inputs, document, protobuf: OnceLock::new(), pretty: OnceLock::new() }
+    }
+
+    /// The document as kube-apiserver writes it for a pretty request.
+    pub fn pretty(&self) -> &[u8] {
+        self.pretty.get_or_init(|| crate::pretty::indent(self.document.as_bytes()))
     }
 
     /// The document as kube-apiserver writes it in `application/vnd.kubernetes.protobuf`.

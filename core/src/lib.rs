@@ -26,6 +26,7 @@ pub mod legacy_documents;
 mod load;
 pub mod native;
 pub mod openapi;
+pub mod pretty;
 pub mod protowire;
 pub mod request_info;
 pub mod seal;

@@ -51,7 +51,7 @@ mod tests {
             }
             let t = RoutingTable::from_json(table.to_string().as_bytes()).unwrap();
             let target = format!("{path}?{query}");
-            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token };
+            let h = RequestHead { method: &method, target: &target, accept: accept.as_deref(), if_none_match: None, client_subject: subject.as_deref(), client_certificate: None, certificate_checked: true, token, pretty_agent: false };
             let d = decide(&t, &h);
             let openapi = matches!(d.reason, Reason::OpenApiGroupVersion | Reason::OpenApiDocument) && method == "GET" && t.openapi_cluster().is_some();
             let refused = matches!(d.action, Action::Refuse(_));

@@ -375,11 +375,18 @@ pub struct MergedDiscovery {
     pub document: String,
     /// The protobuf form, encoded on first use (see [`LegacyDocument`](crate::legacy_documents::LegacyDocument)).
     protobuf: OnceLock<Option<Vec<u8>>>,
+    /// The JSON indented ([`crate::pretty`]), on first use.
+    pretty: OnceLock<Vec<u8>>,
 }
 
 impl MergedDiscovery {
     pub fn new(quoted_etag: String, document: String) -> Self {
-        MergedDiscovery { quoted_etag, document, protobuf: OnceLock::new() }
+        MergedDiscovery { quoted_etag, document, protobuf: OnceLock::new(), pretty: OnceLock::new() }
+    }
+
+    /// The document as kube-apiserver writes it for a pretty request.
+    pub fn pretty(&self) -> &[u8] {
+        self.pretty.get_or_init(|| crate::pretty::indent(self.document.as_bytes()))
     }
 
     /// The document as kube-apiserver writes it for

@@ -11,6 +11,7 @@ use skewgate_core::certificate;
 use skewgate_core::decision::{self, GatedWrite, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit, Reply, Routed};
 use skewgate_core::identity::{self, Identity};
+use skewgate_core::pretty;
 use skewgate_core::table::Serving;
 
 use crate::active::Active;
@@ -102,6 +103,7 @@ impl<H: Host> HttpContext for Http<H> {
                 ":path" => target = Some(String::from_utf8_lossy(value)),
                 "accept" => accept = Some(String::from_utf8_lossy(value)),
                 "if-none-match" => if_none_match = Some(String::from_utf8_lossy(value)),
+                "user-agent" => head.pretty_agent = pretty::agent_wants(value),
                 // Set by the bootstrap's header mutation ahead of this filter, over anything a
                 // client sent, whenever the connection has a certificate; read only then.
                 certificate::PEER_CERTIFICATE_HEADER => certificate = Some(value),

@@ -12,6 +12,7 @@ use skewgate_core::decision::{self, RequestHead};
 use skewgate_core::edits::{self, Carrier, Edit, Routed};
 use skewgate_core::identity;
 use skewgate_core::native::module_handles;
+use skewgate_core::pretty;
 use skewgate_core::table::RoutingTable;
 
 use crate::stream::{Attribute, Body, Stream};
@@ -99,6 +100,7 @@ impl Filter {
                 b":path" => target = owned(),
                 b"accept" => accept = owned(),
                 b"if-none-match" => if_none_match = owned(),
+                b"user-agent" => head.pretty_agent = pretty::agent_wants(value),
                 // Set by the bootstrap's header mutation ahead of this module whenever the
                 // connection has a certificate; stripped with the other x-skewgate-* headers.
                 n if n == PEER_CERTIFICATE_HEADER.as_bytes() => {

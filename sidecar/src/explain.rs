@@ -4,11 +4,12 @@
 
 use serde_json::{Map, Value, json};
 use skewgate_core::accept::Encoding;
-use skewgate_core::decision::{self, Action, Composed, GatedWrite, Reason, RequestHead};
+use skewgate_core::decision::{self, Action, Composed, Form, GatedWrite, Reason, RequestHead};
 use skewgate_core::discovery::protobuf;
 use skewgate_core::edits::{self, Carrier, Edit};
 use skewgate_core::features;
 use skewgate_core::identity;
+use skewgate_core::pretty;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
 use skewgate_core::status;
 use skewgate_core::table::RoutingTable;
@@ -85,6 +86,7 @@ fn decide(table: &RoutingTable, req: &Request, target: &str) -> Value {
             .headers
             .iter()
             .any(|(n, v)| identity::carries_token(&n.to_ascii_lowercase(), v.as_bytes())),
+        pretty_agent: req.header("user-agent").is_some_and(|ua| pretty::agent_wants(ua.as_bytes())),
     };
     let (raw_path, query) = split_target(target);
     let decoded = decode_path(raw_path);
@@ -231,15 +233,13 @@ fn header_edits(
 fn composed_from(table: &RoutingTable, source: Composed) -> (String, Vec<String>) {
     let everyone = || table.apiservers().iter().map(|a| a.id.clone()).collect();
     match source {
-        Composed::MergedDiscovery(encoding) => (
-            format!("peer-aggregated /apis (apidiscovery.k8s.io/v2), {}", encoding_name(encoding)),
-            everyone(),
-        ),
-        Composed::Legacy(index, encoding) => match table.legacy_discovery().at(index) {
-            Some(d) => (
-                format!("composed legacy discovery {}, {}", d.path, encoding_name(encoding)),
-                d.inputs.clone(),
-            ),
+        Composed::MergedDiscovery(form) => {
+            (format!("peer-aggregated /apis (apidiscovery.k8s.io/v2), {}", form_name(form)), everyone())
+        }
+        Composed::Legacy(index, form) => match table.legacy_discovery().at(index) {
+            Some(d) => {
+                (format!("composed legacy discovery {}, {}", d.path, form_name(form)), d.inputs.clone())
+            }
             None => ("(missing)".into(), Vec::new()),
         },
         Composed::NotAcceptable => (
@@ -249,8 +249,9 @@ fn composed_from(table: &RoutingTable, source: Composed) -> (String, Vec<String>
     }
 }
 
-fn encoding_name(encoding: Encoding) -> &'static str {
-    match encoding {
+fn form_name(form: Form) -> &'static str {
+    match form.encoding {
+        Encoding::Json if form.pretty => "JSON (indented, as for curl or ?pretty=true)",
         Encoding::Json => "JSON",
         Encoding::Yaml => "YAML",
         Encoding::Protobuf => "protobuf",
