@@ -361,6 +361,8 @@ async fn r16_gated_fields() -> Result<()> {
 /// A claim in kube-apiserver's protobuf encoding, with `class` as its volume attributes class
 /// (k8s.io/api core/v1 generated.proto: spec = 2, accessModes = 1, resources = 2 with requests = 2,
 /// volumeAttributesClassName = 9).
+const BOUND: &str = r#"{"status":{"phase":"Bound"}}"#;
+
 fn protobuf_claim(name: &str, class: &str) -> Vec<u8> {
     use skewgate_core::protowire::Writer;
     let mut claim = Writer::default();
@@ -453,11 +455,26 @@ async fn gated_fields() -> Result<Row> {
     row.requests += 1;
     ensure!(r.status() == 201, "deployment: {} {}", r.status(), r.text().await.unwrap_or_default());
 
+    // A claim's class changes only once it is bound (ValidatePersistentVolumeClaimUpdate): the
+    // claims are marked bound through their status, which sets nothing gated.
     let plain = format!("{base}/api/v1/namespaces/r16-plain/persistentvolumeclaims");
     for i in 0..10 {
         let r = edge.post(&plain).json(&volume_claim(&format!("patched-{i}"), None)).send().await?;
         row.requests += 1;
         ensure!(r.status() == 201, "patched-{i}: {}", r.status());
+        let r = edge
+            .patch(format!("{plain}/patched-{i}/status"))
+            .header("content-type", "application/merge-patch+json")
+            .body(BOUND)
+            .send()
+            .await?;
+        row.requests += 1;
+        ensure!(
+            r.status() == 200,
+            "patched-{i} bound: {} {}",
+            r.status(),
+            r.text().await.unwrap_or_default()
+        );
     }
     for i in 0..10 {
         let (content_type, body) = class_patch(i);
@@ -509,9 +526,16 @@ async fn gated_fields() -> Result<Row> {
 
     let by = served_by(&c, "/namespaces/r16-set/", 16).await?;
     ensure!(by == BTreeMap::from([("c".to_owned(), 16)]), "writes that set a gated field served by {by:?}");
-    let by = served_by(&c, "/persistentvolumeclaims/patched-", 10).await?;
-    ensure!(by == BTreeMap::from([("c".to_owned(), 10)]), "patches that set the class served by {by:?}");
-    let by = served_by(&c, "/namespaces/r16-plain/persistentvolumeclaims", 20).await?;
+    let class_patches: Vec<Option<String>> = access_log(&c)?
+        .into_iter()
+        .filter(|a| a.path.contains("/persistentvolumeclaims/patched-") && !a.path.ends_with("/status"))
+        .map(|a| a.apiserver)
+        .collect();
+    ensure!(
+        class_patches.len() == 10 && class_patches.iter().all(|by| by.as_deref() == Some("c")),
+        "patches that set the class served by {class_patches:?}"
+    );
+    let by = served_by(&c, "/namespaces/r16-plain/persistentvolumeclaims", 30).await?;
     ensure!(by.len() > 1, "writes that set nothing gated all went to {by:?}");
     row.figure("26 writes setting a gated field (JSON, protobuf, patches), all to c and kept; straight to a: dropped");
     finish(c, &mut row).await?;
