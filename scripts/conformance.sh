@@ -11,7 +11,7 @@ set -euo pipefail
 : "${KUBE_APISERVER:?KUBE_APISERVER=PATH}"
 : "${ETCD:?ETCD=PATH}"
 : "${KUBE_CONTROLLER_MANAGER:?KUBE_CONTROLLER_MANAGER=PATH}"
-FOCUS=${CONFORMANCE_FOCUS:-'\[sig-api-machinery\] (Watchers|API Streaming|Servers with support for Table transformation|Servers with support for API chunking|server version|Discovery|AggregatedDiscovery|OpenAPIV3|MutatingAdmissionPolicy|ValidatingAdmissionPolicy|health handlers)'}
+FOCUS=${CONFORMANCE_FOCUS:-'\[sig-api-machinery\] (Watchers|API Streaming|Servers with support for Table transformation|Servers with support for API chunking|server version|Discovery|AggregatedDiscovery|OpenAPIV3|MutatingAdmissionPolicy|ValidatingAdmissionPolicy|health handlers|ResourceQuota.*volume attributes class)'}
 # [Slow] specs wait for etcd compaction and the like (10 minutes for one): nothing the edge does.
 SKIP=${CONFORMANCE_SKIP:-'\[Slow\]'}
 CONTROLLERS=${CONTROLLERS:-'*'}
