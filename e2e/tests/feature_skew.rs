@@ -103,6 +103,16 @@ async fn gated_fields(c: &cluster::Cluster) -> Result<()> {
             r.status()
         );
     }
+    // Envoy counts them: the 24 writes that set the class, none that did not read.
+    let prometheus = c.envoy()?.prometheus().await?;
+    let gated: Vec<&str> =
+        prometheus.lines().filter(|l| l.starts_with("skewgate_gated_writes_total")).collect();
+    ensure!(
+        gated.contains(&"skewgate_gated_writes_total{outcome=\"narrowed\"} 24")
+            && gated.contains(&"skewgate_gated_writes_total{outcome=\"as_routed\"} 12")
+            && !gated.iter().any(|l| l.contains("unread")),
+        "Envoy's counts: {gated:?}"
+    );
     for i in 0..24 {
         let stored: Value = client.get(format!("{base}/claim-{i}")).send().await?.json().await?;
         let want = if i % 2 == 0 { "gold" } else { "silver" };
