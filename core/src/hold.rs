@@ -132,6 +132,21 @@ pub fn board_with(board: &[u8], cluster: &str, now_ms: u64, keep_ms: u64) -> Vec
     out.into_bytes()
 }
 
+/// What the board tells a worker that has read its entries up to `seen` (ms, its clock), at
+/// `now_ms`: the clusters another worker found down since, no longer ago than `keep_ms` (older
+/// findings are stale: the cluster was probed since), and the newest finding now read, which the
+/// worker keeps as its next `seen`.
+pub fn board_news(board: &[u8], seen: Option<u64>, now_ms: u64, keep_ms: u64) -> (Vec<&str>, Option<u64>) {
+    let entries = board_entries(board);
+    let newest = entries.iter().map(|(_, at)| *at).chain(seen).max();
+    let news = entries
+        .into_iter()
+        .filter(|(_, at)| seen.is_none_or(|seen| *at > seen) && now_ms.saturating_sub(*at) < keep_ms)
+        .map(|(cluster, _)| cluster)
+        .collect();
+    (news, newest)
+}
+
 /// Whether a request is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admission {
@@ -872,5 +887,20 @@ mod tests {
         assert_eq!(board_entries(&board), [("c", 9000), ("x", 16_000)], "set-a found 11 s ago: gone");
         assert!(board_entries(b"\xff\xfe").is_empty());
         assert_eq!(board_entries(b"=1;c=x;d=2;junk"), [("d", 2)]);
+    }
+
+    #[test]
+    fn a_worker_reads_only_findings_it_has_not_seen_and_that_are_fresh() {
+        let board = b"set-a=5000;c=9000;x=16000;";
+        // First read: what is fresh (set-a was found 11 s ago).
+        assert_eq!(board_news(board, None, 16_000, 10_000), (vec!["c", "x"], Some(16_000)));
+        // Later reads: only what came after the newest it read, stale or not.
+        assert_eq!(board_news(board, Some(9000), 16_500, 10_000), (vec!["x"], Some(16_000)));
+        assert_eq!(board_news(board, Some(16_000), 17_000, 10_000), (vec![], Some(16_000)));
+        assert_eq!(board_news(board, Some(16_000), 30_000, 10_000).1, Some(16_000));
+        // A finding older than the newest already read is not news.
+        assert_eq!(board_news(b"c=100;", Some(16_000), 16_100, 10_000), (vec![], Some(16_000)));
+        assert_eq!(board_news(b"", Some(7), 8, 10_000), (vec![], Some(7)));
+        assert_eq!(board_news(b"junk", None, 8, 10_000), (vec![], None));
     }
 }

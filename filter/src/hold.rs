@@ -201,17 +201,13 @@ impl<H: Host> Holding<H> {
     pub fn tick(&self) {
         let now = self.now();
         if let (Some(board), _) = self.host.shared_data(hold::BOARD_KEY) {
-            let (seen, keep) = (self.board_seen.get(), millis(self.holds.borrow().policy().max_wait));
+            let keep = millis(self.holds.borrow().policy().max_wait);
+            let (news, newest) = hold::board_news(&board, self.board_seen.get(), millis(now), keep);
+            self.board_seen.set(newest);
             let live = self.live.borrow().clone();
             let known = |c: &str| live.as_ref().is_none_or(|l| l.table.has_cluster(c));
-            for (cluster, at) in hold::board_entries(&board) {
-                if seen.is_none_or(|seen| at > seen)
-                    && millis(now).saturating_sub(at) < keep
-                    && known(cluster)
-                {
-                    self.mark(cluster);
-                }
-                self.board_seen.set(Some(self.board_seen.get().map_or(at, |s| s.max(at))));
+            for cluster in news.into_iter().filter(|c| known(c)) {
+                self.mark(cluster);
             }
         }
         let due = self.holds.borrow_mut().probes_due(now);
