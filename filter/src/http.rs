@@ -322,8 +322,16 @@ impl<H: Host> Http<H> {
                 let header = |name: &str| {
                     headers.iter().find(|(n, _)| n == name).map(|(_, v)| String::from_utf8_lossy(v))
                 };
-                let body = self.host.request_body(size).unwrap_or_default();
-                gated.used(header("content-type").as_deref(), header("content-encoding").as_deref(), &body)
+                match self.host.request_body(size) {
+                    Some(body) => gated.used(
+                        header("content-type").as_deref(),
+                        header("content-encoding").as_deref(),
+                        &body,
+                    ),
+                    None if size == 0 => 0,
+                    // Envoy did not hand the body over: read as setting every field.
+                    None => gated.gates,
+                }
             }
             None => gated.gates,
         };

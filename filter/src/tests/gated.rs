@@ -143,6 +143,16 @@ fn what_is_not_read_goes_to_the_apiservers_that_keep_every_field() {
     assert_eq!(send_body(&fake, &mut http, LEAVES_IT, 1), [Action::Continue]);
     assert_eq!(fake.header("x-skewgate-cluster"), ["set-a-c"]);
     assert_eq!((gated(&fake, "unread"), gated(&fake, "narrowed")), (1, 1));
+    // A body Envoy does not hand over: as setting every field.
+    let mut http = write(&fake, &root, "POST", CLAIMS, "application/json");
+    assert_eq!(http.on_http_request_headers(0, false), Action::Pause);
+    assert_eq!(http.on_http_request_body(40, true), Action::Continue);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["set-a-c"]);
+    // An empty one sets nothing.
+    let mut http = write(&fake, &root, "POST", CLAIMS, "application/json");
+    assert_eq!(http.on_http_request_headers(0, false), Action::Pause);
+    assert_eq!(http.on_http_request_body(0, true), Action::Continue);
+    assert_eq!(fake.header("x-skewgate-cluster"), ["pool"]);
 }
 
 #[test]
