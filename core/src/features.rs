@@ -91,8 +91,6 @@ const fn step(json: &'static str, proto: u32) -> Step {
 
 const SPEC: Step = step("spec", 2);
 const STATUS: Step = step("status", 3);
-const VOLUME_ATTRIBUTES_CLASS_NAME_9: Step = step("volumeAttributesClassName", 9);
-const VOLUME_ATTRIBUTES_CLASS_NAME_10: Step = step("volumeAttributesClassName", 10);
 const POD_RESOURCES: Step = step("resources", 40);
 const POD_HOSTNAME_OVERRIDE: Step = step("hostnameOverride", 41);
 const TEMPLATE_2: Step = step("template", 2);
@@ -124,14 +122,14 @@ macro_rules! gated {
 /// Field numbers from `k8s.io/api`'s generated.proto; the same in every served version of each.
 pub const GATED: &[GatedResource] = &[
     gated!("" "" / "persistentvolumeclaims": &[
-        GatedField { gate: VOLUME_ATTRIBUTES_CLASS, path: &[SPEC, VOLUME_ATTRIBUTES_CLASS_NAME_9] },
+        GatedField { gate: VOLUME_ATTRIBUTES_CLASS, path: &[SPEC, step("volumeAttributesClassName", 9)] },
     ]),
     gated!("status" "" / "persistentvolumeclaims": &[
         GatedField { gate: VOLUME_ATTRIBUTES_CLASS, path: &[STATUS, step("currentVolumeAttributesClassName", 8)] },
         GatedField { gate: VOLUME_ATTRIBUTES_CLASS, path: &[STATUS, step("modifyVolumeStatus", 9)] },
     ]),
     gated!("" "" / "persistentvolumes": &[
-        GatedField { gate: VOLUME_ATTRIBUTES_CLASS, path: &[SPEC, VOLUME_ATTRIBUTES_CLASS_NAME_10] },
+        GatedField { gate: VOLUME_ATTRIBUTES_CLASS, path: &[SPEC, step("volumeAttributesClassName", 10)] },
     ]),
     gated!("" "" / "pods": pod_fields!(SPEC)),
     gated!("" "" / "podtemplates": pod_fields!(TEMPLATE_2, SPEC)),

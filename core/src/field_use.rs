@@ -7,13 +7,7 @@
 use serde_json::Value;
 
 use crate::features::{GatedField, GatedResource, Step, bit};
-use crate::protowire;
-
-/// The prefix of kube-apiserver's protobuf encoding (`k8s\0`), then a `runtime.Unknown`.
-const PROTOBUF_MAGIC: &[u8] = b"k8s\0";
-/// `runtime.Unknown`'s `raw` (the object) and `contentEncoding` fields.
-const UNKNOWN_RAW: u32 = 2;
-const UNKNOWN_CONTENT_ENCODING: u32 = 3;
+use crate::{envelope, protowire};
 
 /// The gates (a mask of [`crate::features::bit`]s, within `gates`) of the fields of `resource`
 /// that `body` sets, sent as `content_type` with `content_encoding`.
@@ -50,17 +44,7 @@ pub fn gates_used(
 
 /// The object a protobuf body carries, or `None` if it is not one skewgate can read.
 fn protobuf_object(body: &[u8]) -> Option<&[u8]> {
-    let unknown = body.strip_prefix(PROTOBUF_MAGIC)?;
-    let mut raw = None;
-    for field in protowire::fields(unknown) {
-        let field = field.ok()?;
-        match field.number {
-            UNKNOWN_RAW => raw = Some(field.payload()),
-            UNKNOWN_CONTENT_ENCODING if !field.payload().is_empty() => return None,
-            _ => {}
-        }
-    }
-    raw
+    envelope::open(body).filter(|e| e.content_encoding.is_empty() && !e.raw.is_empty()).map(|e| e.raw)
 }
 
 /// Whether the message sets the field at `path`: present on the wire, as Go's protobuf writer
@@ -147,17 +131,10 @@ mod tests {
 
     /// A PersistentVolumeClaim in kube-apiserver's protobuf encoding, its spec's fields given.
     fn protobuf_pvc(spec: impl FnOnce(&mut Writer)) -> Vec<u8> {
-        let mut object = Writer::default();
-        object.message(1, |m| m.string(1, "claim"));
-        object.message(2, spec);
-        let mut unknown = Writer::default();
-        unknown.message(1, |t| {
-            t.string(1, "v1");
-            t.string(2, "PersistentVolumeClaim");
-        });
-        unknown.bytes(UNKNOWN_RAW, &object.into_bytes());
-        unknown.string(4, "application/vnd.kubernetes.protobuf");
-        [PROTOBUF_MAGIC, &unknown.into_bytes()].concat()
+        envelope::seal("v1", "PersistentVolumeClaim", 64, |object| {
+            object.message(1, |m| m.string(1, "claim"));
+            object.message(2, spec);
+        })
     }
 
     #[test]
@@ -253,9 +230,7 @@ mod tests {
             }
             w.into_bytes()
         });
-        let mut unknown = Writer::default();
-        unknown.bytes(UNKNOWN_RAW, &message);
-        (serde_json::to_vec(&json).unwrap(), [PROTOBUF_MAGIC, &unknown.into_bytes()].concat())
+        (serde_json::to_vec(&json).unwrap(), envelope::seal("v1", "Object", 64, |w| w.raw(&message)))
     }
 
     /// Every field of the catalog is found where it is, in JSON, in protobuf and through a JSON

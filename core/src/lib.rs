@@ -16,6 +16,7 @@ pub mod decision;
 pub mod digest;
 pub mod discovery;
 pub mod edits;
+pub mod envelope;
 pub mod extensions;
 pub mod features;
 pub mod field_use;

@@ -570,12 +570,7 @@ impl RoutingTable {
     /// none does (each answers alike: a streaming list's 422, a gated field refused or dropped).
     pub fn with_features(&self, serving: Serving, gates: u32) -> Option<Serving> {
         let members = self.mask(serving);
-        let narrowed = self
-            .gate_members
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| gates & (1 << i) != 0)
-            .fold(members, |m, (_, have)| m & have);
+        let narrowed = with_gates(members, &self.gate_members, gates);
         if narrowed == members || narrowed == 0 {
             return None;
         }
@@ -722,24 +717,18 @@ impl TableConfig {
             return sets_of(&self.apiservers, masks, all);
         }
         let gate_members = crate::features::ROUTED.map(|gate| feature_mask(&self.apiservers, gate));
-        let mut narrowed = Vec::new();
         // A streaming list goes to the apiservers of its resource that have the feature: each
         // serving set (and the pool) cut down to them is a set too.
-        let watch_list = feature_mask(&self.apiservers, crate::features::WATCH_LIST);
-        if watch_list != all {
-            narrowed.extend(masks.iter().chain([&all]).map(|m| m & watch_list));
-        }
+        let watch_list = crate::features::bit(crate::features::WATCH_LIST);
+        let mut narrowed: Vec<u64> =
+            masks.iter().chain([&all]).map(|&m| with_gates(m, &gate_members, watch_list)).collect();
         // A write that sets gated fields goes to the apiservers of its resource that have every
-        // gate it uses: any combination of its fields' gates.
+        // gate it uses: any combination of its fields' gates (each non-empty subset of `gates`).
         for (gates, serving) in gated {
-            let bits: Vec<usize> = (0..gate_members.len()).filter(|i| gates & (1 << i) != 0).collect();
-            for combination in 1..(1u32 << bits.len()) {
-                let cut = bits
-                    .iter()
-                    .enumerate()
-                    .filter(|(j, _)| combination & (1 << j) != 0)
-                    .fold(serving, |m, (_, &i)| m & gate_members[i]);
-                narrowed.push(cut);
+            let mut combination = gates;
+            while combination != 0 {
+                narrowed.push(with_gates(serving, &gate_members, combination));
+                combination = (combination - 1) & gates;
             }
         }
         masks.extend(narrowed);
@@ -774,6 +763,17 @@ fn sets_of(
                 .collect()
         })
         .collect()
+}
+
+/// The apiservers of `members` that have (or may have) every gate of `gates` (a mask of
+/// [`crate::features::bit`]s), by the apiservers each gate has (`gate_members`, in
+/// [`crate::features::ROUTED`]'s order).
+fn with_gates(members: u64, gate_members: &[u64], gates: u32) -> u64 {
+    gate_members
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| gates & (1 << i) != 0)
+        .fold(members, |m, (_, have)| m & have)
 }
 
 /// The apiservers that have (or may have) `gate`, as a member mask.

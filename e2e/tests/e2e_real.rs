@@ -364,26 +364,19 @@ async fn r16_gated_fields() -> Result<()> {
 const BOUND: &str = r#"{"status":{"phase":"Bound"}}"#;
 
 fn protobuf_claim(name: &str, class: &str) -> Vec<u8> {
-    use skewgate_core::protowire::Writer;
-    let mut claim = Writer::default();
-    claim.message(1, |m| m.string(1, name));
-    claim.message(2, |spec| {
-        spec.string(1, "ReadWriteOnce");
-        spec.message(2, |resources| {
-            resources.message(2, |entry| {
-                entry.string(1, "storage");
-                entry.message(2, |q| q.string(1, "1Gi"));
-            })
+    skewgate_core::envelope::seal("v1", "PersistentVolumeClaim", 128, |claim| {
+        claim.message(1, |m| m.string(1, name));
+        claim.message(2, |spec| {
+            spec.string(1, "ReadWriteOnce");
+            spec.message(2, |resources| {
+                resources.message(2, |entry| {
+                    entry.string(1, "storage");
+                    entry.message(2, |q| q.string(1, "1Gi"));
+                })
+            });
+            spec.string(9, class);
         });
-        spec.string(9, class);
-    });
-    let mut unknown = Writer::default();
-    unknown.message(1, |t| {
-        t.string(1, "v1");
-        t.string(2, "PersistentVolumeClaim");
-    });
-    unknown.bytes(2, &claim.into_bytes());
-    [&b"k8s\0"[..], &unknown.into_bytes()].concat()
+    })
 }
 
 async fn gated_fields() -> Result<Row> {

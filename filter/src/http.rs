@@ -17,7 +17,7 @@ use skewgate_core::table::Serving;
 use crate::active::Active;
 use crate::hold::{Holding, Release};
 use crate::host::Host;
-use crate::metrics;
+use crate::metrics::Gated;
 use crate::openapi::Pending;
 
 pub struct Http<H: Host> {
@@ -339,11 +339,11 @@ impl<H: Host> Http<H> {
             (Some((serving, route)), _) => {
                 self.edit(edits::reroute_edits(&route));
                 self.routed.serving = Some(serving);
-                if body_size.is_some() { "narrowed" } else { "unread" }
+                if body_size.is_some() { Gated::Narrowed } else { Gated::Unread }
             }
-            (None, _) => "as_routed",
+            (None, _) => Gated::AsRouted,
         };
-        increment(&self.host, &metrics::gated_writes(outcome));
+        active.metrics.gated_write(outcome);
         let cluster = active.table.cluster(self.routed.serving.unwrap_or(gated.serving)).to_owned();
         self.admit(&active, &cluster, body_size.unwrap_or(0))
     }
@@ -419,12 +419,6 @@ impl<H: Host> Http<H> {
             self.host.set_response_header(name, (!value.is_empty()).then_some(value));
         }
         self.host.set_response_header("content-length", Some(&reply.body.len().to_string()));
-    }
-}
-
-fn increment<H: Host>(host: &H, name: &str) {
-    if let Some(id) = host.define_counter(name) {
-        host.increment_metric(id, 1);
     }
 }
 

@@ -24,6 +24,8 @@ pub struct Metrics<H: Host> {
     merged_ok: Option<u32>,
     merged_not_modified: Option<u32>,
     refused: Option<u32>,
+    /// Indexed like [`Gated::ALL`].
+    gated: [Option<u32>; 3],
 }
 
 fn increment(host: &impl Host, id: Option<u32>) {
@@ -40,11 +42,27 @@ pub fn held_requests(cluster: &str, outcome: &str) -> String {
     format!("skewgate.held_requests_total.cluster={cluster};outcome={outcome};")
 }
 
-/// Writes of gated fields ([`skewgate_core::features::GATED`]) by where their body sent them:
-/// `narrowed` (to the apiservers with the gates of the fields it sets), `as_routed` (it sets
-/// none of them), `unread` (too long to read, or with trailers: narrowed unread).
-pub fn gated_writes(outcome: &str) -> String {
-    format!("skewgate.gated_writes_total.outcome={outcome};")
+/// Where the body of a write of gated fields ([`skewgate_core::features::GATED`]) sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gated {
+    /// To the apiservers with the gates of the fields it sets.
+    Narrowed,
+    /// It sets none of them: where it was routed.
+    AsRouted,
+    /// Too long to read, or followed by trailers: narrowed unread.
+    Unread,
+}
+
+impl Gated {
+    const ALL: [Gated; 3] = [Gated::Narrowed, Gated::AsRouted, Gated::Unread];
+
+    fn name(self) -> &'static str {
+        match self {
+            Gated::Narrowed => "narrowed",
+            Gated::AsRouted => "as_routed",
+            Gated::Unread => "unread",
+        }
+    }
 }
 
 /// Counts configurations, by outcome, on each VM (the main thread's and every worker's).
@@ -87,6 +105,7 @@ impl<H: Host> Metrics<H> {
             merged_ok: counter("skewgate.merged_discovery_total.code=200;"),
             merged_not_modified: counter("skewgate.merged_discovery_total.code=304;"),
             refused: counter("skewgate.refused_certificates_total"),
+            gated: Gated::ALL.map(|g| counter(&format!("skewgate.gated_writes_total.outcome={};", g.name()))),
             host,
             rerouted,
             unavailable,
@@ -97,6 +116,10 @@ impl<H: Host> Metrics<H> {
         if let Some((Some(_), pending)) = self.rerouted.get(gvr_id) {
             pending.set(pending.get() + 1);
         }
+    }
+
+    pub fn gated_write(&self, outcome: Gated) {
+        increment(&self.host, self.gated[outcome as usize]);
     }
 
     pub fn seen(&self) {

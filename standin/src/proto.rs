@@ -8,13 +8,13 @@
 
 use base64::Engine;
 use serde_json::{Map, Value, json};
+use skewgate_core::envelope::MAGIC;
 use skewgate_core::protowire::{self, Value as Wire};
 
 use super::status::{Errors, Status};
 use Ty::{Bool, Int, MapBytes, MapStr, Msg, RepMsg, RepStr, Str, Time};
 
 pub const MEDIA_TYPE: &str = "application/vnd.kubernetes.protobuf";
-const MAGIC: &[u8] = b"k8s\0";
 
 #[derive(Clone, Copy)]
 enum Ty {

@@ -27,9 +27,6 @@ pub const MEDIA_TYPE_PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 pub const MEDIA_TYPE_V2_PROTOBUF: &str =
     "application/vnd.kubernetes.protobuf;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
 
-/// Every protobuf body kube-apiserver writes starts with these four bytes.
-const MAGIC: &[u8] = b"k8s\x00";
-
 /// A document that has a protobuf form: its type meta and its fields.
 pub trait ToProtobuf {
     /// `apiVersion` and `kind` as the envelope carries them.
@@ -39,17 +36,7 @@ pub trait ToProtobuf {
     /// The whole body kube-apiserver sends: magic, then the `runtime.Unknown` envelope.
     fn to_protobuf(&self) -> Vec<u8> {
         let (api_version, kind) = self.type_meta();
-        let mut wire = Writer::with_capacity(1024);
-        wire.raw(MAGIC);
-        // runtime.Unknown: typeMeta, raw, contentEncoding, contentType.
-        wire.message(1, |w| {
-            w.string(1, api_version);
-            w.string(2, kind);
-        });
-        wire.message(2, |w| self.encode_fields(w));
-        wire.string(3, "");
-        wire.string(4, "");
-        wire.into_bytes()
+        crate::envelope::seal(api_version, kind, 1024, |w| self.encode_fields(w))
     }
 }
 
@@ -220,7 +207,7 @@ fn server_address(address: &Map<String, Value>, w: &mut Writer) {
 /// The `apiVersion` and `kind` of a Kubernetes protobuf body, for what shows and counts a
 /// document (`skewgate explain`, tests); `None` if it is not one.
 pub fn type_meta(body: &[u8]) -> Option<(&str, &str)> {
-    let envelope = bytes_of(protowire::fields(body.strip_prefix(MAGIC)?).next(), 1)?;
+    let envelope = bytes_of(protowire::fields(body.strip_prefix(crate::envelope::MAGIC)?).next(), 1)?;
     let mut type_meta = protowire::fields(envelope);
     let api_version = std::str::from_utf8(bytes_of(type_meta.next(), 1)?).ok()?;
     let kind = std::str::from_utf8(bytes_of(type_meta.next(), 2)?).ok()?;

@@ -96,20 +96,17 @@ fn a_write_that_leaves_the_fields_alone_goes_where_it_was_routed() {
 
 #[test]
 fn a_protobuf_write_is_read_too() {
-    use skewgate_core::protowire::Writer;
     let (fake, root) = configured(&skewed());
     let claim = |class: Option<&str>| {
-        let mut object = Writer::default();
-        object.message(1, |m| m.string(1, "c1"));
-        object.message(2, |s| {
-            s.string(5, "standard");
-            if let Some(class) = class {
-                s.string(9, class);
-            }
-        });
-        let mut unknown = Writer::default();
-        unknown.bytes(2, &object.into_bytes());
-        [&b"k8s\0"[..], &unknown.into_bytes()].concat()
+        skewgate_core::envelope::seal("v1", "PersistentVolumeClaim", 64, |object| {
+            object.message(1, |m| m.string(1, "c1"));
+            object.message(2, |s| {
+                s.string(5, "standard");
+                if let Some(class) = class {
+                    s.string(9, class);
+                }
+            });
+        })
     };
     for (class, cluster) in [(Some("gold"), "set-a-c"), (None, "pool")] {
         let mut http = write(&fake, &root, "POST", CLAIMS, "application/vnd.kubernetes.protobuf");
