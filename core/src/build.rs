@@ -11,9 +11,10 @@ use crate::digest::short_hash;
 use crate::discovery::{ApiGroupDiscovery, ApiGroupDiscoveryList, etag, merge_peer_discovery};
 use crate::extensions::Extensions;
 use crate::legacy_build::{LegacySet, compose_legacy};
+use crate::policy::PolicyConfig;
 use crate::table::{
-    ApiserverConfig, DiscoveryConfig, GroupVersionConfig, LegacyDocumentConfig, MAX_APISERVERS, PolicyConfig,
-    RoutingTable, SCHEMA_VERSION, TableConfig, TableError,
+    ApiserverConfig, DiscoveryConfig, GroupVersionConfig, LegacyDocumentConfig, MAX_APISERVERS, RoutingTable,
+    SCHEMA_VERSION, TableConfig, TableError,
 };
 
 /// What one apiserver serves: its aggregated `/api` and `/apis` documents (legacy discovery

@@ -509,7 +509,7 @@ mod tests {
         let claim = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c";
         assert!(!plan.targets.iter().any(|t| takes(t, claim)), "c's alone: through the filter");
         let mut no_hold = sample();
-        no_hold["policy"] = json!({"maxHoldMs": 0});
+        no_hold["policy"] = json!({"hold": {"maxWait": "0s"}});
         let no_hold = super::plan(&RoutingTable::from_json(no_hold.to_string().as_bytes()).unwrap()).unwrap();
         let set_c =
             no_hold.targets.iter().find(|t| t.cluster == "set-c").expect("set-c's routes without a hold");

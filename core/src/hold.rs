@@ -14,48 +14,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
-use crate::table::{PolicyConfig, RoutingTable, Serving};
-
-/// How long, and how many, requests may wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HoldPolicy {
-    /// The longest a request waits before the 503 it would have had at once (with
-    /// `Retry-After`).
-    pub max_wait: Duration,
-    /// Requests waiting at once, per worker; past it a request is not held (it gets the 503 at
-    /// once), so that an outage cannot make Envoy keep an unbounded number of streams.
-    pub max_held: usize,
-}
-
-impl Default for HoldPolicy {
-    /// The table's defaults ([`crate::table::DEFAULT_MAX_HOLD_MS`]).
-    fn default() -> Self {
-        Self::from(&PolicyConfig::default())
-    }
-}
-
-impl From<&PolicyConfig> for HoldPolicy {
-    /// The hold a table's policy asks for.
-    fn from(policy: &PolicyConfig) -> Self {
-        HoldPolicy {
-            max_wait: Duration::from_millis(policy.max_hold_ms),
-            max_held: usize::try_from(policy.max_held).unwrap_or(usize::MAX),
-        }
-    }
-}
-
-impl HoldPolicy {
-    /// No request waits: each gets its 503 at once.
-    pub fn is_off(&self) -> bool {
-        self.max_wait.is_zero()
-    }
-
-    /// Writes this hold into a table's policy, which carries it to the filter and the module.
-    pub fn write_to(&self, policy: &mut PolicyConfig) {
-        policy.max_hold_ms = u64::try_from(self.max_wait.as_millis()).unwrap_or(u64::MAX);
-        policy.max_held = u32::try_from(self.max_held).unwrap_or(u32::MAX);
-    }
-}
+use crate::policy::HoldPolicy;
+use crate::table::{RoutingTable, Serving};
 
 /// How often a down cluster is asked again.
 pub const PROBE_PERIOD: Duration = Duration::from_millis(200);
@@ -86,7 +46,7 @@ pub const MAX_HELD_BODY: usize = 512 * 1024;
 /// skips the filter (a bypass route, the native module's) would answer 503 at once. Without a
 /// hold, a route does as well.
 pub fn needs_the_filter(table: &RoutingTable, serving: Serving, rerouted: bool) -> bool {
-    rerouted && !HoldPolicy::from(&table.policy()).is_off() && table.members(serving).count() == 1
+    rerouted && !table.policy().hold.is_off() && table.members(serving).count() == 1
 }
 
 /// The bodies all waiting requests of a worker keep, together, at most: past it a request whose
@@ -570,17 +530,6 @@ mod tests {
 
     fn answered<T>(due: &Due<T>) -> Vec<(u32, Why)> {
         due.answers.iter().map(|a| (a.held.id, a.why)).collect()
-    }
-
-    #[test]
-    fn the_hold_travels_in_the_tables_policy() {
-        let shipped = HoldPolicy::default();
-        assert_eq!(shipped, HoldPolicy { max_wait: Duration::from_secs(10), max_held: 1024 });
-        let mut policy = PolicyConfig { max_hold_ms: 0, max_held: 0, ..PolicyConfig::default() };
-        let asked = HoldPolicy { max_wait: Duration::from_millis(2500), max_held: 7 };
-        asked.write_to(&mut policy);
-        assert_eq!((policy.max_hold_ms, policy.max_held), (2500, 7));
-        assert_eq!(HoldPolicy::from(&policy), asked);
     }
 
     #[test]

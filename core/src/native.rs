@@ -47,7 +47,7 @@ mod tests {
         ) {
             let mut table = sample();
             if !hold {
-                table["policy"]["maxHoldMs"] = serde_json::json!(0);
+                table["policy"]["hold"] = serde_json::json!({"maxWait": "0s"});
             }
             let t = RoutingTable::from_json(table.to_string().as_bytes()).unwrap();
             let target = format!("{path}?{query}");

@@ -11,6 +11,7 @@ use std::sync::OnceLock;
 
 use crate::discovery::ApiGroupDiscoveryList;
 use crate::discovery::protobuf::ToProtobuf;
+use crate::policy::PolicyConfig;
 use serde::{Deserialize, Serialize};
 
 pub use crate::legacy_documents::{
@@ -162,73 +163,6 @@ pub struct DiscoveryConfig {
     pub etag: String,
     /// The serialised `APIGroupDiscoveryList`, answered as is.
     pub document: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct PolicyConfig {
-    /// Remove a downstream `x-kubernetes-peer-proxied` header. Upstream does not authenticate it,
-    /// so any client could otherwise switch off an apiserver's own peer proxying for its request.
-    /// The shipped bootstraps remove it at the listener too, before routing, for the bypass
-    /// routes ([`crate::bypass::LISTENER_STRIPS`]): `false` takes effect with that line gone.
-    #[serde(default = "yes")]
-    pub strip_downstream_peer_proxied: bool,
-    /// Map a verified downstream client certificate to `X-Remote-User`/`X-Remote-Group`.
-    #[serde(default = "yes")]
-    pub client_cert_identity: bool,
-    /// With a mapped certificate, also send the user extra kube-apiserver's x509 authenticator
-    /// adds (`authentication.kubernetes.io/credential-id: X509SHA256=<fingerprint>`, 1.3x on),
-    /// which audit logs record.
-    #[serde(default = "yes")]
-    pub x509_credential_id: bool,
-    /// The longest a request waits at the edge while every apiserver that serves it is away
-    /// ([`crate::hold`]); 0 answers it at once.
-    #[serde(default = "default_max_hold_ms", skip_serializing_if = "is_default_max_hold_ms")]
-    pub max_hold_ms: u64,
-    /// Requests waiting at once, per Envoy worker.
-    #[serde(default = "default_max_held", skip_serializing_if = "is_default_max_held")]
-    pub max_held: u32,
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// A request's longest wait at the edge, by default. A real kube-apiserver restart (SIGTERM, then
-/// the same binary again) is refused for 0.9 to 2.2 s and ready 2.0 to 4.2 s after its start;
-/// Envoy's health check finds it within one interval (2 s) more, and the hold's probe within
-/// 200 ms. 10 s covers that twice over and stays far below every client's and the apiserver's
-/// own request timeout (60 s).
-pub const DEFAULT_MAX_HOLD_MS: u64 = 10_000;
-/// Requests waiting at once per worker, by default.
-pub const DEFAULT_MAX_HELD: u32 = 1024;
-
-fn default_max_hold_ms() -> u64 {
-    DEFAULT_MAX_HOLD_MS
-}
-
-fn is_default_max_hold_ms(ms: &u64) -> bool {
-    *ms == default_max_hold_ms()
-}
-
-fn default_max_held() -> u32 {
-    DEFAULT_MAX_HELD
-}
-
-fn is_default_max_held(n: &u32) -> bool {
-    *n == default_max_held()
-}
-
-impl Default for PolicyConfig {
-    fn default() -> Self {
-        Self {
-            strip_downstream_peer_proxied: true,
-            client_cert_identity: true,
-            x509_credential_id: true,
-            max_hold_ms: default_max_hold_ms(),
-            max_held: default_max_held(),
-        }
-    }
 }
 
 /// Why a table was refused: the JSON path of the offending field and what is wrong with it.

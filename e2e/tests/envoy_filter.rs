@@ -37,7 +37,7 @@ const PODS: &str = "/api/v1/namespaces/default/pods";
 /// at once; the hold's own tests use [`holding_table`].
 fn table(claims_by: &[&str]) -> TableConfig {
     let mut t = holding_table(claims_by);
-    t.policy.max_hold_ms = 0;
+    t.policy.hold.max_wait = Duration::ZERO;
     seal_as_named(&mut t);
     t
 }
@@ -108,12 +108,12 @@ impl Fixture {
         name: &str,
         native: bool,
         route_timeout: &str,
-        max_held: Option<u32>,
+        max_held: Option<usize>,
     ) -> Result<Self> {
         let edit = |s| Settings { route_timeout: route_timeout.into(), ..s };
         let mut t = holding_table(&["c"]);
         if let Some(n) = max_held {
-            t.policy.max_held = n;
+            t.policy.hold.max_held = n;
             seal_as_named(&mut t);
         }
         Self::start_table(name, native, t, edit).await
@@ -1073,7 +1073,7 @@ async fn with_the_native_module_requests_wait_too() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_a_request_gets_its_503_at_once() -> Result<()> {
     const BOUND: u64 = 100;
-    let f = Fixture::start_holding("hold-bound", false, "60s", Some(BOUND as u32)).await?;
+    let f = Fixture::start_holding("hold-bound", false, "60s", Some(BOUND as usize)).await?;
     let clients = (0..3)
         .map(|_| {
             Ok(listener_client(&f.pki, None, Duration::from_secs(60))?.http2_prior_knowledge().build()?)
@@ -1386,7 +1386,7 @@ async fn reads_leave_a_frozen_apiserver_within_seconds() -> Result<()> {
         ],
         "discovery": {"etag": "0123ABCD", "document": MERGED_DOC}
     }))?;
-    t.policy.max_hold_ms = 0;
+    t.policy.hold.max_wait = Duration::ZERO;
     seal_as_named(&mut t);
     let endpoints = [f.endpoints[0].clone(), g.endpoint.clone()];
     let before = f.envoy.stat("cluster_manager.cds.update_success").await?;
@@ -1532,7 +1532,7 @@ impl TwoHosts {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_host_cannot_keep_another_out_of_the_waiting_room() -> Result<()> {
     let mut t = holding_table(&["c"]);
-    t.policy.max_held = 100;
+    t.policy.hold.max_held = 100;
     seal_as_named(&mut t);
     let TwoHosts { f, mallory, alice, url } = TwoHosts::with_c_away("hold-shared", t).await?;
     let send =

@@ -894,7 +894,7 @@ pub(crate) mod tests {
     /// hold it has none: core::bypass's tests).
     fn routing_table(edit: impl FnOnce(&mut Value)) -> RoutingTable {
         let mut t = skewgate_core::testing::sample();
-        t["policy"] = json!({"maxHoldMs": 0});
+        t["policy"] = json!({"hold": {"maxWait": "0s"}});
         edit(&mut t);
         RoutingTable::from_json(t.to_string().as_bytes()).unwrap()
     }

@@ -8,7 +8,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use skewgate_core::edits::Routed;
-use skewgate_core::hold::{self, Answer, Held, HoldPolicy, Holds, Why};
+use skewgate_core::hold::{self, Answer, Held, Holds, Why};
+use skewgate_core::policy::HoldPolicy;
 
 use crate::active::Active;
 use crate::host::Host;
@@ -71,7 +72,7 @@ impl<H: Host> Holding<H> {
     /// answered (in the ticks that follow, a bounded batch each: this is a call into the VM too):
     /// sent again, they are decided on it.
     pub fn set_live(&self, root: u32, active: &Rc<Active<H>>) {
-        self.holds.borrow_mut().set_policy(HoldPolicy::from(&active.table.policy()));
+        self.holds.borrow_mut().set_policy(active.table.policy().hold);
         *self.live.borrow_mut() = Some(active.clone());
         self.live_root.set(Some(root));
         let stale = |w: &Waiter<H>| {

@@ -11,8 +11,11 @@
 use std::ffi::{c_char, c_void};
 use std::ptr;
 
-use crate::filter::{BodyNext, Config, Filter, Next};
-use crate::stream::{Attribute, Body, Stream};
+use std::borrow::Cow;
+
+use skewgate_core::stream::{Attribute, Next, Stream};
+
+use crate::filter::{Config, Filter, RequestHeaders};
 
 /// What Envoy logs on load ("Dynamic module ABI version ... matched"); a mismatch only warns.
 static ABI_VERSION: &[u8] = b"v0.2.0\0";
@@ -131,19 +134,75 @@ impl EnvoyStream {
     }
 }
 
-impl Stream for EnvoyStream {
+impl RequestHeaders for EnvoyStream {
     fn request_headers(&self) -> Vec<(&[u8], &[u8])> {
         self.headers(REQUEST_HEADER)
     }
+}
 
-    fn response_headers(&self) -> Vec<(&[u8], &[u8])> {
-        self.headers(RESPONSE_HEADER)
+impl EnvoyStream {
+    fn set_header(&mut self, kind: u32, name: &str, value: Option<&str>) {
+        let value = value.map_or(Buffer::NULL, |v| Buffer::of(v.as_bytes()));
+        // SAFETY: `envoy` is the live filter of the current hook; Envoy copies both buffers.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self.envoy,
+                kind,
+                Buffer::of(name.as_bytes()),
+                value,
+            );
+        }
     }
 
-    fn response_header(&self, name: &str) -> Option<&[u8]> {
+    /// Drops all of that body buffer.
+    fn drain(&mut self, body: Body) {
+        // SAFETY: `envoy` is the live filter of the current hook.
+        unsafe {
+            let size = envoy_dynamic_module_callback_http_get_body_size(self.envoy, body as u32);
+            if size > 0 {
+                envoy_dynamic_module_callback_http_drain_body(self.envoy, body as u32, size);
+            }
+        }
+    }
+}
+
+/// `envoy_dynamic_module_type_http_body_type` values for the response.
+#[derive(Clone, Copy)]
+#[repr(u32)]
+enum Body {
+    /// The chunk of the current body hook.
+    Received = 2,
+    /// What Envoy buffered (also where data added from the trailers hook goes).
+    Buffered = 3,
+}
+
+/// `envoy_dynamic_module_type_attribute_id` values.
+fn attribute_id(which: Attribute) -> u32 {
+    match which {
+        Attribute::ResponseDetails => 16,
+        Attribute::ClientSubject => 33,
+        Attribute::ClientCertificateDigest => 38,
+    }
+}
+
+impl Stream for EnvoyStream {
+    fn attribute(&self, which: Attribute) -> Option<Cow<'_, [u8]>> {
         let mut out = Buffer::NULL;
-        // SAFETY: live filter; `name` outlives the call; Envoy writes one buffer into `out`
-        // pointing into its header map (see `request_headers` for its lifetime).
+        // SAFETY: `envoy` is the live filter of the current hook; the buffer Envoy returns
+        // lives in the stream's info, which outlives `&self`.
+        unsafe {
+            let found = envoy_dynamic_module_callback_http_filter_get_attribute_string(
+                self.envoy,
+                attribute_id(which),
+                &mut out,
+            );
+            found.then(|| Cow::Borrowed(out.bytes()))
+        }
+    }
+
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        let mut out = Buffer::NULL;
+        // SAFETY: as for `headers`: the value is a buffer into Envoy's header map.
         unsafe {
             let found = envoy_dynamic_module_callback_http_get_header(
                 self.envoy,
@@ -153,79 +212,51 @@ impl Stream for EnvoyStream {
                 0,
                 ptr::null_mut(),
             );
-            (found && !out.ptr.is_null()).then(|| out.bytes())
+            (found && !out.ptr.is_null()).then(|| Cow::Borrowed(out.bytes()))
         }
     }
 
-    fn attribute(&self, id: Attribute) -> Option<&[u8]> {
-        let mut out = Buffer::NULL;
-        // SAFETY: live filter; Envoy writes a buffer owned by the stream or connection, valid
-        // for the rest of the hook.
-        unsafe {
-            let found = envoy_dynamic_module_callback_http_filter_get_attribute_string(
-                self.envoy, id as u32, &mut out,
-            );
-            found.then(|| out.bytes())
-        }
+    fn response_header_names(&self) -> Vec<String> {
+        let headers = self.headers(RESPONSE_HEADER);
+        headers.into_iter().map(|(name, _)| String::from_utf8_lossy(name).into_owned()).collect()
     }
 
-    fn set_request_header(&mut self, name: &[u8], value: Option<&[u8]>) {
-        let value = value.map_or(Buffer::NULL, Buffer::of);
-        // SAFETY: live filter; Envoy copies key and value before returning.
-        unsafe {
-            envoy_dynamic_module_callback_http_set_header(
-                self.envoy,
-                REQUEST_HEADER,
-                Buffer::of(name),
-                value,
-            );
-        }
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+        self.set_header(REQUEST_HEADER, name, value);
     }
 
-    fn add_request_header(&mut self, name: &[u8], value: &[u8]) {
-        // SAFETY: as `set_request_header`.
+    fn add_request_header(&mut self, name: &str, value: &str) {
+        // SAFETY: `envoy` is the live filter of the current hook; Envoy copies both buffers.
         unsafe {
             envoy_dynamic_module_callback_http_add_header(
                 self.envoy,
                 REQUEST_HEADER,
-                Buffer::of(name),
-                Buffer::of(value),
+                Buffer::of(name.as_bytes()),
+                Buffer::of(value.as_bytes()),
             );
         }
     }
 
-    fn set_response_header(&mut self, name: &[u8], value: Option<&[u8]>) {
-        let value = value.map_or(Buffer::NULL, Buffer::of);
-        // SAFETY: live filter, during a response hook; Envoy copies key and value.
-        unsafe {
-            envoy_dynamic_module_callback_http_set_header(
-                self.envoy,
-                RESPONSE_HEADER,
-                Buffer::of(name),
-                value,
-            );
-        }
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+        self.set_header(RESPONSE_HEADER, name, value);
     }
 
-    fn drain_response_body(&mut self, body: Body) {
-        // SAFETY: live filter, during a response hook; a missing buffer is reported, not used.
-        unsafe {
-            let size = envoy_dynamic_module_callback_http_get_body_size(self.envoy, body as u32);
-            if size > 0 {
-                envoy_dynamic_module_callback_http_drain_body(self.envoy, body as u32, size);
-            }
-        }
+    /// The whole chunk of this hook, whatever `size` says: the ABI's hook does not pass one.
+    fn drop_response_body(&mut self, _size: usize) {
+        self.drain(Body::Received);
     }
 
-    fn append_response_body(&mut self, body: Body, data: &[u8]) {
-        // SAFETY: live filter, during a response hook; Envoy copies `data` before returning.
-        unsafe {
-            envoy_dynamic_module_callback_http_append_body(self.envoy, body as u32, Buffer::of(data));
+    fn end_response_body(&mut self, _size: usize, body: &[u8], at_trailers: bool) -> bool {
+        let into = if at_trailers { Body::Buffered } else { Body::Received };
+        if !at_trailers {
+            self.drain(Body::Received);
         }
+        // SAFETY: `envoy` is the live filter of the current hook; Envoy copies the data.
+        unsafe { envoy_dynamic_module_callback_http_append_body(self.envoy, into as u32, Buffer::of(body)) }
     }
 
     fn clear_route_cache(&mut self) {
-        // SAFETY: live filter, during request headers.
+        // SAFETY: `envoy` is the live filter of the current hook.
         unsafe { envoy_dynamic_module_callback_http_clear_route_cache(self.envoy) }
     }
 
@@ -234,7 +265,8 @@ impl Stream for EnvoyStream {
             .iter()
             .map(|(k, v)| Header { key: Buffer::of(k.as_bytes()), value: Buffer::of(v.as_bytes()) })
             .collect();
-        // SAFETY: live filter; every buffer outlives the call and Envoy copies them.
+        // SAFETY: `envoy` is the live filter of the current hook; the header array and the
+        // buffers outlive the call, which copies them.
         unsafe {
             envoy_dynamic_module_callback_http_send_response(
                 self.envoy,
@@ -248,12 +280,6 @@ impl Stream for EnvoyStream {
     }
 }
 
-// ----------------------------------------------------------------------------------------------
-// Event hooks. Envoy calls them on the main thread (program init, configs) or on the worker that
-// owns the stream (everything taking a filter). Module pointers are Boxes leaked to Envoy and
-// taken back in the matching destroy hook.
-
-// envoy_dynamic_module_type_on_http_filter_*_status
 const CONTINUE: u32 = 0;
 const STOP_ITERATION: u32 = 1;
 
@@ -276,7 +302,7 @@ unsafe fn take_back<T>(module: *const c_void) {
 fn status(next: Next) -> u32 {
     match next {
         Next::Continue => CONTINUE,
-        Next::Stop => STOP_ITERATION,
+        Next::Pause => STOP_ITERATION,
     }
 }
 
@@ -390,10 +416,11 @@ extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     module: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
+    // No size: the module's stream drops or replaces this hook's whole chunk.
     // SAFETY: as request_headers.
-    match unsafe { on_stream(envoy, module, |f, s| f.on_response_body(s, end_of_stream)) } {
-        BodyNext::Continue => BODY_CONTINUE,
-        BodyNext::StopNoBuffer => BODY_STOP_NO_BUFFER,
+    match unsafe { on_stream(envoy, module, |f, s| f.on_response_body(s, 0, end_of_stream)) } {
+        Next::Continue => BODY_CONTINUE,
+        Next::Pause => BODY_STOP_NO_BUFFER,
     }
 }
 

@@ -7,7 +7,6 @@
 #[cfg(not(test))]
 mod ffi;
 pub mod filter;
-pub mod stream;
 
 #[cfg(test)]
 mod tests;

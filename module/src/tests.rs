@@ -1,81 +1,19 @@
 //! The module's filter against a fake Envoy stream: what it does to a request's headers, which
 //! local replies it sends, what it leaves to the proxy-wasm filter behind it.
 
-use serde_json::{Value, json};
+use serde_json::json;
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::edits::{CLUSTER_HEADER, NATIVE, NATIVE_LONG_RUNNING, ROUTE_HEADER};
 use skewgate_core::testing::{CN, certificate_der, peer_certificate, sample, sealed, url_encoded_pem};
 
-use crate::filter::{Config, Filter, Next};
-use crate::stream::{Attribute, Body, Stream};
+use skewgate_core::stream::{Attribute, Next};
+use skewgate_core::testing::FakeStream as Fake;
 
-/// An Envoy stream: its headers, the attributes it answers, and what the filter did to it.
-#[derive(Default)]
-struct Fake {
-    request: Vec<(Vec<u8>, Vec<u8>)>,
-    response: Vec<(Vec<u8>, Vec<u8>)>,
-    attributes: Vec<(Attribute, Vec<u8>)>,
-    reply: Option<(u32, Vec<u8>, String)>,
-    reply_headers: Vec<(String, String)>,
-    route_cleared: usize,
-}
+use crate::filter::{Config, Filter, RequestHeaders};
 
-impl Fake {
-    fn request(headers: &[(&str, &str)]) -> Self {
-        let request = headers.iter().map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec())).collect();
-        Fake { request, ..Fake::default() }
-    }
-
-    fn header(&self, name: &str) -> Vec<String> {
-        self.request
-            .iter()
-            .filter(|(n, _)| n == name.as_bytes())
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .collect()
-    }
-
-    fn reply_json(&self) -> (u32, Value) {
-        let (status, body, _) = self.reply.as_ref().expect("a local reply");
-        (*status, serde_json::from_slice(body).expect("a JSON body"))
-    }
-}
-
-impl Stream for Fake {
+impl RequestHeaders for Fake {
     fn request_headers(&self) -> Vec<(&[u8], &[u8])> {
-        self.request.iter().map(|(n, v)| (&n[..], &v[..])).collect()
-    }
-    fn response_headers(&self) -> Vec<(&[u8], &[u8])> {
-        self.response.iter().map(|(n, v)| (&n[..], &v[..])).collect()
-    }
-    fn response_header(&self, name: &str) -> Option<&[u8]> {
-        self.response.iter().find(|(n, _)| n == name.as_bytes()).map(|(_, v)| &v[..])
-    }
-    fn attribute(&self, id: Attribute) -> Option<&[u8]> {
-        self.attributes.iter().find(|(a, _)| *a == id).map(|(_, v)| &v[..])
-    }
-    fn set_request_header(&mut self, name: &[u8], value: Option<&[u8]>) {
-        self.request.retain(|(n, _)| n != name);
-        if let Some(value) = value {
-            self.request.push((name.to_vec(), value.to_vec()));
-        }
-    }
-    fn add_request_header(&mut self, name: &[u8], value: &[u8]) {
-        self.request.push((name.to_vec(), value.to_vec()));
-    }
-    fn set_response_header(&mut self, name: &[u8], value: Option<&[u8]>) {
-        self.response.retain(|(n, _)| n != name);
-        if let Some(value) = value {
-            self.response.push((name.to_vec(), value.to_vec()));
-        }
-    }
-    fn drain_response_body(&mut self, _body: Body) {}
-    fn append_response_body(&mut self, _body: Body, _data: &[u8]) {}
-    fn clear_route_cache(&mut self) {
-        self.route_cleared += 1;
-    }
-    fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8], details: &str) {
-        self.reply = Some((status, body.to_vec(), details.to_owned()));
-        self.reply_headers = headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect();
+        Fake::request_headers(self)
     }
 }
 
@@ -83,7 +21,7 @@ impl Stream for Fake {
 /// API of one apiserver, are the module's to route.
 fn filter() -> Filter {
     let mut table = sample();
-    table["policy"] = json!({"maxHoldMs": 0});
+    table["policy"] = json!({"hold": {"maxWait": "0s"}});
     let table = sealed(&table).to_string();
     Filter::new(&Config::new(b"skewgate-module", table.as_bytes()).expect("the sample table"))
 }
@@ -127,7 +65,7 @@ fn the_request_leaves_as_cores_plan_says() {
     let mut stream = Fake::request(SPOOFED_WATCH);
     assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));
     let mut table = sample();
-    table["policy"] = json!({"maxHoldMs": 0});
+    table["policy"] = json!({"hold": {"maxWait": "0s"}});
     let table = RoutingTable::from_json(sealed(&table).to_string().as_bytes()).expect("the sample");
     let head = RequestHead { method: "GET", target: SPOOFED_WATCH[1].1, token: true, ..Default::default() };
     let decision = decide(&table, &head);
@@ -152,8 +90,8 @@ fn a_certificate_becomes_the_identity() {
         (":path", "/api/v1/namespaces/default/pods"),
         (PEER_CERTIFICATE_HEADER, &certificate),
     ]);
-    stream.attributes.push((Attribute::ConnectionSubjectPeerCertificate, b"CN=bob,O=ops,O=devs".to_vec()));
-    stream.attributes.push((Attribute::ConnectionSha256PeerCertificateDigest, [b'a'; 64].to_vec()));
+    stream.attributes.push((Attribute::ClientSubject, b"CN=bob,O=ops,O=devs".to_vec()));
+    stream.attributes.push((Attribute::ClientCertificateDigest, [b'a'; 64].to_vec()));
     assert!(matches!(filter().on_request_headers(&mut stream), Next::Continue));
     assert_eq!(stream.header("x-remote-user"), ["bob"]);
     assert_eq!(stream.header("x-remote-group"), ["devs", "ops"]);
@@ -175,12 +113,12 @@ fn a_certificate_the_apiserver_would_refuse_gets_401() {
         ("authorization", "Bearer t"),
         (PEER_CERTIFICATE_HEADER, &universal),
     ]);
-    stream.attributes.push((Attribute::ConnectionSubjectPeerCertificate, b"CN=admin".to_vec()));
-    assert!(matches!(filter().on_request_headers(&mut stream), Next::Stop));
-    let (status, body) = stream.reply_json();
+    stream.attributes.push((Attribute::ClientSubject, b"CN=admin".to_vec()));
+    assert!(matches!(filter().on_request_headers(&mut stream), Next::Pause));
+    let (status, body) = stream.reply_json().expect("a JSON reply");
     assert_eq!(status, 401);
     assert!(body["message"].as_str().unwrap_or("").contains("UniversalString"), "{body}");
-    assert_eq!(stream.reply.as_ref().map(|r| r.2.as_str()), Some("skewgate_refused"));
+    assert_eq!(stream.reply.as_ref().map(|r| r.details.as_str()), Some("skewgate_refused"));
     assert!(stream.header(CLUSTER_HEADER).is_empty());
 }
 
@@ -196,14 +134,14 @@ fn envoys_own_failure_names_the_serving_apiservers() {
     ]);
     f.on_request_headers(&mut stream);
     stream.response.push((b":status".to_vec(), b"503".to_vec()));
-    stream.attributes.push((Attribute::ResponseCodeDetails, b"no_healthy_upstream".to_vec()));
-    assert!(matches!(f.on_response_headers(&mut stream, true), Next::Stop));
-    let (status, body) = stream.reply_json();
+    stream.attributes.push((Attribute::ResponseDetails, b"no_healthy_upstream".to_vec()));
+    assert!(matches!(f.on_response_headers(&mut stream, true), Next::Pause));
+    let (status, body) = stream.reply_json().expect("a JSON reply");
     assert_eq!(status, 503);
     let message = body["message"].as_str().unwrap_or("");
     assert!(message.contains("resourceclaims") && message.contains("set-c"), "{body}");
     // Nothing reached an apiserver: client-go sends it again after a second.
-    assert!(stream.reply_headers.contains(&("retry-after".into(), "1".into())), "{:?}", stream.reply_headers);
+    assert_eq!(stream.reply_header("retry-after"), Some("1"), "{:?}", stream.reply);
     assert_eq!(body["details"]["retryAfterSeconds"], 1);
 
     // A write that may have reached the apiserver before the reset: not to be sent again.
@@ -216,17 +154,17 @@ fn envoys_own_failure_names_the_serving_apiservers() {
     f.on_request_headers(&mut write);
     write.response.push((b":status".to_vec(), b"503".to_vec()));
     let reset = b"upstream_reset_before_response_started{remote_reset}".to_vec();
-    write.attributes.push((Attribute::ResponseCodeDetails, reset));
-    assert!(matches!(f.on_response_headers(&mut write, true), Next::Stop));
-    assert!(!write.reply_headers.iter().any(|(n, _)| n == "retry-after"), "{:?}", write.reply_headers);
-    assert!(write.reply_json().1.get("details").is_none());
+    write.attributes.push((Attribute::ResponseDetails, reset));
+    assert!(matches!(f.on_response_headers(&mut write, true), Next::Pause));
+    assert_eq!(write.reply_header("retry-after"), None, "{:?}", write.reply);
+    assert!(write.reply_json().expect("a JSON reply").1.get("details").is_none());
 
     let mut passed =
         Fake::request(&[(":method", "GET"), (":path", "/api/v1/pods"), ("authorization", "Bearer t")]);
     let mut f = filter();
     f.on_request_headers(&mut passed);
     passed.response.push((b":status".to_vec(), b"503".to_vec()));
-    passed.attributes.push((Attribute::ResponseCodeDetails, b"via_upstream".to_vec()));
+    passed.attributes.push((Attribute::ResponseDetails, b"via_upstream".to_vec()));
     assert!(matches!(f.on_response_headers(&mut passed, true), Next::Continue));
     assert!(passed.reply.is_none());
 }
@@ -286,10 +224,10 @@ fn a_certificate_is_read_once_per_worker() {
             (":path", "/api/v1/namespaces/default/pods"),
             (PEER_CERTIFICATE_HEADER, certificate),
         ]);
-        stream.attributes.push((Attribute::ConnectionSubjectPeerCertificate, b"CN=bob".to_vec()));
-        stream.attributes.push((Attribute::ConnectionSha256PeerCertificateDigest, [digest; 64].to_vec()));
+        stream.attributes.push((Attribute::ClientSubject, b"CN=bob".to_vec()));
+        stream.attributes.push((Attribute::ClientCertificateDigest, [digest; 64].to_vec()));
         filter().on_request_headers(&mut stream);
-        (stream.header("x-remote-user"), stream.reply.map(|r| r.0))
+        (stream.header("x-remote-user"), stream.reply.map(|r| r.status))
     };
     assert_eq!(request(b'a', &peer_certificate()), (vec!["bob".to_owned()], None));
     // Not read again: what the header says no longer matters for this certificate.

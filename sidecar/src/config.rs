@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Map, Value};
-use skewgate_core::hold::HoldPolicy;
+use skewgate_core::policy::HoldPolicy;
 use skewgate_core::table::{MAX_GROUP_VERSIONS, MAX_GVRS};
 
-use crate::duration;
+use skewgate_core::duration;
 use skewgate_envoy::{Endpoint, Files, Health};
 
 pub const DEFAULT_SERVER_NAME: &str = "kubernetes.default.svc";
@@ -174,8 +174,8 @@ impl SyncConfig {
     /// `deprecated`, the keys it ignores.
     pub fn effective(&self) -> serde_json::Value {
         use serde_json::json;
-        let d = |duration: Duration| crate::duration::format(duration);
-        let ms = |ms: u64| crate::duration::format(Duration::from_millis(ms));
+        let d = |duration: Duration| duration::format(duration);
+        let ms = |ms: u64| duration::format(Duration::from_millis(ms));
         let files = self.envoy.files();
         let mut envoy = json!({
             "dir": self.envoy.dir,

@@ -2,7 +2,6 @@
 //! tables, and `sync` — the discovery sidecar that keeps Envoy's table current.
 
 pub mod config;
-pub mod duration;
 pub mod eligibility;
 pub mod envoy;
 pub mod explain;

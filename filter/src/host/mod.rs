@@ -10,9 +10,11 @@
 pub mod fake;
 mod sdk;
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use proxy_wasm::types::{Bytes, Status};
+use skewgate_core::stream::{Attribute, Stream};
 
 pub use sdk::ProxyWasm;
 
@@ -77,4 +79,43 @@ pub trait Host: Clone + 'static {
     fn set_shared_data(&self, key: &str, value: &[u8], cas: Option<u32>) -> bool;
     fn define_histogram(&self, name: &str) -> Option<u32>;
     fn record_metric(&self, id: u32, value: u64);
+}
+
+/// One stream's host calls as the pipeline ([`skewgate_core::stream`]) asks for them.
+pub struct Envoy<'h, H>(pub &'h H);
+
+impl<H: Host> Stream for Envoy<'_, H> {
+    fn attribute(&self, which: Attribute) -> Option<Cow<'_, [u8]>> {
+        let path: &[&str] = match which {
+            Attribute::ClientSubject => &["connection", "subject_peer_certificate"],
+            Attribute::ClientCertificateDigest => &["connection", "sha256_peer_certificate_digest"],
+            Attribute::ResponseDetails => &["response", "code_details"],
+        };
+        self.0.property(path).map(Cow::Owned)
+    }
+    fn response_header(&self, name: &str) -> Option<Cow<'_, [u8]>> {
+        self.0.response_header(name).map(Cow::Owned)
+    }
+    fn response_header_names(&self) -> Vec<String> {
+        self.0.response_headers().into_iter().map(|(name, _)| name).collect()
+    }
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+        self.0.set_request_header(name, value);
+    }
+    fn add_request_header(&mut self, name: &str, value: &str) {
+        self.0.add_request_header(name, value);
+    }
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+        self.0.set_response_header(name, value);
+    }
+    /// proxy-wasm's local reply records no details of ours.
+    fn send_response(&mut self, status: u32, headers: &[(&str, &str)], body: &[u8], _details: &str) {
+        self.0.send_response(status, headers.to_vec(), (!body.is_empty()).then_some(body));
+    }
+    fn drop_response_body(&mut self, size: usize) {
+        self.0.drop_response_body(size);
+    }
+    fn end_response_body(&mut self, size: usize, body: &[u8], _at_trailers: bool) -> bool {
+        self.0.replace_response_body(size, body)
+    }
 }

@@ -102,7 +102,7 @@ fn after_envoy_finds_a_cluster_down_its_requests_wait_and_go_on_once_it_is_back(
 #[test]
 fn a_request_waits_at_most_the_tables_hold_then_gets_its_503_with_retry_after() {
     let mut table = sample();
-    table["policy"] = json!({"maxHoldMs": 1000});
+    table["policy"] = json!({"hold": {"maxWait": "1s"}});
     let (fake, mut root) = configured(&table);
     found_down(&fake, &root);
     let mut held = open(&fake, &root, 2, SUBSET);
@@ -135,7 +135,7 @@ fn a_request_waits_at_most_the_tables_hold_then_gets_its_503_with_retry_after() 
 #[test]
 fn past_the_bound_requests_are_not_held_and_a_client_that_leaves_frees_its_place() {
     let mut table = sample();
-    table["policy"] = json!({"maxHeld": 1});
+    table["policy"] = json!({"hold": {"maxHeld": 1}});
     let (fake, root) = configured(&table);
     found_down(&fake, &root);
     let mut held = open(&fake, &root, 2, SUBSET);
@@ -154,7 +154,7 @@ fn past_the_bound_requests_are_not_held_and_a_client_that_leaves_frees_its_place
 #[test]
 fn a_full_waiting_room_takes_another_hosts_request_in_place_of_the_busiest_hosts_newest() {
     let mut table = sample();
-    table["policy"] = json!({"maxHeld": 2});
+    table["policy"] = json!({"hold": {"maxHeld": 2}});
     let (fake, mut root) = configured(&table);
     found_down(&fake, &root);
     let from = |host: &str| fake.set_property(&["source", "address"], &format!("{host}:40000"));
@@ -221,7 +221,7 @@ fn failures_after_an_apiserver_took_the_request_mark_nothing_down() {
 #[test]
 fn a_zero_hold_answers_at_once_as_before() {
     let mut table = sample();
-    table["policy"] = json!({"maxHoldMs": 0});
+    table["policy"] = json!({"hold": {"maxWait": "0s"}});
     let (fake, root) = configured(&table);
     found_down(&fake, &root);
     let mut next = open(&fake, &root, 2, SUBSET);

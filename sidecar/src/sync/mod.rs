@@ -576,7 +576,7 @@ impl Sidecar {
             })
             .collect();
         let mut table = build_table_with(&servers, &ClusterNames::default(), &self.extensions)?;
-        self.config.hold.write_to(&mut table.policy);
+        table.policy.hold = self.config.hold;
         Ok(table)
     }
 
@@ -810,7 +810,7 @@ async fn tether_task(
         FetchError::new(
             path,
             ErrorKind::Timeout,
-            format!("no answer within {}", crate::duration::format(timeout)),
+            format!("no answer within {}", skewgate_core::duration::format(timeout)),
         )
     };
     let mut tick = tokio::time::interval(period);
@@ -978,8 +978,8 @@ async fn run_with(
     tracing::info!(
         listen = %listener.local_addr()?,
         apiservers = sidecar.members.len(),
-        poll_period = %crate::duration::format(poll_period),
-        probe_period = %crate::duration::format(probe_period),
+        poll_period = %skewgate_core::duration::format(poll_period),
+        probe_period = %skewgate_core::duration::format(probe_period),
         "skewgate sync started"
     );
     let (stop_server, server_stopped) = oneshot::channel::<()>();
