@@ -197,6 +197,18 @@ struct Down<T> {
     waiting: Vec<Held<T>>,
 }
 
+/// Where a stream that was held stands: its own callbacks read it (a waiting stream's body waits
+/// with it; an answered stream's response is the edge's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Paused at its request headers (or taken out, about to be answered).
+    Waiting,
+    /// Sent on, to whatever Envoy answers.
+    Resumed,
+    /// Answered at the edge (the 503 after the hold).
+    Answered,
+}
+
 /// Every down cluster of one worker, the requests waiting for each, and those taken out to be
 /// answered. Times are any clock that does not go back (Envoy's, in the filter).
 #[derive(Debug)]
@@ -210,11 +222,20 @@ pub struct Holds<T> {
     /// Taken out, in order, to be answered [`ACTIONS_PER_CALL`] at a time: their streams are
     /// still paused in Envoy.
     answering: VecDeque<Answer<T>>,
+    /// Every stream held, from its admission until it ends ([`Holds::forget`]).
+    streams: BTreeMap<u32, Standing>,
 }
 
 impl<T> Holds<T> {
     pub fn new(policy: HoldPolicy) -> Self {
-        Self { policy, down: Vec::new(), held: 0, by_client: BTreeMap::new(), answering: VecDeque::new() }
+        Self {
+            policy,
+            down: Vec::new(),
+            held: 0,
+            by_client: BTreeMap::new(),
+            answering: VecDeque::new(),
+            streams: BTreeMap::new(),
+        }
     }
 
     pub fn policy(&self) -> HoldPolicy {
@@ -255,6 +276,7 @@ impl<T> Holds<T> {
             return Admission::Full;
         }
         self.down[at].waiting.push(Held { id, since: now, payload, body: 0, client });
+        self.streams.insert(id, Standing::Waiting);
         self.held += 1;
         *self.by_client.entry(client).or_default() += 1;
         Admission::Held
@@ -497,9 +519,23 @@ impl<T> Holds<T> {
         self.waiting().map(|h| h.body).sum()
     }
 
-    /// Stream `id` ended while it waited or was about to be answered (the client went away):
-    /// nothing to answer.
+    /// Where held stream `id` stands; `None` for a stream never held (or ended).
+    pub fn standing(&self, id: u32) -> Option<Standing> {
+        self.streams.get(&id).copied()
+    }
+
+    /// Held stream `id` was let go as `standing` says (the caller carried out a release or an
+    /// answer it took out).
+    pub fn settle(&mut self, id: u32, standing: Standing) {
+        if let Some(s) = self.streams.get_mut(&id) {
+            *s = standing;
+        }
+    }
+
+    /// Stream `id` ended. Whether it still waited or was about to be answered (the client went
+    /// away): nothing to answer.
     pub fn forget(&mut self, id: u32) -> bool {
+        self.streams.remove(&id);
         if self.take(id).is_some() {
             return true;
         }
@@ -542,6 +578,31 @@ mod tests {
         assert_eq!(h.admit("c", 2, ALICE, "r2", ms(20)), Admission::Held);
         assert_eq!(h.admit("other", 3, ALICE, "r3", ms(20)), Admission::Forward, "only that cluster");
         assert_eq!(h.held(), 1);
+    }
+
+    /// A held stream stands where the caller settled it until it ends; one never held, nowhere.
+    #[test]
+    fn a_held_stream_stands_waiting_then_where_it_was_let_go_until_it_ends() {
+        let mut h = Holds::new(HoldPolicy { max_wait: ms(1000), max_held: 10 });
+        h.failed("c");
+        h.admit("c", 1, ALICE, "resumed", ms(0));
+        h.admit("c", 2, ALICE, "answered", ms(0));
+        h.admit("c", 3, ALICE, "left", ms(0));
+        assert_eq!(h.standing(4), None);
+        assert_eq!((h.standing(1), h.standing(2)), (Some(Standing::Waiting), Some(Standing::Waiting)));
+        h.settle(1, Standing::Resumed);
+        h.settle(2, Standing::Answered);
+        h.settle(4, Standing::Resumed);
+        assert_eq!(
+            (h.standing(1), h.standing(2), h.standing(4)),
+            (Some(Standing::Resumed), Some(Standing::Answered), None)
+        );
+        assert!(h.forget(3), "it was waiting");
+        for id in [1, 2, 3] {
+            h.forget(id);
+            assert_eq!(h.standing(id), None, "{id} ended: nothing kept");
+        }
+        assert!(h.streams.is_empty());
     }
 
     #[test]

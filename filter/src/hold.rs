@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use skewgate_core::edits::Routed;
-use skewgate_core::hold::{self, Answer, Held, Holds, Why};
+use skewgate_core::hold::{self, Answer, Held, Holds, Standing, Why};
 use skewgate_core::policy::HoldPolicy;
 
 use crate::active::Active;
@@ -20,21 +20,10 @@ use crate::metrics;
 /// room for another client's, or not held (too many waiting, or its body too large to keep).
 const OUTCOMES: [&str; 5] = ["resumed", "expired", "changed", "crowded", "refused"];
 
-/// Where a held stream stands: its own callbacks read it, the root context changes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
-    Waiting,
-    /// Sent on, to whatever Envoy answers.
-    Resumed,
-    /// Answered at the edge (the 503 after the hold): the response is ours.
-    Answered,
-}
-
 /// What answering a held stream needs: the table it was decided on, where it went.
 pub struct Waiter<H: Host> {
     active: Rc<Active<H>>,
     routed: Routed,
-    release: Rc<Cell<Release>>,
 }
 
 /// One worker's held streams and the counts of what became of them.
@@ -106,8 +95,8 @@ impl<H: Host> Holding<H> {
     fn answer(&self, answer: Answer<Waiter<H>>) {
         let Answer { cluster, held, why } = answer;
         let waited = self.now().saturating_sub(held.since);
-        let Waiter { active, routed, release } = held.payload;
-        release.set(Release::Answered);
+        self.holds.borrow_mut().settle(held.id, Standing::Answered);
+        let Waiter { active, routed } = held.payload;
         let reply = match why {
             Why::Expired => {
                 self.record(&cluster, "expired", waited);
@@ -127,32 +116,30 @@ impl<H: Host> Holding<H> {
         self.send(held.id, &reply);
     }
 
-    /// Stream `id`'s request for `cluster`: held (what tells the stream it was released), or on
-    /// its way.
-    pub fn admit(
-        &self,
-        cluster: &str,
-        id: u32,
-        active: &Rc<Active<H>>,
-        routed: &Routed,
-    ) -> Option<Rc<Cell<Release>>> {
+    /// Stream `id`'s request for `cluster`: whether it is held ([`Holding::standing`] says
+    /// where it stands from then on), or on its way.
+    pub fn admit(&self, cluster: &str, id: u32, active: &Rc<Active<H>>, routed: &Routed) -> bool {
         if self.holds.borrow().is_empty() {
-            return None;
+            return false;
         }
-        let release = Rc::new(Cell::new(Release::Waiting));
-        let waiter = Waiter { active: active.clone(), routed: routed.clone(), release: release.clone() };
+        let waiter = Waiter { active: active.clone(), routed: routed.clone() };
         // The waiting room is shared by source host: read only while something is down.
         let source = self.host.property(&["source", "address"]);
         let client = hold::client(&String::from_utf8_lossy(source.as_deref().unwrap_or_default()));
         let admission = self.holds.borrow_mut().admit(cluster, id, client, waiter, self.now());
         match admission {
-            hold::Admission::Forward => None,
-            hold::Admission::Held => Some(release),
+            hold::Admission::Forward => false,
+            hold::Admission::Held => true,
             hold::Admission::Full => {
                 self.count(cluster, "refused");
-                None
+                false
             }
         }
+    }
+
+    /// Where held stream `id` stands.
+    pub fn standing(&self, id: u32) -> Option<Standing> {
+        self.holds.borrow().standing(id)
     }
 
     /// Envoy answered for `cluster` that no apiserver took a request: marked here, and on the
@@ -186,13 +173,13 @@ impl<H: Host> Holding<H> {
         }
         let Some((cluster, held)) = self.holds.borrow_mut().take(id) else { return };
         self.count(&cluster, "refused");
-        let Waiter { active, routed, release } = held.payload;
-        release.set(Release::Answered);
+        self.holds.borrow_mut().settle(id, Standing::Answered);
+        let Waiter { active, routed } = held.payload;
         active.metrics.unavailable(routed.serving);
         self.send(id, &routed.body_too_large_to_hold(&active.table, room));
     }
 
-    /// A held stream Envoy ended before it was released.
+    /// A held stream ended (its client left, or it is done).
     pub fn forget(&self, id: u32) {
         self.holds.borrow_mut().forget(id);
     }
@@ -264,7 +251,7 @@ impl<H: Host> Holding<H> {
             return;
         }
         self.record(cluster, "resumed", waited);
-        held.payload.release.set(Release::Resumed);
+        self.holds.borrow_mut().settle(held.id, Standing::Resumed);
         self.host.resume_request(held.id);
     }
 

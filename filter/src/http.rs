@@ -2,7 +2,6 @@
 //! the filter does around it: OpenAPI documents composed from callouts, the hold, and writes
 //! whose body decides where they go.
 
-use std::cell::Cell;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
@@ -10,11 +9,12 @@ use proxy_wasm::types::Action;
 use skewgate_core::bypass::{self, ConnectionIdentity};
 use skewgate_core::decision::{Composed, GatedWrite};
 use skewgate_core::edits::{self, Carrier, Reply};
+use skewgate_core::hold::Standing;
 use skewgate_core::identity::Identity;
 use skewgate_core::stream::{self, Next, Pipeline, Request, Sent, Unrouted};
 
 use crate::active::Active;
-use crate::hold::{Holding, Release};
+use crate::hold::Holding;
 use crate::host::{Envoy, Host};
 use crate::metrics::Gated;
 use crate::openapi::Pending;
@@ -28,8 +28,8 @@ pub struct Http<H: Host> {
     /// The stream's context id, which the root context releases a held request by.
     id: u32,
     holding: Rc<Holding<H>>,
-    /// Held at the edge while its cluster was down: where it stands.
-    held: Option<Rc<Cell<Release>>>,
+    /// Held at the edge while its cluster was down: [`Holding::standing`] says where it stands.
+    held: bool,
     /// A write whose body decides where it goes, waiting for its body in Envoy's buffer.
     gated: Option<GatedWrite>,
 }
@@ -55,7 +55,7 @@ impl<H: Host> Http<H> {
             openapi: None,
             id,
             holding,
-            held: None,
+            held: false,
             gated: None,
         }
     }
@@ -65,6 +65,11 @@ impl<H: Host> Http<H> {
         let headers: Vec<(&str, &str)> = headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         self.pipeline.reply(&mut Envoy(&self.host), reply.status, &headers, reply.body.as_bytes(), "");
         Action::Pause
+    }
+
+    /// Where the stream stands in the hold, if it was held.
+    fn standing(&self) -> Option<Standing> {
+        if self.held { self.holding.standing(self.id) } else { None }
     }
 
     /// Counts an answer the pipeline sent, and tells the hold of a cluster found down.
@@ -160,13 +165,13 @@ impl<H: Host> HttpContext for Http<H> {
             let body = end_of_stream.then_some(body_size);
             return self.route_by_body(gated, body);
         }
-        match self.held.as_ref().map(|r| r.get()) {
-            Some(Release::Waiting) => {
+        match self.standing() {
+            Some(Standing::Waiting) => {
                 self.holding.body_grew(self.id, body_size);
                 Action::Pause
             }
-            Some(Release::Answered) => Action::Pause,
-            Some(Release::Resumed) | None => Action::Continue,
+            Some(Standing::Answered) => Action::Pause,
+            Some(Standing::Resumed) | None => Action::Continue,
         }
     }
 
@@ -174,14 +179,14 @@ impl<H: Host> HttpContext for Http<H> {
         if let Some(gated) = self.gated.take() {
             return self.route_by_body(gated, None);
         }
-        match self.held.as_ref().map(|r| r.get()) {
-            Some(Release::Waiting | Release::Answered) => Action::Pause,
-            Some(Release::Resumed) | None => Action::Continue,
+        match self.standing() {
+            Some(Standing::Waiting | Standing::Answered) => Action::Pause,
+            Some(Standing::Resumed) | None => Action::Continue,
         }
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
-        if self.held.as_ref().is_some_and(|r| r.get() == Release::Answered) {
+        if self.standing() == Some(Standing::Answered) {
             return Action::Continue;
         }
         let Some(active) = self.active.clone() else { return Action::Continue };
@@ -229,9 +234,9 @@ impl<H: Host> HttpContext for Http<H> {
 }
 
 impl<H: Host> Drop for Http<H> {
-    /// A held stream Envoy ended (its client left) is no longer waited for.
+    /// A held stream Envoy ended (its client left, or it is done) is no longer waited for.
     fn drop(&mut self) {
-        if self.held.as_ref().is_some_and(|r| r.get() == Release::Waiting) {
+        if self.held {
             self.holding.forget(self.id);
         }
     }
@@ -244,7 +249,7 @@ impl<H: Host> Http<H> {
     fn admit(&mut self, active: &Rc<Active<H>>, cluster: &str, body_size: usize) -> Action {
         let Some(routed) = self.pipeline.routed() else { return Action::Continue };
         self.held = self.holding.admit(cluster, self.id, active, routed);
-        if self.held.is_none() {
+        if !self.held {
             return Action::Continue;
         }
         if body_size > 0 {
