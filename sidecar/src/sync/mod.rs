@@ -28,7 +28,8 @@
 //! The loop ([`run`]) is a reconciler around a scheduler: each event (a poll tick, a fetch, probe,
 //! look at the cluster or push that ended) is first recorded in the memory, then handed to the
 //! [`schedule::Scheduler`], which holds every rule of when to fetch, ask, save and push and
-//! answers with commands; the loop carries them out and waits for the next event.
+//! answers with commands; the executor ([`execute`]) carries them out over its `Io` (the network
+//! and Envoy, or a test's fakes) and hands back the next event.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
@@ -40,23 +41,24 @@ use anyhow::Context;
 use skewgate_core::build::{BuildError, ClusterNames, ServerApis, build_table_with};
 use skewgate_core::table::{Counts, TableConfig};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinSet;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use crate::eligibility::{self, Exclusion, Live, Now, Served};
 use crate::envoy::{HttpAdmin, PushError, PushOutcome, Pusher, Step};
-use crate::fetch::{ClientTls, Documents, ErrorKind, Etags, FetchError, Fetcher};
+use crate::fetch::{ClientTls, Documents, FetchError, Fetcher};
 use crate::peers::{self, Asker, Published, Source};
 use crate::serve::{self, Shared};
-use crate::tether::{self, Probe, Readiness, Tether};
+use crate::tether::{self, Readiness, Tether};
+use execute::{AbortOnDrop, Executor, Tethered};
 use memory::Memory;
-use schedule::{Command, Event, Membership, Scheduler};
+use schedule::{Event, Scheduler};
 use skewgate_core::extensions::Extensions;
 use skewgate_envoy::{Endpoint, Overlay, RenderError, Resources, UpstreamTls, table_from_ecds, write_atomic};
 
 pub use crate::config::SyncConfig;
 
+mod execute;
 mod memory;
 pub mod schedule;
 
@@ -216,12 +218,14 @@ pub struct Sidecar {
     tether_tls: Arc<rustls::ClientConfig>,
 }
 
-/// One apiserver the sidecar follows: where it is, its clients, what is remembered of it.
+/// One apiserver the sidecar follows: where it is, its clients, what is remembered of it, and
+/// the task that probes it while the loop runs (gone with the member).
 struct Member {
     endpoint: Endpoint,
     fetcher: Fetcher,
     tether: Tether,
     memory: Memory,
+    tethered: Option<Tethered>,
 }
 
 impl Sidecar {
@@ -269,6 +273,7 @@ impl Sidecar {
                     fetcher: Fetcher::new(e, &config.server_name, &tls, &config.identity, config.limits)?,
                     tether: Tether::new(e, &config.server_name, tether_tls.clone(), &config.identity)?,
                     memory: Memory { good, excluded_since: excluded.then_some(started), ..Memory::default() },
+                    tethered: None,
                 })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -293,6 +298,15 @@ impl Sidecar {
         })
     }
 
+    /// Every tether asks with its member's current ETags from its next probe on.
+    fn ask_with_current_etags(&self) {
+        for member in &self.members {
+            if let Some(tethered) = &member.tethered {
+                tethered.ask_with(member.memory.etags());
+            }
+        }
+    }
+
     /// The current members' endpoints.
     pub fn endpoints(&self) -> Vec<Endpoint> {
         self.members.iter().map(|m| m.endpoint.clone()).collect()
@@ -301,10 +315,6 @@ impl Sidecar {
     /// Every member's fetcher, with its id, in order.
     fn fetchers(&self) -> Vec<(String, Fetcher)> {
         self.members.iter().map(|m| (m.endpoint.id.clone(), m.fetcher.clone())).collect()
-    }
-
-    fn member(&self, id: &str) -> Option<&Member> {
-        self.members.iter().find(|m| m.endpoint.id == id)
     }
 
     /// The fetchers a look at the cluster asks, in order (none when it asks nothing).
@@ -399,6 +409,7 @@ impl Sidecar {
             fetcher,
             tether,
             memory: Memory { source: member.source, joined: true, ..Memory::default() },
+            tethered: None,
         });
         Ok(())
     }
@@ -439,7 +450,7 @@ impl Sidecar {
     pub async fn collect(&mut self) -> Vec<ApiserverReport> {
         self.ask_cluster().await;
         let started = Instant::now();
-        let results = fetch_all(&self.fetchers()).await;
+        let results = execute::fetch_all(self.fetchers()).await;
         self.record_fetches(started, results);
         self.reports()
     }
@@ -759,115 +770,7 @@ fn load_saved(config: &SyncConfig) -> BTreeMap<String, Documents> {
 }
 
 /// One member's fetch: its id and what came of it.
-type Fetched = (String, Result<Documents, FetchError>);
-
-/// Every fetcher's documents, concurrently, each with its member's id.
-async fn fetch_all(fetchers: &[(String, Fetcher)]) -> Vec<Fetched> {
-    let mut tasks = JoinSet::new();
-    for (index, (_, fetcher)) in fetchers.iter().enumerate() {
-        let fetcher = fetcher.clone();
-        tasks.spawn(async move { (index, fetcher.fetch().await) });
-    }
-    let mut results: Vec<Option<Result<Documents, FetchError>>> = fetchers.iter().map(|_| None).collect();
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((index, result)) => {
-                if let Some(slot) = results.get_mut(index) {
-                    *slot = Some(result);
-                }
-            }
-            Err(e) => tracing::error!(error = %e, "fetch task failed"),
-        }
-    }
-    results
-        .into_iter()
-        .zip(fetchers)
-        .map(|(r, (id, _))| {
-            let result = r.unwrap_or_else(|| {
-                Err(FetchError {
-                    path: "/".into(),
-                    kind: crate::fetch::ErrorKind::Request,
-                    detail: "task lost".into(),
-                })
-            });
-            (id.clone(), result)
-        })
-        .collect()
-}
-
-/// Keeps a connection open to one apiserver and probes it every `period` (bounded by
-/// `timeout`), reporting every look; a changed apiserver is fetched in full, and a closed
-/// connection is reported the moment it closes. Reconnects at the next period.
-async fn tether_task(
-    index: String,
-    tether: Tether,
-    fetcher: Fetcher,
-    etags: watch::Receiver<Etags>,
-    (period, timeout): (Duration, Duration),
-    out: mpsc::UnboundedSender<(String, Instant, Look)>,
-) {
-    let timed_out = |path: &str| {
-        FetchError::new(
-            path,
-            ErrorKind::Timeout,
-            format!("no answer within {}", skewgate_core::duration::format(timeout)),
-        )
-    };
-    let mut tick = tokio::time::interval(period);
-    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let mut started = Instant::now();
-        let mut link = match tokio::time::timeout(timeout, tether.connect()).await {
-            Ok(Ok(link)) => link,
-            Ok(Err(error)) => {
-                if out.send((index.clone(), started, Look::Failed(error))).is_err() {
-                    return;
-                }
-                continue;
-            }
-            Err(_) => {
-                if out.send((index.clone(), started, Look::Failed(timed_out("(connect)")))).is_err() {
-                    return;
-                }
-                continue;
-            }
-        };
-        loop {
-            let asked = etags.borrow().clone();
-            let look = match tokio::time::timeout(timeout, link.probe(&asked)).await {
-                Err(_) => Look::Failed(timed_out("/readyz")),
-                Ok(Err(error)) => Look::Failed(error),
-                Ok(Ok(Probe { readiness: ready, unchanged: Some(true) })) => Look::Unchanged { ready },
-                Ok(Ok(Probe { readiness: ready, unchanged: None })) => Look::Ready { ready },
-                Ok(Ok(Probe { readiness: ready, unchanged: Some(false) })) => {
-                    Look::Changed { ready, fetched: Box::new(fetcher.fetch().await) }
-                }
-            };
-            let failed = matches!(look, Look::Failed(_));
-            if out.send((index.clone(), started, look)).is_err() {
-                return;
-            }
-            if failed {
-                break;
-            }
-            tokio::select! {
-                _ = tick.tick() => started = Instant::now(),
-                () = link.closed() => {
-                    let closed = FetchError::new(
-                        "(connection)",
-                        ErrorKind::Closed,
-                        "the apiserver closed the connection the sidecar keeps open to it",
-                    );
-                    if out.send((index.clone(), Instant::now(), Look::Failed(closed))).is_err() {
-                        return;
-                    }
-                    break;
-                }
-            }
-        }
-    }
-}
+pub type Fetched = (String, Result<Documents, FetchError>);
 
 /// One sync and done (`skewgate sync --once`). An apiserver that fails now keeps the last good
 /// discovery a previous sidecar saved of it; without one it serves nothing in the table.
@@ -964,8 +867,6 @@ pub async fn spawn(config: SyncConfig) -> anyhow::Result<Running> {
     Ok(Running { listen, reports, stop: Some(stop), task: Some(task) })
 }
 
-type PushDone = (TableConfig, Result<PushOutcome, PushError>, Instant);
-
 async fn run_with(
     config: SyncConfig,
     listener: TcpListener,
@@ -1014,110 +915,24 @@ async fn run_with(
         asks: sidecar.asker.is_some(),
         lists_extensions: sidecar.config.cluster.extensions,
     });
-    // The scheduler allows one fetch, one look at the cluster and one push at a time, and one
-    // tether per member; all are aborted with this future.
-    let mut fetches: JoinSet<(Instant, Vec<Fetched>)> = JoinSet::new();
-    let mut asks: JoinSet<Result<Published, FetchError>> = JoinSet::new();
-    let mut pushes: JoinSet<PushDone> = JoinSet::new();
-    let mut tethers = JoinSet::new();
-    let (looks_out, mut looks) = mpsc::unbounded_channel();
-    // Per member id: its tether task and the ETags it asks with.
-    let mut etags: BTreeMap<String, (tokio::task::AbortHandle, watch::Sender<Etags>)> = BTreeMap::new();
+    let network = execute::Network { probe_period, probe_timeout };
+    let mut executor = Executor::new(network, openapi_members, reports);
     let members = sidecar.members.iter().map(|m| m.endpoint.id.clone()).collect();
     let mut pending = VecDeque::from([Event::Started { members }]);
     loop {
-        // What an event changed in the memory decides who may get new requests, before the
-        // commands it leads to (a push among them) run.
-        for Member { endpoint, memory, .. } in &sidecar.members {
-            let Some((_, sender)) = etags.get(&endpoint.id) else { continue };
-            let current = memory.etags();
-            sender.send_if_modified(|asked| {
-                let changed = *asked != current;
-                *asked = current;
-                changed
-            });
-        }
+        // What an event changed in the memory decides who may get new requests, and what the
+        // tethers ask with, before the commands it leads to (a push among them) run.
+        sidecar.ask_with_current_etags();
         sidecar.apply_eligibility();
         while let Some(event) = pending.pop_front() {
             for command in scheduler.on(Instant::now(), event) {
-                match command {
-                    Command::Fetch { started } => {
-                        let fetchers = sidecar.fetchers();
-                        fetches.spawn(async move { (started, fetch_all(&fetchers).await) });
-                    }
-                    Command::Ask => match sidecar.cluster_candidates() {
-                        Some((config, configured, candidates)) => {
-                            asks.spawn(async move { peers::look(config, &configured, &candidates).await });
-                        }
-                        None => pending.push_back(Event::Asked(None)),
-                    },
-                    Command::Save => sidecar.save(),
-                    Command::Tether(id) => {
-                        let Some(member) = sidecar.member(&id) else { continue };
-                        let (tx, rx) = watch::channel(member.memory.etags());
-                        let (tether, fetcher) = (member.tether.clone(), member.fetcher.clone());
-                        let periods = (probe_period, probe_timeout);
-                        let task = tether_task(id.clone(), tether, fetcher, rx, periods, looks_out.clone());
-                        etags.insert(id, (tethers.spawn(task), tx));
-                    }
-                    Command::Untether(id) => {
-                        if let Some((task, _)) = etags.remove(&id) {
-                            task.abort();
-                        }
-                    }
-                    Command::Recompose => {
-                        openapi_members.send_replace(sidecar.openapi_members());
-                    }
-                    Command::Push { since } => match sidecar.prepare() {
-                        Ok(resources) => {
-                            sidecar.handing_over(&resources.table);
-                            let pusher = sidecar.pusher.clone();
-                            sidecar.shared.pushing.set(true);
-                            pushes.spawn(async move {
-                                let result = pusher.push(&resources).await;
-                                (resources.table, result, since)
-                            });
-                        }
-                        Err(error) => {
-                            sidecar.shared.metrics.push_error(error.label());
-                            tracing::error!(%error, "sync failed");
-                            pending.push_back(Event::Pushed);
-                        }
-                    },
-                }
+                executor.carry_out(&mut sidecar, command, &mut pending);
             }
         }
         let event = tokio::select! {
             () = &mut shutdown => break,
             _ = poll.tick() => Event::Poll,
-            Some(joined) = asks.join_next(), if !asks.is_empty() => match joined {
-                Ok(Ok(published)) => {
-                    let (joined, left, changed) = sidecar.apply_published(published);
-                    Event::Asked(Some(Membership { joined, left, changed }))
-                }
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "cannot ask the cluster; what is known stays");
-                    Event::Asked(None)
-                }
-                Err(_) => Event::Asked(None),
-            },
-            Some(_) = tethers.join_next(), if !tethers.is_empty() => continue,
-            Some(joined) = fetches.join_next(), if !fetches.is_empty() => {
-                let changed = joined.is_ok_and(|(started, results)| sidecar.record_fetches(started, results));
-                Event::Fetched { changed }
-            }
-            Some((id, started, look)) = looks.recv() => {
-                Event::Looked { started, changed: sidecar.record_look(&id, started, look) }
-            }
-            Some(joined) = pushes.join_next(), if !pushes.is_empty() => {
-                sidecar.shared.pushing.set(false);
-                if let Ok((table, result, started)) = joined {
-                    if let Ok(report) = sidecar.pushed(table, result, started) {
-                        reports.send_replace(Some(Arc::new(report)));
-                    }
-                }
-                Event::Pushed
-            }
+            event = executor.next(&mut sidecar) => event,
         };
         pending.push_back(event);
     }
@@ -1125,15 +940,6 @@ async fn run_with(
     let _ = (&mut server.0).await;
     tracing::info!("skewgate sync stopped");
     Ok(())
-}
-
-/// A task that ends with its owner.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 #[cfg(test)]
