@@ -6,8 +6,8 @@ use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::edits::{CLUSTER_HEADER, NATIVE, NATIVE_LONG_RUNNING, ROUTE_HEADER};
 use skewgate_core::testing::{CN, certificate_der, peer_certificate, sample, sealed, url_encoded_pem};
 
+use skewgate_core::stream::fake::FakeStream as Fake;
 use skewgate_core::stream::{Attribute, Next};
-use skewgate_core::testing::FakeStream as Fake;
 
 use crate::filter::{Config, Filter, RequestHeaders};
 

@@ -114,7 +114,7 @@ pub struct SyncConfig {
     /// Keys that are accepted but do nothing any more, with what to do instead; logged at start.
     pub deprecations: Vec<FieldError>,
     /// Where the apiservers come from, and whether extensions are listed ([`crate::peers`]).
-    pub cluster: crate::peers::ClusterConfig,
+    pub cluster: crate::cluster::ClusterConfig,
     /// How long, and how many, requests wait in Envoy while every apiserver that serves them is
     /// away (the table's policy, which the filter carries out).
     pub hold: HoldPolicy,
@@ -765,8 +765,8 @@ impl Reader {
         })
     }
 
-    fn cluster(&mut self, value: Option<&Value>) -> crate::peers::ClusterConfig {
-        use crate::peers::{Bootstrap, ClusterConfig, Members};
+    fn cluster(&mut self, value: Option<&Value>) -> crate::cluster::ClusterConfig {
+        use crate::cluster::{Bootstrap, ClusterConfig, Members};
         let mut c = ClusterConfig::default();
         let known = ["members", "bootstrap", "port", "leaveAfter", "extensions"];
         let Some(map) = self.object(value, "cluster", &known) else { return c };
@@ -1047,7 +1047,7 @@ mod tests {
     fn the_effective_configuration_loads_to_itself() {
         let (_, example) = example("effective");
         let mut asked = example.clone();
-        asked.cluster.members = crate::peers::Members::Leases;
+        asked.cluster.members = crate::cluster::Members::Leases;
         asked.cluster.extensions = true;
         asked.envoy.native_module = true;
         for c in [example, asked] {

@@ -1,6 +1,7 @@
 //! The `skewgate` command and library: `explain` a routing decision, build and show routing
 //! tables, and `sync` — the discovery sidecar that keeps Envoy's table current.
 
+pub mod cluster;
 pub mod config;
 pub mod eligibility;
 pub mod envoy;

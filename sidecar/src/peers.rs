@@ -39,105 +39,20 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::time::Duration;
 
 use serde_json::Value;
 use skewgate_core::build::is_valid_apiserver_id;
 use skewgate_core::extensions::Extensions;
 
+use crate::cluster::{APISERVICES, Bootstrap, CRDS, ClusterConfig, ENDPOINT_SLICES, LEASES, Members};
 use crate::config::SyncConfig;
 use crate::fetch::{ClientTls, FetchError, Fetcher};
 use skewgate_envoy::Endpoint;
 
-pub const ENDPOINT_SLICES: &str = "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices?labelSelector=kubernetes.io%2Fservice-name%3Dkubernetes";
-pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases?labelSelector=apiserver.kubernetes.io%2Fidentity%3Dkube-apiserver";
-pub const CRDS: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
-pub const APISERVICES: &str = "/apis/apiregistration.k8s.io/v1/apiservices";
 /// Where a Lease may say how to reach its apiserver (`host:port`).
 pub const ADDRESS_ANNOTATION: &str = "skewgate.io/address";
 pub const IDENTITY_LABEL: &str = "apiserver.kubernetes.io/identity";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Members {
-    /// `apiservers` in the configuration, and nothing else.
-    #[default]
-    Static,
-    EndpointSlice,
-    Leases,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Bootstrap {
-    /// The current members, then the configured apiservers.
-    #[default]
-    Pool,
-    /// Only the configured apiservers.
-    Apiservers,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClusterConfig {
-    pub members: Members,
-    pub bootstrap: Bootstrap,
-    /// `leases`: the port of every apiserver.
-    pub port: u16,
-    pub leave_after: Duration,
-    pub extensions: bool,
-}
-
-impl Default for ClusterConfig {
-    fn default() -> Self {
-        Self {
-            members: Members::Static,
-            bootstrap: Bootstrap::Pool,
-            port: 6443,
-            leave_after: Duration::from_secs(60),
-            extensions: false,
-        }
-    }
-}
-
-impl ClusterConfig {
-    /// Whether the sidecar asks the cluster anything at all.
-    pub fn asks(&self) -> bool {
-        self.members != Members::Static || self.extensions
-    }
-
-    /// The API paths [`look`] GETs from the cluster: what the sidecar's RBAC must allow.
-    pub fn reads(&self) -> Vec<&'static str> {
-        let mut reads = match self.members {
-            Members::Static => Vec::new(),
-            Members::EndpointSlice => vec![ENDPOINT_SLICES],
-            Members::Leases => vec![LEASES],
-        };
-        if self.extensions {
-            reads.extend([CRDS, APISERVICES]);
-        }
-        reads
-    }
-}
-
-impl Members {
-    /// As the configuration names it.
-    pub fn label(self) -> &'static str {
-        match self {
-            Members::Static => "static",
-            Members::EndpointSlice => "endpointSlice",
-            Members::Leases => "leases",
-        }
-    }
-}
-
-impl Bootstrap {
-    /// As the configuration names it.
-    pub fn label(self) -> &'static str {
-        match self {
-            Bootstrap::Pool => "pool",
-            Bootstrap::Apiservers => "apiservers",
-        }
-    }
-}
 
 /// Where a member came from (`skewgate table` shows it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -19,9 +19,10 @@ use tokio::time::{Instant, MissedTickBehavior};
 
 use super::schedule::{Command, Event, Membership};
 use super::{Fetched, Look, Sidecar, SyncReport};
+use crate::cluster::ClusterConfig;
 use crate::envoy::{HttpAdmin, PushError, PushOutcome, Pusher};
 use crate::fetch::{ErrorKind, Etags, FetchError, Fetcher};
-use crate::peers::{self, ClusterConfig, Published};
+use crate::peers::{self, Published};
 use crate::tether::{Probe, Tether};
 
 /// One probe's report: the member's id, when the probe started, what it found.

@@ -318,7 +318,7 @@ impl Sidecar {
     }
 
     /// The fetchers a look at the cluster asks, in order (none when it asks nothing).
-    fn cluster_candidates(&mut self) -> Option<(peers::ClusterConfig, Vec<Endpoint>, Vec<Fetcher>)> {
+    fn cluster_candidates(&mut self) -> Option<(crate::cluster::ClusterConfig, Vec<Endpoint>, Vec<Fetcher>)> {
         let members = self.endpoints();
         let asker = self.asker.as_mut()?;
         Some((asker.config(), asker.configured(), asker.candidates(&members)))

@@ -6,7 +6,7 @@
 //! the gated writes whose body it reads; the module's memory of certificates that passed.
 //!
 //! Host calls go through [`Stream`], which each carrier implements thinly over its ABI and the
-//! tests fake ([`crate::testing::FakeStream`]).
+//! tests fake ([`fake::FakeStream`]).
 
 use std::borrow::Cow;
 
@@ -17,6 +17,9 @@ use crate::identity;
 use crate::native::module_handles;
 use crate::pretty;
 use crate::table::{RoutingTable, Serving};
+
+#[cfg(any(test, feature = "testing"))]
+pub mod fake;
 
 /// The attributes of a stream the pipeline reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,8 +435,9 @@ pub fn carry_out(stream: &mut impl Stream, edits: Vec<Edit<'_>>) {
 #[cfg(test)]
 #[cfg(not(target_arch = "wasm32"))]
 mod tests {
+    use super::fake::FakeStream;
     use super::*;
-    use crate::testing::{FakeStream, sample, sealed};
+    use crate::testing::{sample, sealed};
     use serde_json::json;
 
     const CARRIERS: [Carrier; 2] = [Carrier::Filter, Carrier::Module];
