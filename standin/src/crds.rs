@@ -4,8 +4,7 @@
 //! discovery lag ([`crate::Standin::set_discovery_lag`]), the way one apiserver's discovery can
 //! trail another's.
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, PoisonError};
 
 use serde_json::{Value, json};
 use skewgate_core::discovery::ApiGroupDiscovery;
@@ -148,24 +147,6 @@ fn groups(crds: &[Arc<Value>]) -> Vec<ApiGroupDiscovery> {
             serde_json::from_value(json!({"metadata": {"name": name}, "versions": versions})).ok()
         })
         .collect()
-}
-
-/// What one stand-in's discovery shows of the CRDs: replaced, `lag` after each change it sees.
-#[derive(Default)]
-pub(super) struct View {
-    /// Discovery with the CRDs this stand-in has seen; `None`: none (the profile's own).
-    pub discovery: Mutex<Option<Arc<Discovery>>>,
-    pub lag: Mutex<Duration>,
-}
-
-impl View {
-    pub fn current(&self) -> Option<Arc<Discovery>> {
-        self.discovery.lock().unwrap_or_else(PoisonError::into_inner).clone()
-    }
-
-    pub fn lag(&self) -> Duration {
-        *self.lag.lock().unwrap_or_else(PoisonError::into_inner)
-    }
 }
 
 /// Follows the store's CRDs for one stand-in until it stops.

@@ -3,6 +3,8 @@
 //! the same profile. All built once per stand-in.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use anyhow::Result;
 use bytes::Bytes;
@@ -316,6 +318,24 @@ fn legacy_resources(r: &ApiResourceDiscovery) -> Vec<ApiResource> {
         });
     }
     entries
+}
+
+/// What one stand-in's discovery shows of the CRDs: replaced, `lag` after each change it sees.
+#[derive(Default)]
+pub(super) struct CrdView {
+    /// Discovery with the CRDs this stand-in has seen; `None`: none (the profile's own).
+    pub discovery: Mutex<Option<Arc<Discovery>>>,
+    pub lag: Mutex<Duration>,
+}
+
+impl CrdView {
+    pub fn current(&self) -> Option<Arc<Discovery>> {
+        self.discovery.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub fn lag(&self) -> Duration {
+        *self.lag.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod catalog;
 mod clock;
 mod crds;
 mod discovery;
+mod front;
 mod instance;
 mod objects;
 mod openapi;
@@ -318,7 +319,7 @@ async fn start(options: Options, store: StoreHandle, startup: Startup, ready: bo
         requests: requests.clone(),
         bookmark_interval: options.bookmark_interval,
         stopping: stopping.clone(),
-        crds: crds::View::default(),
+        crds: discovery::CrdView::default(),
         published: Mutex::new(false),
     });
     tokio::spawn(crds::follow(instance.clone(), addr.to_string()));

@@ -113,12 +113,8 @@ pub trait Errors {
         Status::failure(410, "Expired", format!("too old resource version: {requested} ({oldest})"))
     }
 
-    fn too_large() -> Status {
-        Status::failure(
-            413,
-            "RequestEntityTooLarge",
-            format!("Request entity too large: limit is {}", super::instance::MAX_BODY),
-        )
+    fn too_large(limit: usize) -> Status {
+        Status::failure(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {limit}"))
     }
 
     fn unsupported_media_type(content_type: &str, accepted: &[&str]) -> Status {
