@@ -19,7 +19,7 @@ wasm:
 	@ls -l $(WASM) | awk '{print "filter: " $$9 " " $$5 " bytes"}'
 
 ## The native Envoy dynamic module (target/release/libskewgate_module.so): the filter's request
-## path without the wasm VM, ahead of the filter (testkit/src/native.rs).
+## path without the wasm VM, ahead of the filter (harness/src/native.rs).
 module:
 	cargo build -p skewgate-module --release
 	@ls -l target/release/libskewgate_module.so | awk '{print "module: " $$9 " " $$5 " bytes"}'
@@ -150,7 +150,7 @@ release: wasm module
 ## The test harness, the drill and the benchmark drivers in target/tools/ (profile tools: optimised,
 ## no LTO): `skewgate-harness`, `drill`, `bench`, `limits`, `scale`.
 tools:
-	cargo build --profile tools -p skewgate-testkit -p skewgate-drill -p skewgate-bench
+	cargo build --profile tools -p skewgate-harness -p skewgate-drill -p skewgate-bench
 	cargo build --profile tools -p skewgate --bin skewgate
 
 ## The local skewed cluster: stand-ins at 1.33, 1.33 and 1.36 behind Envoy + skewgate. Ctrl-C stops it.
@@ -164,7 +164,7 @@ demo:
 	scripts/demo.sh
 
 demo-build: wasm
-	cargo build -p skewgate-testkit --bin skewgate-harness -p skewgate --bin skewgate
+	cargo build -p skewgate-harness --bin skewgate-harness -p skewgate --bin skewgate
 
 ## What the filter costs per request: plain Envoy vs skewgate vs native routes, 3 table sizes (~10 min).
 bench:
@@ -188,7 +188,7 @@ limits:
 
 ## Regenerate envoy-config/examples/table.json from the discovery fixtures.
 explain-example:
-	cargo run -q -p skewgate-testkit --bin example-table > envoy-config/examples/table.json
+	cargo run -q -p skewgate-harness --bin example-table > envoy-config/examples/table.json
 
 ## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
 ## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make e2e`: the summary table of the end-to-end scenarios, from the rows each test wrote
-# (skewgate_testkit::scenario, e2e/tests/e2e/: id, scenario, result, requests, failures, wall time, figures).
+# (skewgate_harness::scenario, e2e/tests/e2e/: id, scenario, result, requests, failures, wall time, figures).
 set -euo pipefail
 dir=${1:?usage: e2e-summary.sh DIR [SECONDS]}
 total=${2:-}

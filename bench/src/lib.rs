@@ -15,8 +15,8 @@ use serde_json::{Value, json};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
 
 use skewgate_pki::Pki;
-use skewgate_testkit::envoy::Envoy;
-use skewgate_testkit::paths;
+use skewgate_harness::envoy::Envoy;
+use skewgate_harness::paths;
 
 /// Envoy's `direct_response` limit for the upstream's discovery documents (the merged `/apis` at
 /// 10,000 GVRs is a few MB).

@@ -29,8 +29,8 @@ use skewgate_bench::{self as bench, WrkRun};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
 use skewgate_envoy::{self as resources, Endpoint, Health};
 use skewgate_pki::Pki;
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, sealed_ecds, sealed_json, upstream_tls};
-use skewgate_testkit::paths;
+use skewgate_harness::envoy::{Config, Envoy, Settings, free_port, sealed_ecds, sealed_json, upstream_tls};
+use skewgate_harness::paths;
 
 /// plain (first: the others' ratios are to it), skewgate as shipped (the filter behind its bypass
 /// routes), generated routes (one per GVR, no filter), the native module ahead of the filter,
@@ -205,7 +205,7 @@ async fn main() -> Result<()> {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
                     "skewgate" | "filter-only" | "shipped" => Config::Skewgate,
                     "module" | "module-only" => Config::Native {
-                        module_ecds: skewgate_testkit::native::module_ecds(&sealed_json(&table)?),
+                        module_ecds: skewgate_harness::native::module_ecds(&sealed_json(&table)?),
                         wasm: config == "module",
                     },
                     _ => Config::NativeRoutes {
@@ -217,8 +217,8 @@ async fn main() -> Result<()> {
                 // The shipped bootstrap with the routes of a table without bypass (every request
                 // meets the filter, as before the bypass routes), and with no filter at all.
                 if config == "filter-only" || config == "shipped" {
-                    let rendered = skewgate_testkit::envoy::render_bootstrap(&s)?;
-                    let routed = skewgate_testkit::envoy::with_static_routes(&rendered, &s.route_timeout)?;
+                    let rendered = skewgate_harness::envoy::render_bootstrap(&s)?;
+                    let routed = skewgate_harness::envoy::with_static_routes(&rendered, &s.route_timeout)?;
                     s.config = Config::Custom(match config {
                         "shipped" => bench::without_filter(&routed, &table.pool_cluster)?,
                         _ => routed,
@@ -696,7 +696,7 @@ fn write_markdown(result: &Value) -> Result<()> {
         "{}\n![Envoy CPU per request vs table size](bench/results/cpu-per-request.svg)\n",
         markdown_tables(result)
     );
-    skewgate_testkit::markdown::update_section(&path, Some(&empty), BEGIN, END, &body)
+    skewgate_harness::markdown::update_section(&path, Some(&empty), BEGIN, END, &body)
 }
 
 /// CPU µs/request against table size (log scale), one line per configuration and concurrency.

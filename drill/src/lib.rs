@@ -29,12 +29,12 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use skewgate_testkit::clients::{Looping, Runs};
-use skewgate_testkit::cluster::{self, Cluster, Credentials};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::load::ErrorKind;
-use skewgate_testkit::real;
+use skewgate_harness::clients::{Looping, Runs};
+use skewgate_harness::cluster::{self, Cluster, Credentials};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::kubectl::Kubectl;
+use skewgate_harness::load::ErrorKind;
+use skewgate_harness::real;
 
 use crate::held::Held;
 
@@ -124,7 +124,7 @@ impl Options {
             quick,
             rate: if quick { 60 } else { 200 },
             seed: 42,
-            work: skewgate_testkit::paths::workspace_root()
+            work: skewgate_harness::paths::workspace_root()
                 .join(format!("target/tmp/drill-{}", std::process::id())),
             ready_delay: Duration::from_secs(3),
             poll: Duration::from_secs(1),
@@ -219,7 +219,7 @@ struct Timing {
     cooldown: Duration,
 }
 
-pub use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
+pub use skewgate_harness::real::{REAL_NEW, REAL_OLD};
 
 const DISCOVERY: &str = "apis (aggregated discovery v2)";
 const WATCHES: usize = 3;
@@ -337,7 +337,7 @@ impl Request {
     fn failed(&mut self, e: &reqwest::Error) {
         self.no_answer(
             if e.is_timeout() { ErrorKind::Timeout } else { ErrorKind::Other },
-            skewgate_testkit::load::error_chain(e),
+            skewgate_harness::load::error_chain(e),
         );
     }
 
@@ -573,7 +573,7 @@ async fn send(
             Some(_) => retry::Body::Encoded,
             None => retry::Body::Reader,
         };
-        let answer = skewgate_testkit::load::exchange(request, &[200, 201]).await;
+        let answer = skewgate_harness::load::exchange(request, &[200, 201]).await;
         (r.status, r.served_by, r.reason, r.message) =
             (answer.status, answer.served_by, answer.reason, answer.message);
         (r.error, r.timed_out, r.connection) = (None, false, false);
@@ -1426,7 +1426,7 @@ impl KubectlTally {
         let failed = runs.failures();
         let mut causes = BTreeMap::new();
         for f in &failed {
-            *causes.entry(skewgate_testkit::clients::error_line(f)).or_default() += 1;
+            *causes.entry(skewgate_harness::clients::error_line(f)).or_default() += 1;
         }
         KubectlTally { command, from, runs: runs.0.len(), failures: failed.len(), causes }
     }
@@ -1963,7 +1963,7 @@ pub fn update_readme(readme: &Path, results: &Path) -> Result<()> {
             parts.push(part);
         }
     }
-    skewgate_testkit::markdown::update_section(readme, None, README_BEGIN, README_END, &parts.join("\n"))
+    skewgate_harness::markdown::update_section(readme, None, README_BEGIN, README_END, &parts.join("\n"))
 }
 
 /// What a 503 `Status` from the edge says about itself, for [`Step::unavailable_why`]: waited at

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 use serde_json::{Value, json};
-use skewgate_testkit::real::{Discovery, Listable};
+use skewgate_harness::real::{Discovery, Listable};
 
 use crate::{NEW, OLD};
 
@@ -151,7 +151,7 @@ impl Load {
     }
 
     /// Real binaries, the old era a 1.36 kube-apiserver emulating 1.33 with betas on
-    /// ([`skewgate_testkit::real::REAL_OLD`]): DRA at v1beta1, and mutating admission policies
+    /// ([`skewgate_harness::real::REAL_OLD`]): DRA at v1beta1, and mutating admission policies
     /// new.
     pub fn emulated() -> Self {
         let mut load = Self::standins();

@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use skewgate_drill::{self as drill, Options, Variant};
-use skewgate_testkit::paths;
-use skewgate_testkit::real::Binaries;
+use skewgate_harness::paths;
+use skewgate_harness::real::Binaries;
 
 const USAGE: &str = "usage: drill [--quick] [--rate N] [--seed N] [--ready-delay SECONDS] [--poll SECONDS] \
                      [--leave-and-return [--away SECONDS] | --restarts N [--down SECONDS]] \

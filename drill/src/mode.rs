@@ -1,7 +1,7 @@
 //! Which Envoy a drill run's load goes through, and what that means for its cluster.
 
 use serde::Serialize;
-use skewgate_testkit::cluster;
+use skewgate_harness::cluster;
 
 /// Which Envoy the load goes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -11,7 +11,7 @@ pub enum Mode {
     /// The skewgate filter and `skewgate sync` (`Options::poll`).
     Skewgate,
     /// Real binaries only: the plain load balancer in front of kube-apiservers that run
-    /// Kubernetes' own Mixed Version Proxy ([`skewgate_testkit::mvp`]).
+    /// Kubernetes' own Mixed Version Proxy ([`skewgate_harness::mvp`]).
     Mvp,
 }
 

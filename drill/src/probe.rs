@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use skewgate_testkit::cluster::{self, Cluster, Credentials};
-use skewgate_testkit::kubectl::Kubectl;
+use skewgate_harness::cluster::{self, Cluster, Credentials};
+use skewgate_harness::kubectl::Kubectl;
 
 use crate::load::{Era, Load};
 use crate::mode::Mode;

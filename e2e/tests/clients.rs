@@ -8,7 +8,7 @@
 //! `SKEWGATE_CLIENT_RUNS` sets the run counts: a number (every loop that many runs), `full`
 //! (kubectl 50, Python 50, helm 20) or unset (3 each). A loop reports, per operation, its
 //! failures and the first failures' stderr with the requests the client made, as Envoy's access
-//! log saw them ([`skewgate_testkit::clients`]), then fails if any run failed.
+//! log saw them ([`skewgate_harness::clients`]), then fails if any run failed.
 //!
 //! Needs `make wasm` and `make setup` (Envoy, kubectl, helm and the Python client in .venv):
 //! fails, never skips. `make clients` runs it (`make clients-full`: the full counts).
@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use skewgate_testkit::clients::{self, Loop, failure_detail, run_process};
-use skewgate_testkit::cluster::Cluster;
-use skewgate_testkit::kubectl::{Kubectl, Output};
-use skewgate_testkit::paths;
+use skewgate_harness::clients::{self, Loop, failure_detail, run_process};
+use skewgate_harness::cluster::Cluster;
+use skewgate_harness::kubectl::{Kubectl, Output};
+use skewgate_harness::paths;
 
 const ERA: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const REAL: &[(&str, &str)] = &[("a", "1.33-real"), ("b", "1.33-real"), ("c", "1.36-real")];

@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use skewgate_core::table::RoutingTable;
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::scenario::serving;
-use skewgate_testkit::{kubectl, paths};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::scenario::serving;
+use skewgate_harness::{kubectl, paths};
 
 /// The compose project the test runs under: not README's `skewgate`, so that a cluster of the
 /// user's own is left alone.

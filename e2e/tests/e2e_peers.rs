@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
 use skewgate_core::table::{RoutingTable, Serving};
-use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
-use skewgate_testkit::load::{Load, Record, Settings, Target};
-use skewgate_testkit::paths;
-use skewgate_testkit::scenario::{Row, fresh_dir, listing, scenario, ten_targets, until};
-use skewgate_testkit::sidecar;
+use skewgate_harness::cluster::{self, Cluster, Credentials, Options};
+use skewgate_harness::load::{Load, Record, Settings, Target};
+use skewgate_harness::paths;
+use skewgate_harness::scenario::{Row, fresh_dir, listing, scenario, ten_targets, until};
+use skewgate_harness::sidecar;
 
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const TIMEOUT: Duration = Duration::from_secs(10);

@@ -21,15 +21,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
-use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::load::Record;
-use skewgate_testkit::real::{REAL_NEW, REAL_OLD};
-use skewgate_testkit::scenario::{
+use skewgate_harness::cluster::{self, Cluster, Credentials, Options};
+use skewgate_harness::kubectl::Kubectl;
+use skewgate_harness::load::Record;
+use skewgate_harness::real::{REAL_NEW, REAL_OLD};
+use skewgate_harness::scenario::{
     Row, cert_sha256, claim_yaml, class_patch, fresh_dir, ids, kubectl, listing, scenario, serving,
     successes_after, until, vm_untroubled, volume_claim,
 };
-use skewgate_testkit::{clients, paths, real};
+use skewgate_harness::{clients, paths, real};
 
 use crate::common::peer_loss::Outcomes;
 use crate::common::shared_state::resource_version;
@@ -45,7 +45,7 @@ const OLD_CLASSES: &str = "deviceclasses.v1beta1.resource.k8s.io";
 const SUITE: Suite = Suite { old_classes: "v1beta1", new_profile: REAL_NEW, names_itself: false };
 
 // ---------------------------------------------------------------------------------------------
-// Scaffolding (the rest is in skewgate_testkit::scenario, shared with e2e/ and e2e_peers.rs,
+// Scaffolding (the rest is in skewgate_harness::scenario, shared with e2e/ and e2e_peers.rs,
 // and the scenario steps in common/, shared with e2e/)
 
 /// A cluster of real apiservers under `target/tmp/e2e-real/<name>-<pid>`, Envoy's access log on.
@@ -1307,12 +1307,12 @@ async fn r15_release_upgrade() -> Result<()> {
 }
 
 /// Lists of `names` (in `default` where the resource is namespaced).
-fn list_targets(names: &BTreeSet<String>, all: &[real::Listable]) -> Vec<skewgate_testkit::load::Target> {
+fn list_targets(names: &BTreeSet<String>, all: &[real::Listable]) -> Vec<skewgate_harness::load::Target> {
     all.iter()
         .filter(|l| names.contains(&l.name()))
         .map(|l| {
             let ns = l.namespaced.then_some("default");
-            skewgate_testkit::load::Target::list(&l.group, &l.version, &l.resource, ns)
+            skewgate_harness::load::Target::list(&l.group, &l.version, &l.resource, ns)
         })
         .collect()
 }
@@ -1348,13 +1348,13 @@ async fn release_upgrade() -> Result<Row> {
     })
     .await?;
     let alice = c.client(Credentials::Alice, TIMEOUT)?;
-    let settings = |workers| skewgate_testkit::load::Settings {
+    let settings = |workers| skewgate_harness::load::Settings {
         workers,
         pause: Duration::from_millis(20),
         timeout: TIMEOUT,
     };
     // What only the old release serves is asked for until its last server goes.
-    let mut removed_load = Some(skewgate_testkit::load::Load::start(
+    let mut removed_load = Some(skewgate_harness::load::Load::start(
         &alice,
         &c.envoy_url()?,
         list_targets(&both.union(&removed).cloned().collect(), &all),
@@ -1399,7 +1399,7 @@ async fn release_upgrade() -> Result<Row> {
             true => format!("{id} upgraded: every apiserver serves the same again"),
         });
         if added_load.is_none() && !added.is_empty() {
-            added_load = Some(skewgate_testkit::load::Load::start(
+            added_load = Some(skewgate_harness::load::Load::start(
                 &alice,
                 &c.envoy_url()?,
                 list_targets(&both.union(&added).cloned().collect(), &all),

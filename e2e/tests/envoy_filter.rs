@@ -16,13 +16,13 @@ use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
 use skewgate_envoy::{self as resources, Endpoint, Health, UpstreamTls};
 use skewgate_pki::{Pair, Pki};
-use skewgate_testkit::echo::{self, Echo, SERVED_BY};
-use skewgate_testkit::envoy::{
+use skewgate_harness::echo::{self, Echo, SERVED_BY};
+use skewgate_harness::envoy::{
     Config, Envoy, Settings, connect_tls, connection_limit, free_port, sealed_ecds, upstream_tls,
 };
-use skewgate_testkit::load::{Load, Settings as LoadSettings, Target};
-use skewgate_testkit::scenario::listing;
-use skewgate_testkit::{native, paths};
+use skewgate_harness::load::{Load, Settings as LoadSettings, Target};
+use skewgate_harness::scenario::listing;
+use skewgate_harness::{native, paths};
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const NOPEER: &str =
@@ -2241,7 +2241,7 @@ async fn exec_attach_and_port_forward_switch_protocols() -> Result<()> {
     ];
     for (path, protocol, extra) in upgrades {
         let mut tls =
-            skewgate_testkit::envoy::connect_tls(&ca, Some(&f.pki.alice), f.envoy.settings.listen_port)
+            skewgate_harness::envoy::connect_tls(&ca, Some(&f.pki.alice), f.envoy.settings.listen_port)
                 .await?;
         let request = format!(
             "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: {protocol}\r\n{extra}\r\n"
@@ -2518,8 +2518,8 @@ fn shipped_envoy_configs_validate() -> Result<()> {
         let empty = json!({"resources": []});
         settings.files().write_first(&empty, &settings.rds_for(&empty), &empty)?;
         let bootstrap = settings.dir.join("bootstrap.yaml");
-        std::fs::write(&bootstrap, skewgate_testkit::envoy::render_bootstrap(&settings)?)?;
-        skewgate_testkit::envoy::validate(&bootstrap)?;
+        std::fs::write(&bootstrap, skewgate_harness::envoy::render_bootstrap(&settings)?)?;
+        skewgate_harness::envoy::validate(&bootstrap)?;
     }
     Ok(())
 }
@@ -2528,7 +2528,7 @@ fn shipped_envoy_configs_validate() -> Result<()> {
 async fn raw_request(f: &Fixture, request: &[u8]) -> Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let ca = f.dir.join("pki/cluster-ca.crt");
-    let mut tls = skewgate_testkit::envoy::connect_tls(&ca, None, f.envoy.settings.listen_port).await?;
+    let mut tls = skewgate_harness::envoy::connect_tls(&ca, None, f.envoy.settings.listen_port).await?;
     tls.write_all(request).await?;
     let mut response = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut response)).await;
@@ -2746,7 +2746,7 @@ async fn explain_predicts_what_envoy_does_with_odd_paths() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_tables_are_refused_and_the_old_one_keeps_routing() -> Result<()> {
     use skewgate_core::table::{MAX_GVRS, MAX_TABLE_BYTES};
-    use skewgate_testkit::limits::filler_group_versions;
+    use skewgate_harness::limits::filler_group_versions;
     let f = Fixture::start("oversized").await?;
     let rejected = "extension_config_discovery.http_filter.skewgate.update_rejected";
     let load = Load::start(

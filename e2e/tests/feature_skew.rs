@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use skewgate_testkit::cluster::{self, Credentials, Options};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::paths;
-use skewgate_testkit::scenario::{class_patch, volume_claim};
+use skewgate_harness::cluster::{self, Credentials, Options};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::paths;
+use skewgate_harness::scenario::{class_patch, volume_claim};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
-use skewgate_testkit::cluster::{self, ApiserverSpec, Cluster};
-use skewgate_testkit::paths;
-use skewgate_testkit::scenario::claim_yaml;
+use skewgate_harness::cluster::{self, ApiserverSpec, Cluster};
+use skewgate_harness::paths;
+use skewgate_harness::scenario::claim_yaml;
 
 async fn one_standin(name: &str, profile: &str) -> Result<Cluster> {
     let out = std::env::temp_dir().join(format!("skewgate-kubectl-{name}-{}", std::process::id()));

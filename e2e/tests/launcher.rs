@@ -2,7 +2,7 @@
 //! run: the Envoy files left there describe another cluster.
 
 use anyhow::{Context, Result};
-use skewgate_testkit::cluster;
+use skewgate_harness::cluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_cluster_starts_in_the_same_directory() -> Result<()> {

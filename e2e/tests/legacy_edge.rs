@@ -17,10 +17,10 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use skewgate_core::discovery::protobuf::MEDIA_TYPE_PROTOBUF;
 use skewgate_core::table::{LegacyPath, legacy_protobuf};
-use skewgate_testkit::cluster::{self, Cluster, Credentials, Options};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::paths;
+use skewgate_harness::cluster::{self, Cluster, Credentials, Options};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::kubectl::Kubectl;
+use skewgate_harness::paths;
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const ERAS: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];

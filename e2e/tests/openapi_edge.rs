@@ -10,9 +10,9 @@ use anyhow::{Context, Result, bail};
 use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CACHE_CONTROL, ETAG, LOCATION};
 use serde_json::Value;
-use skewgate_testkit::cluster::{self, Cluster, Credentials};
-use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::scenario::{claim_yaml, device_class_yaml};
+use skewgate_harness::cluster::{self, Cluster, Credentials};
+use skewgate_harness::kubectl::Kubectl;
+use skewgate_harness::scenario::{claim_yaml, device_class_yaml};
 
 const V2_PROTO: &str = "application/com.github.proto-openapi.spec.v2@v1.0+protobuf";
 

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-use skewgate_testkit::paths;
+use skewgate_harness::paths;
 
 const NODES: [(&str, &str); 3] = [("cp-1", "10.0.0.11"), ("cp-2", "10.0.0.12"), ("cp-3", "10.0.0.13")];
 /// The pod's name prefix for its containers, so that they are found and removed.
@@ -306,13 +306,13 @@ fn the_deploy_guide_runs_on_real_apiservers() -> Result<()> {
     }
     let logs = root.join("logs");
     std::fs::create_dir_all(&logs)?;
-    let etcd_port = skewgate_testkit::envoy::free_port()?;
+    let etcd_port = skewgate_harness::envoy::free_port()?;
     let etcd_url = format!("http://127.0.0.1:{etcd_port}");
     let log = |name: &str| -> Result<Stdio> { Ok(Stdio::from(std::fs::File::create(logs.join(name))?)) };
     let etcd = Command::new(&etcd_binary)
         .args(["--data-dir", &root.join("etcd").display().to_string()])
         .args(["--listen-client-urls", &etcd_url, "--advertise-client-urls", &etcd_url])
-        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", skewgate_testkit::envoy::free_port()?)])
+        .args(["--listen-peer-urls", &format!("http://127.0.0.1:{}", skewgate_harness::envoy::free_port()?)])
         .stdout(log("etcd.log")?)
         .stderr(log("etcd.err")?)
         .spawn()?;

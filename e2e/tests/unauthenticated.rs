@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use serde_json::{Value, json};
-use skewgate_testkit::clients::{self, Loop};
-use skewgate_testkit::cluster::{Cluster, Credentials};
-use skewgate_testkit::echo::SERVED_BY;
+use skewgate_harness::clients::{self, Loop};
+use skewgate_harness::cluster::{Cluster, Credentials};
+use skewgate_harness::echo::SERVED_BY;
 
 const ERA: &[(&str, &str)] = &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")];
 const REAL: &[(&str, &str)] = &[("a", "1.33-real"), ("b", "1.33-real"), ("c", "1.36-real")];

@@ -298,7 +298,7 @@ async fn a_remote_store_needs_the_multi_threaded_runtime() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_absent_store_is_an_error_that_names_it() -> Result<()> {
-    let port = skewgate_testkit::envoy::free_port()?;
+    let port = skewgate_harness::envoy::free_port()?;
     let url = format!("http://127.0.0.1:{port}");
     let err = match RemoteStore::connect(&url, Duration::from_millis(600)).await {
         Ok(_) => anyhow::bail!("connected to nothing"),

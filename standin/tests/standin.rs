@@ -797,7 +797,7 @@ fn the_packed_documents_are_whole() -> Result<()> {
         }
     }
     let beside = std::fs::read(
-        skewgate_testkit::paths::workspace_root().join("testdata/real-apiserver/version-emulated-1.33.json"),
+        skewgate_harness::paths::workspace_root().join("testdata/real-apiserver/version-emulated-1.33.json"),
     )?;
     assert_eq!(captured("real-1.36.2-emulated-1.33-betas")?["version.json"], beside);
     Ok(())

@@ -30,10 +30,10 @@ use skewgate_core::table::{GroupVersionConfig, MAX_GROUP_VERSIONS, MAX_GVRS, MAX
 use skewgate_envoy::{self as resources, Endpoint, Health};
 use skewgate_pki::{APISERVER_NAME, Pki};
 use skewgate_standin::Profile;
-use skewgate_testkit::echo::{self, SERVED_BY};
-use skewgate_testkit::envoy::{Config, Envoy, Settings, free_port, sealed_json, upstream_tls};
-use skewgate_testkit::limits::{DiscoveryServer, Shape, crd_groups, filler_group_versions};
-use skewgate_testkit::paths;
+use skewgate_harness::echo::{self, SERVED_BY};
+use skewgate_harness::envoy::{Config, Envoy, Settings, free_port, sealed_json, upstream_tls};
+use skewgate_harness::limits::{DiscoveryServer, Shape, crd_groups, filler_group_versions};
+use skewgate_harness::paths;
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
 const ECDS_STATS: [&str; 3] = [

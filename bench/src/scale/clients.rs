@@ -106,7 +106,7 @@ impl Clients {
         let mut connections = Vec::with_capacity(clients);
         let mut tasks = Vec::new();
         for i in 0..clients {
-            let tls = skewgate_testkit::envoy::connect_tls(ca, Some(certificate), port)
+            let tls = skewgate_harness::envoy::connect_tls(ca, Some(certificate), port)
                 .await
                 .with_context(|| format!("client {i}: TLS to Envoy"))?;
             let (send, conn) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())

@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use skewgate_testkit::cluster::{Cluster, Credentials};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::scenario::{Row, header, kubectl};
+use skewgate_harness::cluster::{Cluster, Credentials};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::scenario::{Row, header, kubectl};
 
 use super::{NOPEER, Suite, TIMEOUT, V2};
 

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 use skewgate_core::table::RoutingTable;
-use skewgate_testkit::cluster::{Cluster, Credentials};
-use skewgate_testkit::load::{Load, Record, Settings, Target};
-use skewgate_testkit::scenario::{ids, serving, ten_targets};
+use skewgate_harness::cluster::{Cluster, Credentials};
+use skewgate_harness::load::{Load, Record, Settings, Target};
+use skewgate_harness::scenario::{ids, serving, ten_targets};
 
 /// Only the 1.36 era serves it.
 pub const CLAIMS: &str = "resourceclaims.v1.resource.k8s.io";

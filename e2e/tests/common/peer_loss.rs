@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use skewgate_testkit::cluster::Cluster;
-use skewgate_testkit::load::{Record, Report};
-use skewgate_testkit::scenario::{Row, ids, kubectl, successes_after};
+use skewgate_harness::cluster::Cluster;
+use skewgate_harness::load::{Record, Report};
+use skewgate_harness::scenario::{Row, ids, kubectl, successes_after};
 
 use super::{CLAIMS, Suite, answers_after};
 

@@ -3,9 +3,9 @@
 
 use anyhow::{Context, Result, ensure};
 use serde_json::Value;
-use skewgate_testkit::cluster::Cluster;
-use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::scenario::{claim_yaml, device_class_yaml, kubectl};
+use skewgate_harness::cluster::Cluster;
+use skewgate_harness::kubectl::Kubectl;
+use skewgate_harness::scenario::{claim_yaml, device_class_yaml, kubectl};
 
 use super::Suite;
 

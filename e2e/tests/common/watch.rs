@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
-use skewgate_testkit::cluster::Cluster;
-use skewgate_testkit::kubectl::Kubectl;
-use skewgate_testkit::scenario::KillOnDrop;
+use skewgate_harness::cluster::Cluster;
+use skewgate_harness::kubectl::Kubectl;
+use skewgate_harness::scenario::KillOnDrop;
 
 use super::CLAIMS;
 

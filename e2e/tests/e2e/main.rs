@@ -9,7 +9,7 @@
 //!
 //! One file per scenario; `support.rs` holds what the stand-in scenarios share, `common/` the
 //! steps they share with the same scenarios on real apiservers (`e2e_real.rs`) and
-//! `skewgate_testkit::scenario` what every end-to-end suite shares.
+//! `skewgate_harness::scenario` what every end-to-end suite shares.
 
 #[path = "../common/mod.rs"]
 mod common;

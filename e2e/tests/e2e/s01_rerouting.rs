@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
-use skewgate_testkit::cluster::Credentials;
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::kubectl::{self, Kubectl};
-use skewgate_testkit::scenario::{Row, header, ids, kubectl, scenario, serving};
+use skewgate_harness::cluster::Credentials;
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::kubectl::{self, Kubectl};
+use skewgate_harness::scenario::{Row, header, ids, kubectl, scenario, serving};
 
 use crate::support::{CLAIMS, DEVICECLASSES, ERAS, TIMEOUT, finish, rerouted_count, start};
 

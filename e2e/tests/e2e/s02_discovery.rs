@@ -1,7 +1,7 @@
 //! Scenario 2: Discovery.
 
 use anyhow::Result;
-use skewgate_testkit::scenario::{Row, scenario};
+use skewgate_harness::scenario::{Row, scenario};
 
 use crate::support::{ERAS, SUITE, finish, start};
 

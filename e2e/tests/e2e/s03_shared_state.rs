@@ -2,10 +2,10 @@
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
-use skewgate_testkit::cluster::Credentials;
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::kubectl::{self};
-use skewgate_testkit::scenario::{Row, header, scenario, serving};
+use skewgate_harness::cluster::Credentials;
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::kubectl::{self};
+use skewgate_harness::scenario::{Row, header, scenario, serving};
 
 use crate::common::shared_state::resource_version;
 use crate::support::{CLAIMS, DEVICECLASSES, ERAS, SUITE, TIMEOUT, finish, start};

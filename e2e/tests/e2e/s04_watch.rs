@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use skewgate_testkit::cluster::{Cluster, Credentials};
-use skewgate_testkit::scenario::{Row, kubectl, scenario, until};
+use skewgate_harness::cluster::{Cluster, Credentials};
+use skewgate_harness::scenario::{Row, kubectl, scenario, until};
 
 use crate::common::watch::{Watch, same_events, write_claims};
 use crate::support::{CLAIMS, ERAS, TIMEOUT, finish, start};

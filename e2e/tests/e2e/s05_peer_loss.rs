@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use skewgate_testkit::scenario::{Row, scenario};
+use skewgate_harness::scenario::{Row, scenario};
 
 use crate::common::peer_loss::Outcomes;
 use crate::support::{ERAS, SUITE, TIMEOUT, finish, start};

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, scenario, serving, successes_after, until};
+use skewgate_harness::load::{Record, Target};
+use skewgate_harness::scenario::{Row, ids, scenario, serving, successes_after, until};
 
 use crate::support::{CLAIMS, DEVICECLASSES, ERAS, SUITE, finish, start};
 

@@ -4,10 +4,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
-use skewgate_testkit::cluster::Credentials;
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::kubectl::{self, Kubectl};
-use skewgate_testkit::scenario::{Row, cert_sha256, header, ids, kubectl, scenario};
+use skewgate_harness::cluster::Credentials;
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::kubectl::{self, Kubectl};
+use skewgate_harness::scenario::{Row, cert_sha256, header, ids, kubectl, scenario};
 
 use crate::support::{CREDENTIAL_ID, ERAS, TIMEOUT, finish, served, start};
 

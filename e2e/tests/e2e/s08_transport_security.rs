@@ -4,9 +4,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::Result;
-use skewgate_testkit::load::{Record, Target};
-use skewgate_testkit::scenario::{Row, ids, scenario, successes_after};
-use skewgate_testkit::sidecar;
+use skewgate_harness::load::{Record, Target};
+use skewgate_harness::scenario::{Row, ids, scenario, successes_after};
+use skewgate_harness::sidecar;
 
 use crate::support::{SUITE, answers_after, finish, prometheus_value, start};
 

@@ -6,10 +6,10 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 use skewgate_core::request_info::{RequestInfo, decode_path, split_target};
-use skewgate_testkit::cluster::{Cluster, Credentials};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::envoy::{self};
-use skewgate_testkit::scenario::{Row, cert_sha256, header, ids, scenario, vm_untroubled};
+use skewgate_harness::cluster::{Cluster, Credentials};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::envoy::{self};
+use skewgate_harness::scenario::{Row, cert_sha256, header, ids, scenario, vm_untroubled};
 
 use crate::support::{CREDENTIAL_ID, ERAS, TIMEOUT, finish, start};
 

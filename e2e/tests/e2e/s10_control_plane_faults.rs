@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use serde_json::{Value, json};
-use skewgate_testkit::load::Target;
-use skewgate_testkit::scenario::{Row, listing, scenario, successes_after, until};
+use skewgate_harness::load::Target;
+use skewgate_harness::scenario::{Row, listing, scenario, successes_after, until};
 
 use crate::support::{ERAS, SUITE, finish, prometheus_value, start};
 

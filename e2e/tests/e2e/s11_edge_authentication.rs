@@ -4,10 +4,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value, json};
-use skewgate_testkit::cluster::{Cluster, Credentials};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::envoy::{self};
-use skewgate_testkit::scenario::{Row, header, ids, scenario, until};
+use skewgate_harness::cluster::{Cluster, Credentials};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::envoy::{self};
+use skewgate_harness::scenario::{Row, header, ids, scenario, until};
 
 use crate::support::{ERAS, TIMEOUT, V2, finish, served, start};
 

@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
-use skewgate_testkit::cluster::{self, Cluster, Options};
-use skewgate_testkit::echo::SERVED_BY;
-use skewgate_testkit::envoy::Envoy;
-use skewgate_testkit::paths;
-use skewgate_testkit::scenario::{Row, fresh_dir, header, vm_untroubled};
+use skewgate_harness::cluster::{self, Cluster, Options};
+use skewgate_harness::echo::SERVED_BY;
+use skewgate_harness::envoy::Envoy;
+use skewgate_harness::paths;
+use skewgate_harness::scenario::{Row, fresh_dir, header, vm_untroubled};
 
 use crate::common::Suite;
 pub(crate) use crate::common::{CLAIMS, CREDENTIAL_ID, TIMEOUT, V2, answers_after};

@@ -33,8 +33,8 @@ use skewgate_bench::{self as bench, plot};
 use skewgate_core::table::TableConfig;
 use skewgate_envoy::{self as resources, Endpoint, Health};
 use skewgate_pki::Pki;
-use skewgate_testkit::envoy::{Config, Envoy, Settings, sealed_ecds, upstream_tls};
-use skewgate_testkit::paths;
+use skewgate_harness::envoy::{Config, Envoy, Settings, sealed_ecds, upstream_tls};
+use skewgate_harness::paths;
 
 mod polling;
 
@@ -203,7 +203,7 @@ fn runtime(name: &str) -> Result<tokio::runtime::Runtime> {
 /// which a container may not have: the run stops before a size the limit cannot hold.
 fn check_file_limit(watches: usize, per_client: usize) -> Result<()> {
     let needed = (watches + clients_for(watches, per_client)) as u64 + FD_SPARE;
-    let hard = skewgate_testkit::envoy::hard_nofile()?;
+    let hard = skewgate_harness::envoy::hard_nofile()?;
     if needed > hard {
         bail!(
             "{watches} watches in connections of {per_client} need {needed} open files in Envoy and in this \
@@ -311,7 +311,7 @@ impl Run<'_> {
     ) -> Result<Cell> {
         let per_client = self.cli.per_client;
         let clients_n = clients_for(watches, per_client);
-        let tls = skewgate_testkit::echo::tls_config(&pki.apiserver, &pki.requestheader_ca.cert_path)?;
+        let tls = skewgate_harness::echo::tls_config(&pki.apiserver, &pki.requestheader_ca.cert_path)?;
         let upstream =
             self.upstream_rt.spawn(async move { Upstream::start(&APISERVERS, tls).await }).await??;
         let endpoints: Vec<Endpoint> = upstream
@@ -650,7 +650,7 @@ fn write_reports(result: &Value) -> Result<()> {
     let body = format!(
         "{md}\n![Envoy memory per watch and per connection vs watches](bench/results/scale-memory.svg)\n\n![Envoy CPU per event and per request vs watches](bench/results/scale-cpu.svg)\n"
     );
-    skewgate_testkit::markdown::update_section(
+    skewgate_harness::markdown::update_section(
         &paths::workspace_root().join("BENCHMARKS.md"),
         None,
         BEGIN,

@@ -12,9 +12,9 @@ use serde::Serialize;
 use serde_json::json;
 use skewgate_bench as bench;
 use skewgate_pki::Pki;
-use skewgate_testkit::sidecar::Sidecar;
-use skewgate_testkit::standin::{self, Profile, Standin, Store};
-use skewgate_testkit::{envoy::free_port, paths};
+use skewgate_harness::sidecar::Sidecar;
+use skewgate_harness::standin::{self, Profile, Standin, Store};
+use skewgate_harness::{envoy::free_port, paths};
 
 /// What the sidecar asks an apiserver for its own discovery.
 const DISCOVERY_ACCEPT: &str =
@@ -116,7 +116,7 @@ async fn measure(
         let listen = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let config = json!({
             "apiservers": standins.iter().map(|s| json!({"id": s.id, "address": "127.0.0.1", "port": s.addr.port()})).collect::<Vec<_>>(),
-            "serverName": skewgate_testkit::pki::APISERVER_NAME,
+            "serverName": skewgate_harness::pki::APISERVER_NAME,
             "tls": {
                 "peerCa": pki.peer_ca.cert_path,
                 "clientCert": pki.front_proxy.cert,

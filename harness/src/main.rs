@@ -10,8 +10,8 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use skewgate_pki::{FRONT_PROXY_CN, Pair};
 use skewgate_standin::{self as standin, Auth, Profile, RemoteStore, Store, StoreHandle, Token};
-use skewgate_testkit::cluster::{self, ApiserverSpec};
-use skewgate_testkit::real::Binaries;
+use skewgate_harness::cluster::{self, ApiserverSpec};
+use skewgate_harness::real::Binaries;
 
 /// skewgate's test harness: stand-in kube-apiservers and the local skewed cluster.
 #[derive(Debug, Parser)]
@@ -58,7 +58,7 @@ enum Command {
         kube_controller_manager: Option<PathBuf>,
         /// The controller-manager's `--controllers`: `*` for all of them (Kubernetes' e2e specs
         /// need the service-account and quota controllers).
-        #[arg(long, requires = "kube_controller_manager", default_value = skewgate_testkit::real::CONTROLLERS)]
+        #[arg(long, requires = "kube_controller_manager", default_value = skewgate_harness::real::CONTROLLERS)]
         controllers: String,
         /// Real binaries: run Kubernetes' own Mixed Version Proxy (UnknownVersionInteroperabilityProxy)
         /// on every apiserver, each in its own UTS namespace (hostname kas-ID, its identity), with
@@ -354,7 +354,7 @@ async fn save_discovery(
     out: &std::path::Path,
     flags: &[String],
 ) -> anyhow::Result<serde_json::Value> {
-    use skewgate_testkit::real::Spec;
+    use skewgate_harness::real::Spec;
     if let Some(bad) = flags.iter().find(|f| !f.starts_with("--") || f.contains(':')) {
         bail!("--apiserver-flag {bad:?}: expected --flag=value without a colon");
     }
@@ -365,7 +365,7 @@ async fn save_discovery(
             .collect::<Vec<_>>()
             .join(":"),
     )?;
-    let documents = skewgate_testkit::real::discovery_of(&binaries, &spec, &out.join("run")).await?;
+    let documents = skewgate_harness::real::discovery_of(&binaries, &spec, &out.join("run")).await?;
     let mut written = Vec::new();
     for (body, file) in [(&documents.apis, "apis.json"), (&documents.api, "api.json")] {
         let dest = out.join(file);

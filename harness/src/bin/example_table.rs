@@ -2,7 +2,7 @@
 //! middle of an upgrade, apiservers a and b still on the 1.33 era, c already on the 1.36 era.
 //!
 //! The fixtures are compiled in so that the output depends on nothing but this source tree:
-//! `cargo run -q -p skewgate-testkit --bin example-table > envoy-config/examples/table.json`
+//! `cargo run -q -p skewgate-harness --bin example-table > envoy-config/examples/table.json`
 
 use anyhow::{Context, Result};
 use skewgate_core::build::{ClusterNames, ServerApis, build_table};

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
-use skewgate_testkit::envoy::free_port;
-use skewgate_testkit::paths;
+use skewgate_harness::envoy::free_port;
+use skewgate_harness::paths;
 
 use crate::compose::{interpolate, strings};
 

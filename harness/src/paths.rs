@@ -51,7 +51,7 @@ pub fn harness_binary() -> Result<PathBuf> {
     let path = beside_this_program("skewgate-harness")?;
     if !path.is_file() {
         bail!(
-            "skewgate-harness not built at {}: run `cargo build -p skewgate-testkit --bin skewgate-harness`",
+            "skewgate-harness not built at {}: run `cargo build -p skewgate-harness --bin skewgate-harness`",
             path.display()
         );
     }

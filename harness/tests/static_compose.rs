@@ -6,7 +6,7 @@
 //! compose Envoy configuration is the shipped template rendered and passes `envoy --mode
 //! validate`, and the sidecar configuration loads.
 //!
-//! `SKEWGATE_BLESS=1 cargo test -p skewgate-testkit --test static_compose` rewrites
+//! `SKEWGATE_BLESS=1 cargo test -p skewgate-harness --test static_compose` rewrites
 //! envoy-config/compose/envoy.yaml, envoy-config/bootstrap-native.yaml and docs/kubeadm/envoy.yaml
 //! from envoy-config/bootstrap.yaml.
 
@@ -16,7 +16,7 @@ use std::process::Command;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Map, Value};
-use skewgate_testkit::{envoy, native, paths};
+use skewgate_harness::{envoy, native, paths};
 
 use crate::compose::{interpolate, strings};
 
@@ -51,9 +51,9 @@ fn compose_envoy_values() -> BTreeMap<&'static str, String> {
 const RENDERED_HEADER: &str = "\
 # GENERATED from envoy-config/bootstrap.yaml for docker-compose.yml: do not edit. Paths are the
 # envoy service's mounts; the listener takes every address of the container (published on the
-# host's 127.0.0.1:6443), the admin API only 127.0.0.1. testkit/tests/static_compose.rs checks
+# host's 127.0.0.1:6443), the admin API only 127.0.0.1. harness/tests/static_compose.rs checks
 # that this file is the template rendered, and rewrites it with
-#   SKEWGATE_BLESS=1 cargo test -p skewgate-testkit --test static_compose
+#   SKEWGATE_BLESS=1 cargo test -p skewgate-harness --test static_compose
 ";
 
 fn root() -> PathBuf {
@@ -386,9 +386,9 @@ fn compiled_in_files(members: &[String]) -> Result<BTreeSet<String>> {
 #[test]
 fn commands_name_workspace_binaries_and_flags_they_have() -> Result<()> {
     let c = compose()?;
-    // The binaries are this workspace's: `skewgate` (sidecar/) and `skewgate-harness` (testkit/).
+    // The binaries are this workspace's: `skewgate` (sidecar/) and `skewgate-harness` (harness/).
     assert!(read("sidecar/Cargo.toml")?.contains("name = \"skewgate\""));
-    assert!(read("testkit/Cargo.toml")?.contains("name = \"skewgate-harness\""));
+    assert!(read("harness/Cargo.toml")?.contains("name = \"skewgate-harness\""));
     let mut checked = 0;
     for (name, svc) in services(&c)? {
         let args = command(svc);
@@ -762,7 +762,7 @@ fn ensure_generated(relative: &str, generated: &str, how: &str) -> Result<()> {
     ensure!(
         shipped == generated,
         "{relative} is not envoy-config/bootstrap.yaml {how}; regenerate it with\n  \
-         SKEWGATE_BLESS=1 cargo test -p skewgate-testkit --test static_compose"
+         SKEWGATE_BLESS=1 cargo test -p skewgate-harness --test static_compose"
     );
     Ok(())
 }
@@ -773,11 +773,11 @@ fn ensure_generated(relative: &str, generated: &str, how: &str) -> Result<()> {
 const NATIVE_ENVOY: &str = "envoy-config/bootstrap-native.yaml";
 
 const NATIVE_HEADER: &str = "\
-# GENERATED from envoy-config/bootstrap.yaml by skewgate_testkit::native::with_module: do not edit;
-# testkit/tests/static_compose.rs checks it and rewrites it with SKEWGATE_BLESS=1.
+# GENERATED from envoy-config/bootstrap.yaml by skewgate_harness::native::with_module: do not edit;
+# harness/tests/static_compose.rs checks it and rewrites it with SKEWGATE_BLESS=1.
 # The bootstrap with the native dynamic module (libskewgate_module.so) ahead of the proxy-wasm
 # filter (docs/native-module.md), its routes static (those of the sidecar's rds.json without the
-# bypass, skewgate_testkit::envoy::with_static_routes): the same placeholders as bootstrap.yaml; Envoy needs
+# bypass, skewgate_harness::envoy::with_static_routes): the same placeholders as bootstrap.yaml; Envoy needs
 # ENVOY_DYNAMIC_MODULES_SEARCH_PATH set to the module's directory, and the sidecar
 # `nativeModule = true` in [envoy] to write the module's table to ECDS_DIR/module/ecds.json.
 ";
@@ -835,7 +835,7 @@ fn kubeadm_envoy_values() -> BTreeMap<&'static str, String> {
 
 const KUBEADM_HEADER: &str = "\
 # /etc/kubernetes/skewgate/envoy.yaml on every kubeadm control-plane node (docs/deploy.md).
-# GENERATED from envoy-config/bootstrap.yaml: do not edit; testkit/tests/static_compose.rs checks
+# GENERATED from envoy-config/bootstrap.yaml: do not edit; harness/tests/static_compose.rs checks
 # it and rewrites it with SKEWGATE_BLESS=1. Listener: port 7443 of the node, kube-apiserver's
 # own serving certificate, client certificates verified against the cluster CA (--client-ca-file).
 ";
