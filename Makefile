@@ -191,10 +191,10 @@ explain-example:
 	cargo run -q -p skewgate-harness --bin example-table > envoy-config/examples/table.json
 
 ## The rolling-upgrade drill: 3 apiservers 1.33 → 1.36 one at a time under load, plain LB vs
-## skewgate. Writes drill/results/ and the README's drill section (~2–3 min). DRILL_ARGS: --rate N --seed N;
+## skewgate. Writes drill/results/ and docs/drill.md's results (~2–3 min). DRILL_ARGS: --rate N --seed N;
 ## --only plain-lb|mvp|skewgate runs one column alone (results under target/tmp), --keep keeps its logs.
 ## With KUBE_APISERVER=PATH ETCD=PATH: real kube-apiservers (@1.33 with betas → native), results in
-## drill/results/real-*, README untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
+## drill/results/real-*, docs/drill.md untouched; with KUBE_CONTROLLER_MANAGER=PATH too, a real
 ## controller-manager runs through the front door in each run, and the drill counts what its garbage
 ## collector and namespace controller did wrong (dependents collected, objects left, namespaces stuck).
 ## With OLD_KUBE_APISERVER=PATH (and OLD_KUBE_CONTROLLER_MANAGER=PATH): a real release upgrade, its

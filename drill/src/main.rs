@@ -2,10 +2,10 @@
 //! a fixed-rate client load, through Envoy as a plain load balancer and through skewgate; or, with
 //! --leave-and-return, the only 1.36 apiserver of a skewed cluster away past the sidecar's old
 //! grace period and back. Writes drill/results/latest.json and the variant's plot, and (not with
-//! --quick) drill/results/<variant>.json and .md and the README's drill section, which keeps
+//! --quick) drill/results/<variant>.json and .md and docs/drill.md's generated section, which keeps
 //! both variants' tables. On real binaries (`--kube-apiserver PATH --etcd PATH`, or
 //! `$SKEWGATE_KUBE_APISERVER` and `$SKEWGATE_ETCD`) the same files are named `real-…` and the
-//! README is left alone. On real binaries the upgrade has a third run, the plain LB in front of
+//! page is left alone. On real binaries the upgrade has a third run, the plain LB in front of
 //! apiservers running Kubernetes' own Mixed Version Proxy, each run is preceded by a probe
 //! (rerouted vs local latency, `kubectl explain`), and the first upgraded apiserver, the sole
 //! server of the new APIs, is stopped for 20 s and back, then SIGKILLed for 20 s and back
@@ -183,7 +183,7 @@ fn main() -> Result<()> {
         None => root.join("drill/results"),
     };
     std::fs::create_dir_all(&out)?;
-    // Real binaries' results sit next to the stand-ins' and stay out of the README's section.
+    // Real binaries' results sit next to the stand-ins' and stay out of docs/drill.md's section.
     let prefix = match (&o.real, o.release()) {
         (Some(_), true) => "release-",
         (Some(_), false) => "real-",
@@ -196,13 +196,13 @@ fn main() -> Result<()> {
     std::fs::write(out.join(&timeline), drill::timeline_svg(&o, &runs))?;
     // A partial or quick run leaves the committed comparison alone.
     let whole = !quick && o.only.is_none();
-    let readme = whole && o.real.is_none();
+    let page = whole && o.real.is_none();
     if whole {
         std::fs::write(out.join(format!("{prefix}{}.json", variant.key())), &results)?;
-        std::fs::write(out.join(format!("{prefix}{}.md", variant.key())), drill::readme_part(&o, &runs))?;
+        std::fs::write(out.join(format!("{prefix}{}.md", variant.key())), drill::page_part(&o, &runs))?;
     }
-    if readme {
-        drill::update_readme(&root.join("README.md"), &out)?;
+    if page {
+        drill::update_page(&root.join("docs/drill.md"), &out)?;
     }
     println!("{}", drill::settings(&o));
     println!("{}", drill::markdown_table(&runs));
@@ -216,7 +216,7 @@ fn main() -> Result<()> {
         started.elapsed().as_secs_f64(),
         out.join(&latest).display(),
         out.join(&timeline).display(),
-        if readme { ", README.md" } else { "" }
+        if page { ", docs/drill.md" } else { "" }
     );
     Ok(())
 }

@@ -32,7 +32,7 @@ impl Mode {
         }
     }
 
-    /// The runs of a drill, in the README's column order.
+    /// The runs of a drill, in docs/drill.md's column order.
     pub fn all(real: bool) -> &'static [Mode] {
         match real {
             true => &[Mode::PlainLb, Mode::Mvp, Mode::Skewgate],

@@ -1,4 +1,4 @@
-//! Generated sections of the project's Markdown (README.md's drill results, BENCHMARKS.md): the
+//! Generated sections of the project's Markdown (docs/drill.md's drill results, BENCHMARKS.md): the
 //! text between two marker comments, replaced in place, the markers kept.
 
 use std::path::Path;
