@@ -14,9 +14,9 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
 
-use skewgate_pki::Pki;
 use skewgate_harness::envoy::Envoy;
 use skewgate_harness::paths;
+use skewgate_pki::Pki;
 
 /// Envoy's `direct_response` limit for the upstream's discovery documents (the merged `/apis` at
 /// 10,000 GVRs is a few MB).
@@ -131,11 +131,7 @@ pub fn native_routes(table: &TableConfig) -> Vec<Value> {
 
 /// `bootstrap` (a rendered bootstrap.yaml) without the skewgate filter, every route to `pool`.
 pub fn without_filter(bootstrap: &str, pool: &str) -> Result<String> {
-    const FILTER: &str = "          - name: skewgate\n";
-    const ROUTER: &str = "          - name: envoy.filters.http.router";
-    let at = bootstrap.find(FILTER).context("bootstrap.yaml has no skewgate filter")?;
-    let end = at + bootstrap[at..].find(ROUTER).context("bootstrap.yaml has no router after the filter")?;
-    let routed = format!("{}{}", &bootstrap[..at], &bootstrap[end..])
+    let routed = without_filter_keeping_routes(bootstrap)?
         .replace("cluster_header: x-skewgate-cluster", &format!("cluster: {pool}"));
     // The pool arrives by CDS after the listener exists.
     const ROUTE_CONFIG: &str = "            name: apiservers\n";
@@ -143,6 +139,16 @@ pub fn without_filter(bootstrap: &str, pool: &str) -> Result<String> {
         bail!("bootstrap.yaml has no route configuration named apiservers");
     }
     Ok(routed.replacen(ROUTE_CONFIG, &format!("{ROUTE_CONFIG}            validate_clusters: false\n"), 1))
+}
+
+/// `bootstrap` (the rendering of bootstrap.yaml) without the skewgate filter, its routes still
+/// read from `rds.json`: plain Envoy on the sidecar's files, for its own reload time.
+pub fn without_filter_keeping_routes(bootstrap: &str) -> Result<String> {
+    const FILTER: &str = "          - name: skewgate\n";
+    const ROUTER: &str = "          - name: envoy.filters.http.router";
+    let at = bootstrap.find(FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let end = at + bootstrap[at..].find(ROUTER).context("bootstrap.yaml has no router after the filter")?;
+    Ok(format!("{}{}", &bootstrap[..at], &bootstrap[end..]))
 }
 
 fn regex_escape(s: &str) -> String {
@@ -668,10 +674,12 @@ pub fn coverage(table: &skewgate_core::table::RoutingTable, requests: &[Request]
     use skewgate_core::decision::{RequestHead, decide};
     let plan = skewgate_core::bypass::plan(table);
     let bypass = |path: &str| {
-        plan.iter().flat_map(|p| &p.targets).any(|t| {
-            t.path_regexes.iter().chain(&t.watch_regexes).any(|r| regex_lite_match(r, path))
-                && !t.except.iter().any(|r| regex_lite_match(r, path))
-        })
+        let health = plan.is_some() && regex_lite_match(skewgate_core::bypass::HEALTH, path);
+        health
+            || plan.iter().flat_map(|p| &p.targets).any(|t| {
+                t.path_regexes.iter().chain(&t.watch_regexes).any(|r| regex_lite_match(r, path))
+                    && !t.except.iter().any(|r| regex_lite_match(r, path))
+            })
     };
     let mut by_route = 0;
     let mut by_module = 0;

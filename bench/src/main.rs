@@ -28,9 +28,9 @@ use serde_json::{Value, json};
 use skewgate_bench::{self as bench, WrkRun};
 use skewgate_core::table::{GroupVersionConfig, TableConfig};
 use skewgate_envoy::{self as resources, Endpoint, Health};
-use skewgate_pki::Pki;
 use skewgate_harness::envoy::{Config, Envoy, Settings, free_port, sealed_ecds, sealed_json, upstream_tls};
 use skewgate_harness::paths;
+use skewgate_pki::Pki;
 
 /// plain (first: the others' ratios are to it), skewgate as shipped (the filter behind its bypass
 /// routes), generated routes (one per GVR, no filter), the native module ahead of the filter,
@@ -64,7 +64,9 @@ struct Reload {
     config: &'static str,
     table: String,
     gvrs: usize,
-    ecds_bytes: usize,
+    /// What one reload writes: `ecds.json` (with the routes when they change); plain Envoy's,
+    /// `rds.json`.
+    file_bytes: usize,
     latencies_ms: Vec<f64>,
     median_ms: f64,
     reloads_under_load: usize,
@@ -261,6 +263,16 @@ async fn main() -> Result<()> {
             // The request classes at --concurrency 1 only: they multiply the runs.
             let mut scripts = vec![("mix".to_string(), script.clone())];
             if concurrency == 1 {
+                let anonymous: Vec<bench::Request> = mix
+                    .iter()
+                    .map(|path| bench::Request { path: path.clone(), headers: Vec::new() })
+                    .collect();
+                let (by_route, by_module) = bench::coverage(&compiled, &anonymous);
+                println!(
+                    "{name:>5} mix (anonymous): of {} requests the bypass routes take {by_route}",
+                    mix.len()
+                );
+                coverage.push(json!({"table": name, "class": "mix", "requests": mix.len(), "bypass_routes": by_route, "module": by_module}));
                 for (class, requests) in bench::class_mixes(&table) {
                     let (by_route, by_module) = bench::coverage(&compiled, &requests);
                     println!(
@@ -350,6 +362,19 @@ async fn main() -> Result<()> {
                         reloads.push(reload(envoy, config, &table, name, gvrs, &wasm, &script).await?);
                     }
                 }
+                // What plain Envoy's own reload of the same routes takes, for the ratio.
+                if envoy_of("skewgate").is_some() {
+                    let dir = case.join("plain-reload");
+                    let mut s = Settings::new(Config::Skewgate, dir, &pki)?;
+                    let bootstrap = skewgate_harness::envoy::render_bootstrap(&s)?;
+                    s.config = Config::Custom(bench::without_filter_keeping_routes(&bootstrap)?);
+                    let envoy =
+                        Envoy::start(s, &cds, &sealed_ecds(&with_probes(&table, false), &wasm)?).await?;
+                    bench::pin(envoy.child.id(), "1")?;
+                    // Token requests: without the filter only the bypass routes route.
+                    let uniform = case.join("uniform.lua");
+                    reloads.push(plain_reload(&envoy, &table, name, gvrs, &wasm, &uniform).await?);
+                }
             }
             drop(client);
             // Each configuration again, alone and under callgrind, on the same files and ports.
@@ -409,7 +434,7 @@ async fn main() -> Result<()> {
 /// 1.03 × plain from 1.06 ×; instructions counted by callgrind repeat to within 0.3 %. They leave
 /// out the kernel's share (TLS records, sockets), the same for every configuration, so their
 /// ratios run above CPU's.
-const INSTRUCTION_CLASSES: [&str; 4] = ["uniform", "rerouted", "discovery", "realistic"];
+const INSTRUCTION_CLASSES: [&str; 5] = ["mix", "uniform", "rerouted", "discovery", "realistic"];
 
 /// Starts `settings` under callgrind and counts, for each class, the instructions per request
 /// of `wrk` (1 thread, 2 connections, 8 s) after a warm-up: (class, requests, per request).
@@ -510,8 +535,15 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
     t
 }
 
+/// `table` with the hold off ([`plain_reload`]).
+fn without_hold(mut table: TableConfig) -> TableConfig {
+    table.policy.hold.max_wait = Duration::ZERO;
+    table
+}
+
 async fn served_by(client: &reqwest::Client, url: &str) -> Option<String> {
-    let r = client.get(url).send().await.ok()?;
+    // A token client's, whichever routes the configuration has for those without one.
+    let r = client.get(url).bearer_auth("bench-token").send().await.ok()?;
     r.headers().get("x-skewgate-served-by")?.to_str().ok().map(String::from)
 }
 
@@ -528,6 +560,46 @@ async fn reload(
 ) -> Result<Reload> {
     let tables = [with_probes(table, false), with_probes(table, true)];
     let ecds: Vec<Value> = tables.iter().map(|t| sealed_ecds(t, wasm)).collect::<Result<_>>()?;
+    let bytes = ecds[0].to_string().len();
+    // With the module, its ECDS file first, then the filter's (Envoy::write_ecds).
+    let swap = |i: usize| envoy.write_ecds(&ecds[i]);
+    timed_reloads(envoy, config, (name, gvrs, bytes), script, swap).await
+}
+
+/// Plain Envoy's own reload of the same routes: the bootstrap the sidecar writes for, with its
+/// route file but no filter, swapping the probe tables by their `rds.json` alone, as the
+/// sidecar's push writes it (the clusters stay; the bypass routes carry the probes), timed as
+/// [`reload`] is: the floor a table reload is held against. The hold is off in those tables:
+/// with it on, the probes' sets of one apiserver have no bypass route (their requests wait in
+/// the filter while that apiserver restarts), and nothing else would route them here.
+async fn plain_reload(
+    envoy: &Envoy,
+    table: &TableConfig,
+    name: &str,
+    gvrs: usize,
+    wasm: &Path,
+    script: &Path,
+) -> Result<Reload> {
+    let tables = [false, true].map(|swapped| without_hold(with_probes(table, swapped)));
+    let rds: Vec<String> = tables
+        .iter()
+        .map(|t| Ok(envoy.settings.rds_for(&sealed_ecds(t, wasm)?).to_string()))
+        .collect::<Result<_>>()?;
+    let path = envoy.settings.files().rds_path();
+    let swap = |i: usize| Ok(skewgate_envoy::write_atomic(&path, rds[i].as_bytes())?);
+    timed_reloads(envoy, "plain", (name, gvrs, rds[0].len()), script, swap).await
+}
+
+/// `swap(i)` makes probe table `i` (0 or 1) the one Envoy runs: timed from the write to the first
+/// response routed by it, five times; then ten swaps during a wrk run of `script`, counting
+/// failed requests.
+async fn timed_reloads(
+    envoy: &Envoy,
+    config: &'static str,
+    (name, gvrs, file_bytes): (&str, usize, usize),
+    script: &Path,
+    swap: impl Fn(usize) -> Result<()>,
+) -> Result<Reload> {
     let client = bench::client()?;
     let url = format!("https://127.0.0.1:{}/apis/{PROBE_GROUP}/v1/probes", envoy.settings.listen_port);
     let mut latencies = Vec::new();
@@ -536,8 +608,7 @@ async fn reload(
         let next = 1 - current;
         let want = if next == 1 { "b" } else { "a" };
         let start = Instant::now();
-        // With the module, its ECDS file first, then the filter's (Envoy::write_ecds).
-        envoy.write_ecds(&ecds[next])?;
+        swap(next)?;
         loop {
             if served_by(&client, &url).await.as_deref() == Some(want) {
                 break;
@@ -557,7 +628,7 @@ async fn reload(
     tokio::time::sleep(Duration::from_millis(500)).await;
     for _ in 0..10 {
         current = 1 - current;
-        envoy.write_ecds(&ecds[current])?;
+        swap(current)?;
         tokio::time::sleep(Duration::from_millis(1000)).await;
     }
     let run = load.await??;
@@ -567,7 +638,7 @@ async fn reload(
         config,
         table: name.into(),
         gvrs,
-        ecds_bytes: ecds[0].to_string().len(),
+        file_bytes,
         median_ms: sorted[sorted.len() / 2],
         latencies_ms: latencies,
         reloads_under_load: 10,
@@ -575,8 +646,8 @@ async fn reload(
         errors_under_load: run.errors,
     };
     println!(
-        "reload {config} {name:>5} ({gvrs} GVRs, ecds {} KiB): median {:.1} ms {:?}; 10 reloads under load: {} requests, {} errors",
-        r.ecds_bytes / 1024,
+        "reload {config} {name:>5} ({gvrs} GVRs, {} KiB): median {:.1} ms {:?}; 10 reloads under load: {} requests, {} errors",
+        r.file_bytes / 1024,
         r.median_ms,
         r.latencies_ms.iter().map(|l| format!("{l:.1}")).collect::<Vec<_>>(),
         r.requests_under_load,
@@ -670,15 +741,19 @@ fn markdown_tables(result: &Value) -> String {
             ));
         }
     }
-    md.push_str("\n| config | table | GVRs | ecds.json KiB | reload: rename → new table answers (median of 5) | requests during 10 reloads | failed |\n|---|---|---|---|---|---|---|\n");
-    for r in result["reloads"].as_array().into_iter().flatten() {
+    md.push_str("\n| config | table | GVRs | file written, KiB (ecds.json; plain: rds.json) | reload: rename → new table answers (median of 5) | × plain's reload | requests during 10 reloads | failed |\n|---|---|---|---|---|---|---|---|\n");
+    let reloads = result["reloads"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for r in reloads {
+        let plain = reloads.iter().find(|p| p["config"] == "plain" && p["table"] == r["table"]);
+        let ratio = plain.and_then(|p| Some(r["median_ms"].as_f64()? / p["median_ms"].as_f64()?));
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {:.1} ms | {} | {} |\n",
+            "| {} | {} | {} | {} | {:.1} ms | {} | {} | {} |\n",
             r["config"].as_str().unwrap_or(""),
             r["table"].as_str().unwrap_or(""),
             r["gvrs"],
-            r["ecds_bytes"].as_u64().unwrap_or(0) / 1024,
+            r["file_bytes"].as_u64().unwrap_or(0) / 1024,
             r["median_ms"].as_f64().unwrap_or(f64::NAN),
+            ratio.map_or("".to_owned(), |x| format!("{x:.2}")),
             r["requests_under_load"],
             r["errors_under_load"],
         ));

@@ -15,9 +15,14 @@
 //!   cut into slices that stay within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own
 //!   first;
 //! - from a token client (an `authorization` header, no client certificate): nothing to forward;
-//! - or from a certificate client whose connection the filter has already mapped: its first
+//! - from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
-//!   ([`ConnectionIdentity`]), and the route forwards it from there byte for byte.
+//!   ([`ConnectionIdentity`]), and the route forwards it from there byte for byte;
+//! - or, for the pool's first target alone ([`Plan::anonymous`]), from a client without any
+//!   credential (no `authorization`, no bearer WebSocket protocol, no client certificate), and
+//!   `/healthz`, `/livez`, `/readyz`, `/version` and their checks from it: to the anonymous twin,
+//!   as `decide` sends them, where each apiserver answers as it would a direct request (load
+//!   balancers' and probes' checks).
 //!
 //! The property tests below show that whatever a target's regexes take, [`crate::decision::decide`]
 //! would have sent to that target's cluster, with the same identity and no header change the
@@ -47,6 +52,9 @@ pub type GroupVersions = BTreeMap<(String, String), Vec<String>>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
     pub cluster: String,
+    /// Where the same requests go from a client without any credential: `cluster`'s anonymous
+    /// twin, or `cluster` itself where the table has none.
+    pub anonymous_cluster: String,
     /// The apiservers of `cluster`, for Envoy's 503 when none answers (as the filter's names them).
     pub servers: Vec<String>,
     /// A serving set's cluster: the route stamps `x-kubernetes-peer-proxied: true`, as the
@@ -88,6 +96,14 @@ impl Plan {
     /// The target of the group/versions whose resources all go to the pool (always the first).
     pub fn pool(&self) -> Option<&Target> {
         self.targets.first().filter(|t| !t.rerouted)
+    }
+
+    /// The one target that takes requests from clients without any credential, and the health
+    /// and version endpoints ([`HEALTH`]) from them: the pool's first. Each route costs every
+    /// request that meets the filter (it passes them all, twice); those clients' other requests
+    /// meet the filter.
+    pub fn anonymous(&self) -> Option<&Target> {
+        self.pool()
     }
 }
 
@@ -133,6 +149,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
     };
     let mut targets = vec![Target {
         cluster: table.pool_cluster().to_owned(),
+        anonymous_cluster: table.anonymous_cluster(Serving::All).to_owned(),
         servers: servers(table, table.pool_cluster()),
         rerouted: false,
         path_regexes: any.iter().map(|a: &String| path_regex(a)).collect(),
@@ -159,6 +176,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
         let slices = resource_alternatives(gvs, budget);
         targets.push(Target {
             cluster: cluster.to_string(),
+            anonymous_cluster: table.anonymous_cluster(serving(table, cluster)).to_owned(),
             servers: servers(table, cluster),
             rerouted: *rerouted,
             path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
@@ -190,6 +208,11 @@ fn servers(table: &RoutingTable, cluster: &str) -> Vec<String> {
 fn serving(table: &RoutingTable, cluster: &str) -> Serving {
     table.sets().iter().position(|s| s.cluster == cluster).map_or(Serving::All, Serving::Set)
 }
+
+/// The `:path` of the health and version endpoints, their checks included (`/readyz/etcd`,
+/// `/livez/poststarthook/...`): `decide` sends every one to the pool, as a non-resource request.
+/// The pool's routes take them ([`Plan::pool`]).
+pub const HEALTH: &str = "^/(?:healthz|livez|readyz|version)(?:/[-a-z0-9]+)*/?(?:\\?[^#%;]*)?$";
 
 /// The `:path` (path and query) regex of requests the bypass takes of `resources` (alternatives
 /// of [`resource_alternatives`]): a collection or one object by name, and a query without `w`
@@ -670,10 +693,11 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever a bypass route matches, for a GET from a token client or from a certificate
-        /// client whose connection carries a mapped identity, `decide` picks the route's
-        /// cluster (the pool, or the serving set's for rerouted resources), long-running exactly
-        /// for watches, no composed answer, not anonymous, with the identity the route adds: the
+        /// Whatever a bypass route matches, for a GET from a token client, from a certificate
+        /// client whose connection carries a mapped identity, or from a client without any
+        /// credential, `decide` picks the route's cluster (the pool, or the serving set's for
+        /// rerouted resources; their anonymous twins for the last), long-running exactly for
+        /// watches, no composed answer, with the identity the route adds: the
         /// filter would only have set that cluster header, added those identity headers (and
         /// `x-kubernetes-peer-proxied` when rerouted, which the route sets too) and stripped
         /// headers the bypass strips too.
@@ -681,7 +705,7 @@ mod tests {
         fn bypassed_requests_go_where_decide_sends_them(
             // Half collections of uniform and rerouted resources as they are (the routes then
             // match often), half paths built from pieces of uniform and rerouted group/versions.
-            path in "(/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods|/apis/resource\\.k8s\\.io/v1/resourceclaims|/apis/resource\\.k8s\\.io/v1/namespaces/default/resourceclaims|/apis/resource\\.k8s\\.io/v1alpha3/deviceclasses|/apis/resource\\.k8s\\.io/v1alpha3/devicetaintrules|/apis/x\\.io/v2/namespaces/default/widgets|/apis/lifecycle\\.k8s\\.io/v1alpha1/evictions){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/api/v2|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/resource\\.k8s\\.io/v1alpha3|/apis/resource\\.k8s\\.io/v1alpha|/apis/lifecycle\\.k8s\\.io/v1alpha1|/apis/x\\.io/v2|/apis/apps/v1|/apis|/api|)(/(namespaces|default|watch|proxy|pods|resourceclaims|deviceclasses|devicetaintrules|widgets|log|status|finalize|web-1|a\\.b|%2F|\\.\\.|v1|)){0,4}",
+            path in "(/healthz|/livez/poststarthook/start-informers|/readyz/etcd|/version/|/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods|/apis/resource\\.k8s\\.io/v1/resourceclaims|/apis/resource\\.k8s\\.io/v1/namespaces/default/resourceclaims|/apis/resource\\.k8s\\.io/v1alpha3/deviceclasses|/apis/resource\\.k8s\\.io/v1alpha3/devicetaintrules|/apis/x\\.io/v2/namespaces/default/widgets|/apis/lifecycle\\.k8s\\.io/v1alpha1/evictions){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/api/v2|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/resource\\.k8s\\.io/v1alpha3|/apis/resource\\.k8s\\.io/v1alpha|/apis/lifecycle\\.k8s\\.io/v1alpha1|/apis/x\\.io/v2|/apis/apps/v1|/apis|/api|)(/(namespaces|default|watch|proxy|pods|resourceclaims|deviceclasses|devicetaintrules|widgets|log|status|finalize|web-1|a\\.b|%2F|\\.\\.|v1|)){0,4}",
             query in proptest::option::of(proptest::collection::vec(
                 "(watch=(true|1|false|True|t|0|)|watch|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|sendInitialEvents=(true|false|)|resourceVersionMatch=NotOlderThan|;|[a-zW=;+]{0,6})",
                 0..4,
@@ -693,9 +717,22 @@ mod tests {
             budget in prop_oneof![Just(REGEX_BUDGET), 1usize..400],
             // The pool's first target naming the uniform group/versions, or taking any.
             named in prop_oneof![Just(NAMED_GROUP_VERSIONS_BUDGET), Just(0)],
+            // Without a certificate: no credential at all, or a token.
+            anonymous in any::<bool>(),
+            // The table has anonymous twins of its clusters.
+            twins in any::<bool>(),
         ) {
             // Half the time only c has WatchList: a streaming list must then not be bypassed.
-            let t = if budget % 2 == 0 { table_with_watch_list_skew() } else { table() };
+            let mut v = sample();
+            if budget % 2 == 0 {
+                for i in 0..2 {
+                    v["apiservers"][i]["features"] = json!({"WatchList": false});
+                }
+            }
+            if twins {
+                v["anonymousClusterPrefix"] = json!("anon-");
+            }
+            let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
             let plan = plan_within(&t, budget, named).unwrap();
             let whole = plan_within(&t, usize::MAX, named).unwrap();
             let target = match &query { Some(q) => format!("{path}?{q}"), None => path.clone() };
@@ -703,18 +740,26 @@ mod tests {
             // one may).
             let mut taken = Vec::new();
             prop_assert_eq!(plan.targets.len(), whole.targets.len());
-            for (sliced, one) in plan.targets.iter().zip(&whole.targets) {
+            for (i, (sliced, one)) in plan.targets.iter().zip(&whole.targets).enumerate() {
                 prop_assert_eq!((&sliced.cluster, sliced.rerouted), (&one.cluster, one.rerouted));
                 let except = any_match(&compiled(&sliced.except), &target);
                 let plain = !except && any_match(&compiled(&sliced.path_regexes), &target);
+                // Requests without credentials: the pool's first target alone, which takes the
+                // health and version endpoints from them too.
+                let anonymous_here = anonymous && subject.is_none() && i == 0;
+                if anonymous && subject.is_none() && i != 0 {
+                    continue;
+                }
+                let health = anonymous_here && !except && any_match(&compiled(&[HEALTH.to_owned()]), &target);
                 let watched = !except && any_match(&compiled(&sliced.watch_regexes), &target);
                 // Slicing takes what one regex over the target's group/versions would, no more.
                 prop_assert!(one.path_regexes.len() == 1 && one.except.len() <= 1);
                 prop_assert_eq!(except, any_match(&compiled(&one.except), &target), "{}", target);
                 prop_assert_eq!(plain, !except && any_match(&compiled(&one.path_regexes), &target), "{}", target);
                 prop_assert_eq!(watched, !except && any_match(&compiled(&one.watch_regexes), &target), "{}", target);
-                if plain || watched {
-                    taken.push((sliced, plain, watched));
+                prop_assert!(!(health && (plain || watched)), "{}: a health path is no resource", target);
+                if plain || watched || health {
+                    taken.push((sliced, plain || health, watched));
                 }
             }
             prop_assert!(taken.len() <= 1, "{}: {} targets", target, taken.len());
@@ -733,6 +778,7 @@ mod tests {
                 Some(_) => return Ok(()),
             };
             prop_assert!(plan.certificates || conn.is_none());
+            let anonymous = anonymous && conn.is_none();
             let h = RequestHead {
                 method: "GET",
                 target: &target,
@@ -741,15 +787,18 @@ mod tests {
                 client_subject: subject.as_deref(),
                 client_certificate: None,
                 certificate_checked: true,
-                token: conn.is_none(), pretty_agent: false };
+                token: conn.is_none() && !anonymous, pretty_agent: false };
             let d = decide(&t, &h);
             let Action::Route(route) = d.action else { return Err(TestCaseError::fail(format!("{target}: refused"))) };
-            prop_assert_eq!(route.cluster, bypass.cluster.as_str(), "{}", target);
+            let cluster = if anonymous { &bypass.anonymous_cluster } else { &bypass.cluster };
+            prop_assert_eq!(route.cluster, cluster.as_str(), "{}", target);
+            prop_assert_eq!(cluster.starts_with("anon-"), anonymous && twins, "{}", target);
             prop_assert_eq!(route.rerouted, bypass.rerouted, "{}", target);
             prop_assert!(route.compose.is_none(), "{}: {:?}", target, route);
             // The watch route has no timeout; the other one must never take a long-running request.
             prop_assert_eq!(route.long_running, watched, "{}", target);
-            prop_assert!(d.openapi.is_none() && !d.anonymous, "{}", target);
+            prop_assert!(d.openapi.is_none(), "{}", target);
+            prop_assert_eq!(d.anonymous, anonymous, "{}", target);
             prop_assert_eq!(d.identity.is_some(), conn.is_some(), "{}", target);
             // What the filter would strip, the bypass strips too: every x-remote-* and
             // x-kubernetes-peer-proxied (the listener), x-skewgate-* (the virtual host).

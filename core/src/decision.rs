@@ -313,7 +313,17 @@ impl<'t> Decision<'t, '_> {
             || is_reserved(header_name)
             || (self.strip_peer_proxied && header_name.eq_ignore_ascii_case(identity::PEER_PROXIED))
     }
+}
 
+/// Whether some decision may strip this header ([`Decision::strips`] with every policy): the
+/// only names a carrier need keep from a request's head.
+pub fn strippable(header_name: &str) -> bool {
+    identity::is_identity_header(header_name)
+        || is_reserved(header_name)
+        || header_name.eq_ignore_ascii_case(identity::PEER_PROXIED)
+}
+
+impl<'t> Decision<'t, '_> {
     pub fn route(&self) -> Option<&Route<'t>> {
         match &self.action {
             Action::Route(r) => Some(r),

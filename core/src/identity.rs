@@ -19,14 +19,16 @@ pub fn is_identity_header(name: &str) -> bool {
 }
 
 /// kube-apiserver also takes a bearer token from a WebSocket subprotocol with this prefix.
-const WEBSOCKET_BEARER: &[u8] = b"base64url.bearer.authorization.k8s.io.";
+pub const WEBSOCKET_BEARER: &str = "base64url.bearer.authorization.k8s.io.";
 
 /// Whether a request header carries a token for kube-apiserver's token authenticators
 /// (`name` lower-case, as Envoy hands headers to filters).
 pub fn carries_token(name: &str, value: &[u8]) -> bool {
     match name {
         "authorization" => true,
-        "sec-websocket-protocol" => value.windows(WEBSOCKET_BEARER.len()).any(|w| w == WEBSOCKET_BEARER),
+        "sec-websocket-protocol" => {
+            value.windows(WEBSOCKET_BEARER.len()).any(|w| w == WEBSOCKET_BEARER.as_bytes())
+        }
         _ => false,
     }
 }

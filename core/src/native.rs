@@ -71,5 +71,19 @@ mod tests {
             let h = RequestHead { method: "GET", target: &target, ..Default::default() };
             prop_assert!(decide(&t, &h).strips(&name));
         }
+
+        /// What any decision strips, a carrier keeps the name of when it reads the head
+        /// ([`crate::decision::strippable`]), whatever the policy.
+        #[test]
+        fn every_stripped_name_is_strippable(
+            name in "([xX]-([rR][eE][mM][oO][tT][eE]|[sS][kK][eE][wW][gG][aA][tT][eE]|[kK][uU][bB][eE][rR][nN][eE][tT][eE][sS])-[a-zA-Z-]{0,12}|[a-z-]{0,12})",
+            strip_peer_proxied in any::<bool>(),
+        ) {
+            let mut v = sample();
+            v["policy"] = serde_json::json!({"stripDownstreamPeerProxied": strip_peer_proxied});
+            let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
+            let h = RequestHead { method: "GET", target: "/api/v1/pods", ..Default::default() };
+            prop_assert!(!decide(&t, &h).strips(&name) || crate::decision::strippable(&name), "{}", name);
+        }
     }
 }

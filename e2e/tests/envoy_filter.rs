@@ -15,7 +15,6 @@ use skewgate_core::discovery::protobuf::{MEDIA_TYPE_V2_PROTOBUF, ToProtobuf};
 use skewgate_core::seal::seal_as_named;
 use skewgate_core::table::TableConfig;
 use skewgate_envoy::{self as resources, Endpoint, Health, UpstreamTls};
-use skewgate_pki::{Pair, Pki};
 use skewgate_harness::echo::{self, Echo, SERVED_BY};
 use skewgate_harness::envoy::{
     Config, Envoy, Settings, connect_tls, connection_limit, free_port, sealed_ecds, upstream_tls,
@@ -23,6 +22,7 @@ use skewgate_harness::envoy::{
 use skewgate_harness::load::{Load, Settings as LoadSettings, Target};
 use skewgate_harness::scenario::listing;
 use skewgate_harness::{native, paths};
+use skewgate_pki::{Pair, Pki};
 
 const V2: &str = "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
 const NOPEER: &str =
@@ -670,6 +670,9 @@ async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
     // stamps, over the client's own value.
     let mut peer = headers;
     peer[4].1 = "false";
+    let stat = "vhost.apiservers.route.rerouted_set-c.upstream_rq_total";
+    // The fixture's own reads of claims, without credentials, took the set's route too.
+    let before = f.envoy.stat(stat).await.unwrap_or(0);
     for i in 0..10 {
         let path = format!("{CLAIMS_V1}/claim-{i}");
         let (by, echo) = f.echo(&f.anonymous, &path, &peer).await?;
@@ -682,10 +685,12 @@ async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
     }
     let set = "set-c";
     // Counted under the set, which Envoy's Prometheus output gives as the route's tag.
-    let stat = "vhost.apiservers.route.rerouted_set-c.upstream_rq_total";
-    f.envoy.wait_stat(stat, 10, Duration::from_secs(5)).await?;
+    f.envoy.wait_stat(stat, before + 10, Duration::from_secs(5)).await?;
     let prom = f.envoy.prometheus().await?;
-    let counted = "envoy_vhost_route_upstream_rq_total{envoy_virtual_host=\"apiservers\",envoy_route=\"rerouted_set-c\"} 10";
+    let counted = format!(
+        "envoy_vhost_route_upstream_rq_total{{envoy_virtual_host=\"apiservers\",envoy_route=\"rerouted_set-c\"}} {}",
+        before + 10
+    );
     assert!(prom.lines().any(|l| l == counted), "{}", grep(&prom, "rerouted_"));
 
     // A watch spelled the way only Go reads it, a %2F in a name, a subresource, a watch of a
@@ -1606,6 +1611,40 @@ async fn one_host_cannot_keep_anothers_writes_out() -> Result<()> {
     Ok(())
 }
 
+/// Requests without any credential (probes, load balancers' checks) take the pool's bypass
+/// routes too, to the cluster the filter would pick for them, and so do their health and version
+/// checks; the rest of their requests, and a bearer token in a WebSocket subprotocol (a
+/// credential), meet the filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_reads_and_health_checks_skip_the_filter() -> Result<()> {
+    let f = Fixture::start("bypass-anonymous").await?;
+    log_every_request(&f).await?;
+    // What the filter saw of the fixture's own reads (claims and device classes meet it, pods
+    // do not), handed to Envoy within a second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let seen = f.envoy.stat(SEEN).await.unwrap_or(0);
+    let pods = format!("{PODS}/anonymous");
+    let (_, echo) = f.echo(&f.anonymous, &pods, &[]).await?;
+    assert!(header_values(&echo, "authorization").is_empty(), "{echo}");
+    assert_eq!(route_taken(&f, &pods).await?, resources::BYPASS_ANONYMOUS_ROUTE);
+    let (status, _, _) = f.get("/readyz?verbose").await?;
+    assert_eq!(status, 200);
+    assert_eq!(route_taken(&f, "/readyz?verbose").await?, resources::BYPASS_ANONYMOUS_HEALTH_ROUTE);
+    let claim = format!("{CLAIMS_V1}/anonymous");
+    assert_eq!(f.echo(&f.anonymous, &claim, &[]).await?.0, "c");
+    assert_eq!(route_taken(&f, &claim).await?, "read");
+    // A token in a WebSocket subprotocol: the filter decides.
+    let socket = format!("{PODS}/socket");
+    let protocol = ("Sec-WebSocket-Protocol", "base64url.bearer.authorization.k8s.io.dG9rZW4, x");
+    f.echo(&f.anonymous, &socket, &[protocol]).await?;
+    assert_eq!(route_taken(&f, &socket).await?, "read");
+    // The filter counts every request it sees (handed to Envoy once a second): those two alone.
+    f.envoy.wait_stat(SEEN, seen + 2, Duration::from_secs(5)).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(f.envoy.stat(SEEN).await?, seen + 2);
+    Ok(())
+}
+
 /// Envoy's own failure on a bypass route (every apiserver gone), the pool's or a rerouted GVR's,
 /// reaches the client as a Kubernetes `Status`, as the filter's 503 does on its routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1887,7 +1926,9 @@ async fn failures_become_503(native: bool) -> Result<()> {
         ("vanishes", "[a,b,c,d,e,f]", "remote_reset|remote_connection_failure|no_healthy_upstream"),
     ];
     for (resource, servers, detail) in cases {
-        let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x");
+        // A subresource, which meets the filter (or the module) from any client; the bypass
+        // routes' own: `bypass_route_failures_are_a_503_status`.
+        let path = format!("/apis/test.skewgate.io/v1/namespaces/ns/{resource}/x/status");
         let (status, h, body) = f.get(&path).await?;
         assert_eq!(status, 503, "{resource}: {body}");
         assert_eq!(h["content-type"], "application/json", "{resource}");
@@ -1988,7 +2029,8 @@ async fn only_unfinished_headers_meet_the_header_timeout() -> Result<()> {
     };
     let patient = listener_client(&f.pki, None, Duration::from_secs(30))?.build()?;
     let bypassed = "/apis/test.skewgate.io/v1/namespaces/ns/slow/x";
-    let filtered = "/apis/test.skewgate.io/v1/namespaces/ns/slow/y";
+    // A subresource: no bypass route takes one, from any client.
+    let filtered = "/apis/test.skewgate.io/v1/namespaces/ns/slow/y/status";
     let (a, b, c) = tokio::join!(
         slowloris,
         slow_answer(&f, &patient, bypassed, true),

@@ -20,13 +20,13 @@ use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
 use skewgate::fetch::ErrorKind;
 use skewgate::sync::{self, Standing, SyncConfig, SyncReport};
 use skewgate_core::table::RoutingTable;
-use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
-use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
 use skewgate_harness::echo;
 use skewgate_harness::envoy::{Config, Envoy, Settings};
 use skewgate_harness::limits::{DiscoveryServer, Shape, crd_groups};
 use skewgate_harness::load::{Load, Record, Settings as LoadSettings, Target};
 use skewgate_harness::paths;
+use skewgate_pki::{APISERVER_NAME, FRONT_PROXY_CN, Pki};
+use skewgate_standin::{self as standin, Auth, Options, Profile, Standin, Store};
 
 const CLAIMS_V1: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
 const PODS: &str = "/api/v1/namespaces/default/pods";

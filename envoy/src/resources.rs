@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use skewgate_core::bypass;
 use skewgate_core::certificate::PEER_CERTIFICATE_HEADER;
 use skewgate_core::edits::{CLUSTER_HEADER, LONG_RUNNING, ROUTE_HEADER};
-use skewgate_core::identity::PEER_PROXIED;
+use skewgate_core::identity::{PEER_PROXIED, WEBSOCKET_BEARER};
 use skewgate_core::table::{RoutingTable, TableConfig};
 
 /// Name of the HTTP filter in the bootstrap; the ECDS resource must carry the same name.
@@ -40,6 +40,9 @@ pub const BYPASS_TOKEN_ROUTE: &str = "bypass-token";
 pub const BYPASS_CERTIFICATE_ROUTE: &str = "bypass-certificate";
 pub const BYPASS_TOKEN_WATCH_ROUTE: &str = "bypass-token-watch";
 pub const BYPASS_CERTIFICATE_WATCH_ROUTE: &str = "bypass-certificate-watch";
+pub const BYPASS_ANONYMOUS_ROUTE: &str = "bypass-anonymous";
+pub const BYPASS_ANONYMOUS_WATCH_ROUTE: &str = "bypass-anonymous-watch";
+pub const BYPASS_ANONYMOUS_HEALTH_ROUTE: &str = "bypass-anonymous-health";
 /// The statistics of a serving set's bypass routes: `vhost.apiservers.route.` this, then the
 /// set's cluster with `_` for any dot (`rerouted_skewgate-set-cp-3`: Envoy's Prometheus output
 /// tags a route's statistics with `envoy_route` up to the first dot).
@@ -425,6 +428,16 @@ fn present(header: &str, present: bool) -> Value {
     }
 }
 
+/// Who sends a request a bypass route takes: what it checks, and what it forwards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Client {
+    Token,
+    /// On a connection the filter has mapped.
+    Certificate,
+    /// No credential at all.
+    Anonymous,
+}
+
 /// The routes that take, for `table`, requests that need no decision straight to the cluster the
 /// filter would pick (the pool, or the serving set of a rerouted GVR) with the skewgate filter
 /// disabled (what they may take is [`bypass::plan`]'s, proven there). Envoy picks a
@@ -438,7 +451,8 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     // certificate (`tls_context`, checked after the headers): kube-apiserver would take the
     // user from a certificate before any token.
     let token = [present("authorization", true)];
-    let mut kinds = vec![(BYPASS_TOKEN_ROUTE, false, false), (BYPASS_TOKEN_WATCH_ROUTE, true, false)];
+    let mut kinds =
+        vec![(BYPASS_TOKEN_ROUTE, false, Client::Token), (BYPASS_TOKEN_WATCH_ROUTE, true, Client::Token)];
     // A certificate client whose connection the filter has mapped already (its first request
     // went through the filter, which left the identity as filter state, the marker last): the
     // route adds the filter's X-Remote-* from there. An absent group adds no header. The marker
@@ -446,8 +460,23 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     // token client's request before the regex does (one with both goes through the filter).
     let certificate = [present("authorization", false)];
     if plan.certificates {
-        kinds.extend([(BYPASS_CERTIFICATE_ROUTE, false, true), (BYPASS_CERTIFICATE_WATCH_ROUTE, true, true)]);
+        kinds.extend([
+            (BYPASS_CERTIFICATE_ROUTE, false, Client::Certificate),
+            (BYPASS_CERTIFICATE_WATCH_ROUTE, true, Client::Certificate),
+        ]);
     }
+    // A client without any credential, on a connection without a certificate: no
+    // `Authorization`, and no bearer token in a WebSocket subprotocol (kube-apiserver takes one
+    // from there too); to the anonymous twin, as the filter sends it.
+    let anonymous = [
+        present("authorization", false),
+        json!({
+            "name": "sec-websocket-protocol",
+            "string_match": {"contains": WEBSOCKET_BEARER},
+            "invert_match": true,
+            "treat_missing_header_as_empty": true
+        }),
+    ];
     let marker = json!([{
         "key": bypass::envoy_key(bypass::MARKER),
         "string_match": {"exact": bypass::MARKER_VALUE}
@@ -459,14 +488,18 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             add_header(header, &format!("%FILTER_STATE({key}:PLAIN)%"), "APPEND_IF_EXISTS_OR_ADD")
         })
         .collect();
-    let route = |name: String, target: &bypass::Target, watch: bool, certified: bool, regex: &str| {
+    let route = |name: String, target: &bypass::Target, watch: bool, client: Client, regex: &str| {
         // Envoy picks the route again once the filter has set its cluster header: a request the
         // filter took (whose identity it forwards itself) must not then match a bypass route,
         // which would add that identity a second time.
         // Envoy checks them in this order and stops at the first miss: the regex, the one that
         // costs, goes last (a request the filter took fails the first check when re-routed).
         let mut headers = vec![present(CLUSTER_HEADER, false)];
-        headers.extend_from_slice(if certified { &certificate[..] } else { &token[..] });
+        headers.extend_from_slice(match client {
+            Client::Token => &token[..],
+            Client::Certificate => &certificate[..],
+            Client::Anonymous => &anonymous[..],
+        });
         headers.push(exact(":method", "GET"));
         // Every request the read routes leave tries the watch routes: a substring search spares
         // all but watches their regexes.
@@ -477,14 +510,17 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         headers.extend(target.except.iter().map(|except| {
             json!({"name": ":path", "string_match": {"safe_regex": {"regex": except}}, "invert_match": true})
         }));
-        let cluster = json!({"cluster": target.cluster});
-        let action = match watch {
-            true => json!({"cluster": target.cluster, "timeout": "0s", "idle_timeout": "3600s"}),
-            false => read_route(cluster, timeout),
+        let to = match client {
+            Client::Anonymous => &target.anonymous_cluster,
+            Client::Token | Client::Certificate => &target.cluster,
         };
-        let mut added = match certified {
-            true => identity.clone(),
-            false => Vec::new(),
+        let action = match watch {
+            true => json!({"cluster": to, "timeout": "0s", "idle_timeout": "3600s"}),
+            false => read_route(json!({"cluster": to}), timeout),
+        };
+        let mut added = match client {
+            Client::Certificate => identity.clone(),
+            Client::Token | Client::Anonymous => Vec::new(),
         };
         let mut route = json!({
             "name": name,
@@ -497,9 +533,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             // For the bootstrap's Status 503 when none of them answers.
             "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
         });
-        match certified {
-            true => route["match"]["filter_state"] = marker.clone(),
-            false => route["match"]["tls_context"] = json!({"presented": false}),
+        match client {
+            Client::Certificate => route["match"]["filter_state"] = marker.clone(),
+            Client::Token | Client::Anonymous => route["match"]["tls_context"] = json!({"presented": false}),
         }
         // A serving set's routes are counted, under the set's name whichever kind took the
         // request (vhost.apiservers.route.rerouted_<set>), and stamp what the filter stamps on
@@ -528,7 +564,7 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     let mut all = Vec::new();
     let mut count: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for target in &plan.targets {
-        for &(kind, watch, certified) in &kinds {
+        for &(kind, watch, client) in &kinds {
             let regexes = if watch { &target.watch_regexes } else { &target.path_regexes };
             for regex in regexes {
                 let n = count.entry((kind, &target.cluster)).or_default();
@@ -540,12 +576,26 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
                 if target.rerouted {
                     name = format!("{name}/{}", target.cluster);
                 }
-                all.push(route(name, target, watch, certified, regex));
+                all.push(route(name, target, watch, client, regex));
             }
             // `<kind>` names the uniform group/versions' route alone, even when there is none.
             let n = count.entry((kind, &target.cluster)).or_default();
             *n = (*n).max(1);
         }
+    }
+    // Clients without credentials (probes, load balancers' checks), after the others: the
+    // pool's routes of any resource, then the health and version endpoints. Every route costs a
+    // request that meets the filter ~700 instructions (it passes them twice): the rest of an
+    // anonymous client's requests meet the filter.
+    if let Some(pool) = plan.anonymous() {
+        for (kind, watch) in [(BYPASS_ANONYMOUS_ROUTE, false), (BYPASS_ANONYMOUS_WATCH_ROUTE, true)] {
+            let regexes = if watch { &pool.watch_regexes } else { &pool.path_regexes };
+            for (i, regex) in regexes.iter().enumerate() {
+                let name = if i == 0 { kind.to_owned() } else { format!("{kind}-{}", i + 1) };
+                all.push(route(name, pool, watch, Client::Anonymous, regex));
+            }
+        }
+        all.push(route(BYPASS_ANONYMOUS_HEALTH_ROUTE.into(), pool, false, Client::Anonymous, bypass::HEALTH));
     }
     all
 }
@@ -917,6 +967,11 @@ pub(crate) mod tests {
         BYPASS_CERTIFICATE_WATCH_ROUTE,
     ];
 
+    /// The routes of clients without credentials, after the rest: the pool's any resource and
+    /// its watches, the health and version endpoints.
+    const ANONYMOUS: [&str; 3] =
+        [BYPASS_ANONYMOUS_ROUTE, BYPASS_ANONYMOUS_WATCH_ROUTE, BYPASS_ANONYMOUS_HEALTH_ROUTE];
+
     fn path_matcher(regex: &str) -> String {
         json!({"name": ":path", "string_match": {"safe_regex": {"regex": regex}}}).to_string()
     }
@@ -985,9 +1040,11 @@ pub(crate) mod tests {
         let (bypass, shipped) = names.split_at(names.len() - SHIPPED.len());
         assert_eq!(shipped, SHIPPED);
         assert!(!bypass.is_empty());
+        let (sets, health) = bypass.split_at(bypass.len() - 1);
+        assert_eq!(health, [BYPASS_ANONYMOUS_HEALTH_ROUTE], "any apiserver answers the health endpoints");
         assert!(
-            bypass.iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
-            "the serving sets' {bypass:?}"
+            !sets.is_empty() && sets.iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
+            "the serving sets' {sets:?}"
         );
         assert_ne!(rds(None, "10s")["version_info"], none["version_info"], "the version follows the content");
     }
@@ -1002,7 +1059,10 @@ pub(crate) mod tests {
         // the sets'.
         let named_pool = bypass.map(|kind| format!("{kind}-2"));
         let named_pool: Vec<&str> = named_pool.iter().map(String::as_str).collect();
-        assert_eq!(without_rerouted(&route_names(&v)), [&bypass[..], &named_pool, &SHIPPED].concat());
+        assert_eq!(
+            without_rerouted(&route_names(&v)),
+            [&bypass[..], &named_pool, &ANONYMOUS, &SHIPPED].concat()
+        );
         let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
         let pool = plan.pool().unwrap();
         let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": pool.path_regexes[0]}}});
@@ -1214,7 +1274,46 @@ pub(crate) mod tests {
             assert_eq!(headers[headers.len() - except.len()..], except[..], "{}", route["name"]);
         }
         assert_eq!(without_rerouted(&route_names(&v)[..start]), KINDS);
-        assert_eq!(without_rerouted(&route_names(&v)[start + expected.len()..]), SHIPPED);
+        assert_eq!(
+            without_rerouted(&route_names(&v)[start + expected.len()..]),
+            [&ANONYMOUS[..], &SHIPPED].concat()
+        );
+    }
+
+    /// A client without any credential, on a connection without a certificate, goes to the
+    /// anonymous twin of the cluster a token client's request would: no `Authorization`, no
+    /// bearer token in a WebSocket subprotocol; nothing added. Its health checks go to the pool's.
+    #[test]
+    fn anonymous_requests_take_the_twins_routes() {
+        let t = routing_table(|t| t["anonymousClusterPrefix"] = json!("anon-"));
+        let v = rds(Some(&t), "65s");
+        let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let named = |name: &str| routes.iter().find(|r| r["name"] == name).unwrap();
+        let (token, anonymous) = (named(BYPASS_TOKEN_ROUTE), named(BYPASS_ANONYMOUS_ROUTE));
+        let headers = header_matches(anonymous);
+        assert_eq!(
+            headers[1],
+            json!({"name": "authorization", "present_match": true, "invert_match": true}).to_string()
+        );
+        assert_eq!(
+            headers[2],
+            json!({"name": "sec-websocket-protocol", "string_match": {"contains": "base64url.bearer.authorization.k8s.io."}, "invert_match": true, "treat_missing_header_as_empty": true}).to_string()
+        );
+        assert_eq!(header_matches(token)[2..], headers[3..], "the same paths");
+        assert_eq!(anonymous["match"]["tls_context"], json!({"presented": false}));
+        assert_eq!(
+            (&token["route"]["cluster"], &anonymous["route"]["cluster"]),
+            (&json!("pool"), &json!("anon-pool"))
+        );
+        assert_eq!(anonymous.get("request_headers_to_add"), None);
+        // The pool's any-resource routes alone: a client without credentials meets the filter
+        // for the rest.
+        assert!(
+            !routes.iter().any(|r| r["name"].as_str().is_some_and(|n| n.starts_with("bypass-anonymous/")))
+        );
+        let health = named(BYPASS_ANONYMOUS_HEALTH_ROUTE);
+        assert_eq!(health["route"]["cluster"], "anon-pool");
+        assert!(header_matches(health).last().unwrap().contains("healthz|livez|readyz|version"));
     }
 
     /// Without a uniform group/version the pool's first target has no route, and the pool's
@@ -1238,7 +1337,7 @@ pub(crate) mod tests {
         let pool: Vec<&str> = names
             .iter()
             .map(String::as_str)
-            .filter(|n| n.starts_with("bypass-") && !n.contains('/'))
+            .filter(|n| n.starts_with("bypass-") && !n.contains('/') && !n.starts_with("bypass-anonymous"))
             .collect();
         assert_eq!(
             pool,
@@ -1250,15 +1349,11 @@ pub(crate) mod tests {
     fn the_policy_shapes_the_bypass_routes() {
         let policy = |p: Value| routing_table(move |t| t["policy"] = p);
         let no_certificates = rds(Some(&policy(json!({"clientCertIdentity": false}))), "65s");
-        let named = [format!("{BYPASS_TOKEN_ROUTE}-2"), format!("{BYPASS_TOKEN_WATCH_ROUTE}-2")];
+        let kinds = [BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE];
+        let named = kinds.map(|kind| format!("{kind}-2"));
         assert_eq!(
             without_rerouted(&route_names(&no_certificates)),
-            [
-                &[BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE][..],
-                &named.each_ref().map(String::as_str),
-                &SHIPPED
-            ]
-            .concat()
+            [&kinds[..], &named.each_ref().map(String::as_str), &ANONYMOUS, &SHIPPED].concat()
         );
         assert!(!no_certificates.to_string().contains("bypass-certificate"));
         let no_credential_id = rds(Some(&policy(json!({"x509CredentialId": false}))), "65s");

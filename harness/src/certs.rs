@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
-use skewgate_pki::Pki;
 use skewgate_harness::cluster::ADMIN_TOKEN_FILE;
+use skewgate_pki::Pki;
 
 /// The certificate folder inside the output directory.
 pub const PKI_DIR: &str = "pki";

@@ -8,10 +8,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use serde_json::json;
-use skewgate_pki::{FRONT_PROXY_CN, Pair};
-use skewgate_standin::{self as standin, Auth, Profile, RemoteStore, Store, StoreHandle, Token};
 use skewgate_harness::cluster::{self, ApiserverSpec};
 use skewgate_harness::real::Binaries;
+use skewgate_pki::{FRONT_PROXY_CN, Pair};
+use skewgate_standin::{self as standin, Auth, Profile, RemoteStore, Store, StoreHandle, Token};
 
 /// skewgate's test harness: stand-in kube-apiservers and the local skewed cluster.
 #[derive(Debug, Parser)]

@@ -28,12 +28,12 @@ use skewgate_core::build::{ClusterNames, ServerApis, build_table};
 use skewgate_core::discovery::ApiGroupDiscoveryList;
 use skewgate_core::table::{GroupVersionConfig, MAX_GROUP_VERSIONS, MAX_GVRS, MAX_TABLE_BYTES, TableConfig};
 use skewgate_envoy::{self as resources, Endpoint, Health};
-use skewgate_pki::{APISERVER_NAME, Pki};
-use skewgate_standin::Profile;
 use skewgate_harness::echo::{self, SERVED_BY};
 use skewgate_harness::envoy::{Config, Envoy, Settings, free_port, sealed_json, upstream_tls};
 use skewgate_harness::limits::{DiscoveryServer, Shape, crd_groups, filler_group_versions};
 use skewgate_harness::paths;
+use skewgate_pki::{APISERVER_NAME, Pki};
+use skewgate_standin::Profile;
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
 const ECDS_STATS: [&str; 3] = [

@@ -67,7 +67,7 @@ pub struct Request<'h> {
     pretty_agent: bool,
     token: bool,
     certificate: Option<Cow<'h, [u8]>>,
-    /// The names of the `x-` headers: the only ones a decision strips.
+    /// The names of the headers some decision strips ([`decision::strippable`]).
     x_names: Vec<Cow<'h, str>>,
     subject: Option<String>,
     certificate_checked: bool,
@@ -93,9 +93,11 @@ impl<'h> Request<'h> {
                     request.x_names.push(Cow::Borrowed(PEER_CERTIFICATE_HEADER));
                 }
                 // Envoy hands names lower-case; a spoofed identity header must go all the same
-                // if one ever came otherwise.
+                // if one ever came otherwise. Only those a decision may strip are kept: the
+                // listener has removed most already, so a request rarely keeps any.
                 n if n.get(..2).is_some_and(|p| p.eq_ignore_ascii_case(b"x-")) => {
-                    request.x_names.extend(std::str::from_utf8(n).ok().map(Cow::Borrowed));
+                    let name = std::str::from_utf8(n).ok().filter(|n| decision::strippable(n));
+                    request.x_names.extend(name.map(Cow::Borrowed));
                 }
                 n => request.token |= std::str::from_utf8(n).is_ok_and(|n| identity::carries_token(n, value)),
             }
@@ -490,6 +492,7 @@ mod tests {
             (b"user-agent", b"curl/8.5"),
             (b"authorization", b"Bearer t"),
             (b"X-Remote-User", b"admin"),
+            (b"x-request-id", b"7"),
             (b"x-skewgate-peer-certificate", b"PEM"),
             (b"content-type", b"application/json"),
         ];

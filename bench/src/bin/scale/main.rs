@@ -32,9 +32,9 @@ use skewgate_bench::scale::{self, clients_for, cpu_each, kib_each, percentile};
 use skewgate_bench::{self as bench, plot};
 use skewgate_core::table::TableConfig;
 use skewgate_envoy::{self as resources, Endpoint, Health};
-use skewgate_pki::Pki;
 use skewgate_harness::envoy::{Config, Envoy, Settings, sealed_ecds, upstream_tls};
 use skewgate_harness::paths;
+use skewgate_pki::Pki;
 
 mod polling;
 

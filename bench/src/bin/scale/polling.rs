@@ -11,10 +11,10 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::json;
 use skewgate_bench as bench;
-use skewgate_pki::Pki;
 use skewgate_harness::sidecar::Sidecar;
 use skewgate_harness::standin::{self, Profile, Standin, Store};
 use skewgate_harness::{envoy::free_port, paths};
+use skewgate_pki::Pki;
 
 /// What the sidecar asks an apiserver for its own discovery.
 const DISCOVERY_ACCEPT: &str =
