@@ -309,9 +309,8 @@ impl Reason {
 impl<'t> Decision<'t, '_> {
     /// Whether the filter must remove this downstream request header before anything else.
     pub fn strips(&self, header_name: &str) -> bool {
-        identity::is_identity_header(header_name)
-            || is_reserved(header_name)
-            || (self.strip_peer_proxied && header_name.eq_ignore_ascii_case(identity::PEER_PROXIED))
+        strippable(header_name)
+            && (self.strip_peer_proxied || !header_name.eq_ignore_ascii_case(identity::PEER_PROXIED))
     }
 }
 

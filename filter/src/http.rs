@@ -189,22 +189,18 @@ impl<H: Host> HttpContext for Http<H> {
         if self.standing() == Some(Standing::Answered) {
             return Action::Continue;
         }
-        let Some(active) = self.active.clone() else { return Action::Continue };
-        if !self.pipeline.replied() {
-            if let Some(pending) = self.openapi.as_mut() {
-                let status = self.host.response_header(":status");
-                let status = status.and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
-                if skewgate_core::openapi::authorized(status.unwrap_or(0)) {
-                    return match pending.dispatch(&self.host) {
-                        Ok(()) => Action::Pause,
-                        Err(reply) => {
-                            self.openapi = None;
-                            self.reply_status(&reply)
-                        }
-                    };
-                }
+        if let (Some(pending), false) = (self.openapi.as_mut(), self.pipeline.replied()) {
+            if skewgate_core::openapi::authorized(stream::response_status(&Envoy(&self.host))) {
+                return match pending.dispatch(&self.host) {
+                    Ok(()) => Action::Pause,
+                    Err(reply) => {
+                        self.openapi = None;
+                        self.reply_status(&reply)
+                    }
+                };
             }
         }
+        let Some(active) = self.active.as_deref() else { return Action::Continue };
         let (next, sent) =
             self.pipeline.on_response_headers(&mut Envoy(&self.host), &active.table, end_of_stream);
         self.sent(sent);
@@ -212,7 +208,7 @@ impl<H: Host> HttpContext for Http<H> {
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(active) = self.active.clone() else { return Action::Continue };
+        let Some(active) = self.active.as_deref() else { return Action::Continue };
         let stream = &mut Envoy(&self.host);
         match self.pipeline.on_response_body(stream, &active.table, body_size, end_of_stream) {
             Some((next, sent)) => {
@@ -225,7 +221,7 @@ impl<H: Host> HttpContext for Http<H> {
 
     /// An apiserver's answer that ends with trailers: the composed body goes in before them.
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
-        if let Some(active) = self.active.clone() {
+        if let Some(active) = self.active.as_deref() {
             let sent = self.pipeline.on_response_trailers(&mut Envoy(&self.host), &active.table);
             self.sent(sent);
         }

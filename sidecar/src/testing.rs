@@ -15,6 +15,12 @@ use crate::config::{Identity, Limits, TlsFiles};
 use crate::fetch::{ClientTls, Fetcher};
 use skewgate_envoy::Endpoint;
 
+/// An apiserver as the cluster's EndpointSlice publishes it, on 127.0.0.1.
+pub fn published(id: &str, port: u16) -> crate::peers::Member {
+    let endpoint = Endpoint { id: id.into(), address: "127.0.0.1".into(), port };
+    crate::peers::Member { endpoint, source: crate::peers::Source::EndpointSlice }
+}
+
 /// Everything a fetch test needs on disk.
 pub struct Certs {
     pub dir: PathBuf,
@@ -36,6 +42,22 @@ impl Certs {
         let wrong_name = peer_ca.server(&dir, "other", "other", &["other.example"]).unwrap();
         let client = rogue_ca.client(&dir, "front-proxy", "front-proxy", &[]).unwrap();
         Self { dir, peer_ca, rogue_ca, serving, wrong_name, client }
+    }
+
+    /// A sync configuration with apiserver `a` on `port`, following the cluster's EndpointSlice
+    /// (a member that is no longer published leaves at the next look), listing its extensions
+    /// or not, Envoy's files under this directory.
+    pub fn following_cluster(&self, port: u16, extensions: bool) -> crate::config::SyncConfig {
+        let wasm = self.dir.join("filter.wasm");
+        std::fs::write(&wasm, "x").unwrap();
+        let tls = self.tls_files();
+        let doc = serde_json::json!({
+            "apiservers": [{"id": "a", "address": "127.0.0.1", "port": port}],
+            "tls": {"peerCa": tls.peer_ca, "clientCert": tls.client_cert, "clientKey": tls.client_key},
+            "envoy": {"dir": self.dir.join("envoy"), "wasm": wasm},
+            "cluster": {"members": "endpointSlice", "leaveAfter": "0s", "extensions": extensions},
+        });
+        crate::config::SyncConfig::from_value(&doc, &self.dir).unwrap()
     }
 
     pub fn tls_files(&self) -> TlsFiles {

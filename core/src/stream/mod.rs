@@ -67,8 +67,8 @@ pub struct Request<'h> {
     pretty_agent: bool,
     token: bool,
     certificate: Option<Cow<'h, [u8]>>,
-    /// The names of the headers some decision strips ([`decision::strippable`]).
-    x_names: Vec<Cow<'h, str>>,
+    /// The names of its headers some decision strips ([`decision::strippable`]).
+    strippable: Vec<Cow<'h, str>>,
     subject: Option<String>,
     certificate_checked: bool,
 }
@@ -90,14 +90,14 @@ impl<'h> Request<'h> {
                 // stripped with the other reserved headers.
                 n if n == PEER_CERTIFICATE_HEADER.as_bytes() => {
                     request.certificate = Some(Cow::Borrowed(value));
-                    request.x_names.push(Cow::Borrowed(PEER_CERTIFICATE_HEADER));
+                    request.strippable.push(Cow::Borrowed(PEER_CERTIFICATE_HEADER));
                 }
                 // Envoy hands names lower-case; a spoofed identity header must go all the same
                 // if one ever came otherwise. Only those a decision may strip are kept: the
                 // listener has removed most already, so a request rarely keeps any.
                 n if n.get(..2).is_some_and(|p| p.eq_ignore_ascii_case(b"x-")) => {
                     let name = std::str::from_utf8(n).ok().filter(|n| decision::strippable(n));
-                    request.x_names.extend(name.map(Cow::Borrowed));
+                    request.strippable.extend(name.map(Cow::Borrowed));
                 }
                 n => request.token |= std::str::from_utf8(n).is_ok_and(|n| identity::carries_token(n, value)),
             }
@@ -116,7 +116,7 @@ impl<'h> Request<'h> {
             pretty_agent: self.pretty_agent,
             token: self.token,
             certificate: self.certificate.map(|c| Cow::Owned(c.into_owned())),
-            x_names: self.x_names.into_iter().map(own).collect(),
+            strippable: self.strippable.into_iter().map(own).collect(),
             subject: self.subject,
             certificate_checked: self.certificate_checked,
         }
@@ -160,7 +160,7 @@ impl<'h> Request<'h> {
             accept: self.accept.as_deref(),
             if_none_match: self.if_none_match.as_deref(),
             client_subject,
-            certificate_checked: client_subject.is_some() && self.certificate_checked,
+            certificate_checked: self.certificate_checked,
             client_certificate: self.certificate.as_deref().filter(|_| client_subject.is_some()),
             token: self.token,
             pretty_agent: self.pretty_agent,
@@ -237,7 +237,7 @@ impl Pipeline {
             // The filter decides it again and does all of it; a client's own x-skewgate-route
             // must not pick a route that skips the filter, so the strips are made here already.
             let mut stripped = false;
-            for name in request.x_names.iter().filter(|n| decision.strips(n)) {
+            for name in request.strippable.iter().filter(|n| decision.strips(n)) {
                 stream.set_request_header(name, None);
                 stripped = true;
             }
@@ -255,7 +255,7 @@ impl Pipeline {
                 .and_then(identity::x509_credential_id),
             _ => None,
         };
-        let names = request.x_names.iter().map(|n| n.as_ref());
+        let names = request.strippable.iter().map(|n| n.as_ref());
         carry_out(stream, edits::request_edits(&decision, names, carrier, credential_id.as_deref()));
         if let Some((status, body)) = edits::refusal(&decision) {
             let headers = [("content-type", "application/json")];
@@ -312,10 +312,7 @@ impl Pipeline {
         let Some(routed) = self.routed.as_ref().filter(|_| !self.replied) else {
             return (Next::Continue, None);
         };
-        let status = stream
-            .response_header(":status")
-            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
-            .unwrap_or(0);
+        let status = response_status(stream);
         if let (Some((compose, source)), true) = (self.compose, (200..300).contains(&status) || status == 304)
         {
             let Some(reply) = decision::composed_reply(table, source, compose) else {
@@ -423,6 +420,12 @@ impl Pipeline {
     }
 }
 
+/// The response's status, 0 when Envoy has none that parses.
+pub fn response_status(stream: &impl Stream) -> u16 {
+    let status = stream.response_header(":status");
+    status.and_then(|s| std::str::from_utf8(&s).ok()?.parse().ok()).unwrap_or(0)
+}
+
 /// Makes `edits` to the request, in order.
 pub fn carry_out(stream: &mut impl Stream, edits: Vec<Edit<'_>>) {
     for edit in edits {
@@ -507,7 +510,7 @@ mod tests {
             assert!(head.token && head.pretty_agent);
             // No subject on the connection: the certificate header is not read, only stripped.
             assert_eq!((head.client_subject, head.client_certificate), (None, None));
-            let names: Vec<&str> = request.x_names.iter().map(|n| n.as_ref()).collect();
+            let names: Vec<&str> = request.strippable.iter().map(|n| n.as_ref()).collect();
             assert_eq!(names, ["X-Remote-User", PEER_CERTIFICATE_HEADER]);
         }
     }

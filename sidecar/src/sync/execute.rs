@@ -366,7 +366,6 @@ mod tests {
     use std::sync::{Mutex, Weak};
 
     use super::*;
-    use crate::sync::SyncConfig;
     use crate::sync::memory::tests::docs;
     use crate::sync::schedule::{Cluster, Scheduler};
 
@@ -401,11 +400,7 @@ mod tests {
             _candidates: Vec<Fetcher>,
         ) -> impl Future<Output = Result<Published, FetchError>> + Send + 'static {
             let listing = self.listings.lock().unwrap().pop_front();
-            let member = |id: &str| {
-                let port = 7000 + u16::from(id.as_bytes()[0]);
-                let endpoint = Endpoint { id: id.into(), address: "127.0.0.1".into(), port };
-                peers::Member { endpoint, source: peers::Source::EndpointSlice }
-            };
+            let member = |id: &str| crate::testing::published(id, 7000 + u16::from(id.as_bytes()[0]));
             let published = listing.map(|ids| Published {
                 members: Some(ids.into_iter().map(member).collect()),
                 extensions: None,
@@ -486,16 +481,7 @@ mod tests {
     #[tokio::test]
     async fn members_are_tethered_while_they_are_members_and_pushed_once_fetched() {
         let certs = crate::testing::Certs::new("execute");
-        let wasm = certs.dir.join("filter.wasm");
-        std::fs::write(&wasm, "x").unwrap();
-        let doc = serde_json::json!({
-            "apiservers": [{"id": "a", "address": "127.0.0.1", "port": 7097}],
-            "tls": {"peerCa": certs.tls_files().peer_ca, "clientCert": certs.tls_files().client_cert,
-                    "clientKey": certs.tls_files().client_key},
-            "envoy": {"dir": certs.dir.join("envoy"), "wasm": wasm},
-            "cluster": {"members": "endpointSlice", "leaveAfter": "0s", "extensions": false},
-        });
-        let config = SyncConfig::from_value(&doc, &certs.dir).unwrap();
+        let config = certs.following_cluster(7097, false);
         let fake = Fake::default();
         fake.versions
             .lock()

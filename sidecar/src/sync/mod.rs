@@ -958,26 +958,14 @@ mod tests {
         assert!(Standing::Stale { age: Duration::ZERO }.serves() && !Standing::Missing.serves());
     }
 
-    fn member(id: &str, port: u16) -> peers::Member {
-        let endpoint = Endpoint { id: id.into(), address: "127.0.0.1".into(), port };
-        peers::Member { endpoint, source: Source::EndpointSlice }
-    }
+    use crate::testing::published as member;
 
     /// d joins (out of the table until its discovery answers), then departs: DRAINING for one
     /// look, gone at the next (`leaveAfter = 0s`); a listing naming nobody changes nothing.
     #[test]
     fn members_join_then_depart_then_leave() {
         let certs = crate::testing::Certs::new("members");
-        let wasm = certs.dir.join("filter.wasm");
-        std::fs::write(&wasm, "x").unwrap();
-        let doc = serde_json::json!({
-            "apiservers": [{"id": "a", "address": "127.0.0.1", "port": 7001}],
-            "tls": {"peerCa": certs.tls_files().peer_ca, "clientCert": certs.tls_files().client_cert,
-                    "clientKey": certs.tls_files().client_key},
-            "envoy": {"dir": certs.dir.join("envoy"), "wasm": wasm},
-            "cluster": {"members": "endpointSlice", "leaveAfter": "0s", "extensions": true},
-        });
-        let config = SyncConfig::from_value(&doc, &certs.dir).unwrap();
+        let config = certs.following_cluster(7001, true);
         let mut sidecar = Sidecar::new(config).unwrap();
         sidecar.members[0].memory.good = Some((docs("v1.33.0"), Served::default(), Instant::now()));
         let published = |members: Vec<peers::Member>| Published { members: Some(members), extensions: None };
