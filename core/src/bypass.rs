@@ -70,6 +70,11 @@ pub struct Target {
     /// them: the pool's first target's, when it takes any group/version, are those whose
     /// resources are not all the pool's.
     pub except: Vec<String>,
+    /// The one apiserver of a serving set whose requests the hold keeps waiting while it is away
+    /// ([`crate::hold::needs_the_filter`]): its routes are for while it is up. Whoever knows it
+    /// is away (the sidecar, from its connection to it) takes them out, and its requests meet
+    /// the filter, which holds them; while it serves, they skip the filter as any other.
+    pub while_up: Option<String>,
 }
 
 /// What the bypass routes of a table are: rendered into Envoy routes by the sidecar.
@@ -155,6 +160,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
         path_regexes: any.iter().map(|a: &String| path_regex(a)).collect(),
         watch_regexes: any.iter().map(|a| watch_regex(a)).collect(),
         except,
+        while_up: None,
     }];
     // The named targets' regexes are disjoint, so their order decides only how many a request
     // runs before its own: the target with most resources first (a serving set of the newest
@@ -167,9 +173,6 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
             (*rerouted, *cluster, gvs.collect::<GroupVersions>())
         })
         .filter(|(_, _, gvs)| !gvs.is_empty())
-        .filter(|(rerouted, cluster, _)| {
-            !crate::hold::needs_the_filter(table, serving(table, cluster), *rerouted)
-        })
         .collect();
     named.sort_by_key(|(_, _, gvs)| std::cmp::Reverse(gvs.values().map(Vec::len).sum::<usize>()));
     for (rerouted, cluster, gvs) in &named {
@@ -188,6 +191,9 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
                 false => slices.iter().map(|s| watch_regex(s)).collect(),
             },
             except: Vec::new(),
+            while_up: crate::hold::needs_the_filter(table, serving(table, cluster), *rerouted)
+                .then(|| servers(table, cluster).pop())
+                .flatten(),
         });
     }
     let policy = table.policy();
@@ -479,14 +485,23 @@ mod tests {
             }
         }
         let plan = plan(&t).unwrap();
-        // Any resource of the uniform group/versions, then the targets naming their resources, most first: the
-        // pool's of v1alpha3 (devicetaintrules: its deviceclasses are a and b's), set-a-b's. None for set-c:
-        // c alone serves its resources, whose requests wait in the filter while c restarts.
-        let clusters: Vec<(&str, bool)> =
-            plan.targets.iter().map(|t| (t.cluster.as_str(), t.rerouted)).collect();
-        assert_eq!(clusters, [("pool", false), ("pool", false), ("set-a-b", true)]);
+        // Any resource of the uniform group/versions, then the targets naming their resources, most first:
+        // set-c's, whose routes are for while c is up (c alone serves its resources, whose requests wait
+        // in the filter while c restarts), the pool's of v1alpha3 (devicetaintrules: its deviceclasses
+        // are a and b's), set-a-b's.
+        let clusters: Vec<(&str, bool, Option<&str>)> =
+            plan.targets.iter().map(|t| (t.cluster.as_str(), t.rerouted, t.while_up.as_deref())).collect();
+        assert_eq!(
+            clusters,
+            [
+                ("pool", false, None),
+                ("set-c", true, Some("c")),
+                ("pool", false, None),
+                ("set-a-b", true, None)
+            ]
+        );
         let servers: Vec<String> = plan.targets.iter().map(|t| t.servers.join(",")).collect();
-        assert_eq!(servers, ["a,b,c", "a,b,c", "a,b"]);
+        assert_eq!(servers, ["a,b,c", "c", "a,b,c", "a,b"]);
         let pool = plan.pool().unwrap();
         assert_eq!((pool.path_regexes.len(), pool.watch_regexes.len()), (1, 1));
         let takes = |target: &Target, path: &str| {
@@ -526,17 +541,19 @@ mod tests {
         ] {
             assert!(!takes(pool, path), "{path}");
         }
-        assert!(takes(&plan.targets[1], "/apis/resource.k8s.io/v1alpha3/devicetaintrules/t"));
-        assert!(!takes(&plan.targets[1], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
-        assert!(takes(&plan.targets[2], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
+        assert!(takes(&plan.targets[2], "/apis/resource.k8s.io/v1alpha3/devicetaintrules/t"));
+        assert!(!takes(&plan.targets[2], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
+        assert!(takes(&plan.targets[3], "/apis/resource.k8s.io/v1alpha3/deviceclasses/gpu"));
         let claim = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/c";
-        assert!(!plan.targets.iter().any(|t| takes(t, claim)), "c's alone: through the filter");
+        let takers: Vec<&Target> = plan.targets.iter().filter(|t| takes(t, claim)).collect();
+        assert_eq!(takers.iter().map(|t| t.while_up.as_deref()).collect::<Vec<_>>(), [Some("c")]);
         let mut no_hold = sample();
         no_hold["policy"] = json!({"hold": {"maxWait": "0s"}});
         let no_hold = super::plan(&RoutingTable::from_json(no_hold.to_string().as_bytes()).unwrap()).unwrap();
         let set_c =
             no_hold.targets.iter().find(|t| t.cluster == "set-c").expect("set-c's routes without a hold");
         assert!(takes(set_c, claim));
+        assert!(no_hold.targets.iter().all(|t| t.while_up.is_none()), "without a hold, nothing waits");
         let watch = regex_automata::meta::Regex::new(&pool.watch_regexes[0]).unwrap();
         assert!(watch.is_match(
             "/api/v1/namespaces/default/pods?allowWatchBookmarks=true&resourceVersion=1&watch=true"

@@ -41,10 +41,12 @@ pub const RELEASE_PER_TICK: usize = 50;
 pub const MAX_HELD_BODY: usize = 512 * 1024;
 
 /// Whether requests for `serving` (`rerouted`: a serving set, not the pool) must meet the
-/// proxy-wasm filter, the one part that holds requests: the set of one apiserver, the only
-/// server of its APIs, has nobody to take them while that apiserver restarts, and a route that
-/// skips the filter (a bypass route, the native module's) would answer 503 at once. Without a
-/// hold, a route does as well.
+/// proxy-wasm filter, the one part that holds requests, once its apiserver is away: the set of
+/// one apiserver, the only server of its APIs, has nobody to take them while that apiserver
+/// restarts, and a route that skips the filter (a bypass route, the native module's) would
+/// answer 503 at once. Its bypass routes are for while it is up
+/// ([`crate::bypass::Target::while_up`]); the native module hands them to the filter always.
+/// Without a hold, a route does as well.
 pub fn needs_the_filter(table: &RoutingTable, serving: Serving, rerouted: bool) -> bool {
     rerouted && !table.policy().hold.is_off() && table.members(serving).count() == 1
 }

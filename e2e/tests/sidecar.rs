@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
@@ -20,7 +20,7 @@ use skewgate::envoy::{EnvoyAdmin, HttpAdmin};
 use skewgate::fetch::ErrorKind;
 use skewgate::sync::{self, Standing, SyncConfig, SyncReport};
 use skewgate_core::table::RoutingTable;
-use skewgate_harness::echo;
+use skewgate_harness::echo::{self, SERVED_BY};
 use skewgate_harness::envoy::{Config, Envoy, Settings};
 use skewgate_harness::limits::{DiscoveryServer, Shape, crd_groups};
 use skewgate_harness::load::{Load, Record, Settings as LoadSettings, Target};
@@ -425,6 +425,87 @@ async fn a_stopped_apiserver_stays_in_the_table_until_it_is_back() -> Result<()>
     assert_eq!(metric(&text, "skewgate_apiserver_excluded_seconds_count"), Some(1.0), "{text}");
     assert!(cluster.dir.join("envoy/state/discovery.json").is_file());
     assert!(metric(&text, "skewgate_gvrs").is_some_and(|n| n > 80.0), "{text}");
+    running.stop().await
+}
+
+/// Whether the routes Envoy reads now have bypass routes for while an apiserver is up.
+fn routes_while_up(envoy_dir: &Path) -> Result<bool> {
+    Ok(std::fs::read_to_string(envoy_dir.join("cds/rds.json"))?.contains("\"whileUp\""))
+}
+
+/// With the hold, reads of the API only c serves skip the filter while c is up (c's bypass
+/// routes); the moment c stops, the sidecar takes those routes out, so that the reads that
+/// follow meet the filter, which keeps them waiting until c is back; then they skip it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_only_servers_reads_skip_the_filter_while_it_is_up_and_wait_while_it_is_away() -> Result<()> {
+    let mut cluster = Cluster::start("sole", &[("a", "1.33"), ("b", "1.33"), ("c", "1.36")]).await?;
+    let hold = json!({"hold": {"maxWait": "5s"}, "probePeriod": "100ms"});
+    let Edge { settings, envoy, running, alice, base, .. } = cluster.edge_with("1s", hold).await?;
+    let claims_url = format!("{base}{CLAIMS_V1}");
+    let get = || {
+        let request = alice.get(&claims_url);
+        async move {
+            let resp = request.send().await?;
+            let by = resp.headers().get(SERVED_BY).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            anyhow::Ok((resp.status().as_u16(), by))
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while get().await.ok() != Some((200, Some("c".into()))) {
+        ensure!(Instant::now() < deadline, "resourceclaims not routable through Envoy\n{}", envoy.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(routes_while_up(&settings.dir)?, "c's bypass routes are not rendered");
+    let bypassed = "vhost.apiservers.route.rerouted_skewgate-set-c.upstream_rq_total";
+    let reads = |n: usize| async move {
+        for _ in 0..n {
+            let answer = get().await?;
+            ensure!(answer == (200, Some("c".into())), "{answer:?}");
+        }
+        anyhow::Ok(())
+    };
+    // Envoy counts a route's requests from its first on.
+    let taken = || async { envoy.stat(bypassed).await.or_else(|_| anyhow::Ok(0)) };
+    let before = taken().await?;
+    reads(5).await?;
+    let while_up = taken().await? - before;
+    ensure!(while_up == 5, "{while_up} of 5 reads of c's API took c's bypass routes while c was up");
+
+    let addr = cluster.kill_standin("c").await?;
+    let stopped = Instant::now();
+    let out = wait_until("c's routes out", Duration::from_secs(5), || {
+        routes_while_up(&settings.dir).ok().filter(|up| !up).map(|_| stopped.elapsed())
+    })
+    .await?;
+    // Envoy's worker finds set-c down with its first request (a 503 with Retry-After, or it
+    // waits already if another worker found it so), then holds the next.
+    let first = get().await?;
+    ensure!(first.0 == 503 || first.0 == 200, "{first:?}");
+    let before = taken().await?;
+    let waiting = tokio::spawn(get());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    ensure!(!waiting.is_finished(), "the read did not wait: {:?}", waiting.await?);
+    let restarted = Instant::now();
+    cluster.start_standin("c", "1.36", addr).await?;
+    let answer = waiting.await??;
+    ensure!(answer == (200, Some("c".into())), "{answer:?}");
+    println!(
+        "c's routes out {out:?} after it stopped; a read waited and was served {:?} after c restarted",
+        restarted.elapsed()
+    );
+    ensure!(taken().await? == before, "a read took c's routes while c was away");
+    let resumed =
+        envoy.stat("wasmcustom.skewgate.held_requests_total.cluster=skewgate-set-c;outcome=resumed;").await?;
+    ensure!(resumed >= 1, "{resumed} resumed");
+
+    wait_until("c's routes back", Duration::from_secs(5), || {
+        routes_while_up(&settings.dir).ok().filter(|up| *up)
+    })
+    .await?;
+    let before = taken().await?;
+    reads(5).await?;
+    let back = taken().await? - before;
+    ensure!(back == 5, "{back} of 5 reads took c's bypass routes once c was back");
     running.stop().await
 }
 

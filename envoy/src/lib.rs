@@ -29,5 +29,6 @@ pub use resources::{
     CdsError, DEFAULT_ROUTE_TIMEOUT, DYNAMIC_MODULE_FILTER_TYPE, Endpoint, FILTER_NAME, Health,
     MODULE_FILTER_NAME, MODULE_NAME, Overlay, READINESS_PATH, REROUTED_STAT_PREFIX, ROUTE_CONFIG_NAME,
     UpstreamTls, cds, cluster_names, draining_in, ecds, envoy_duration, module_ecds, rds, rds_version,
-    route_configuration, table_from_ecds, table_of_filter, union_cds, with_draining,
+    rds_with_overlay, route_configuration, routes_base_version, table_from_ecds, table_of_filter, union_cds,
+    with_draining,
 };

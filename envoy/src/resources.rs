@@ -301,6 +301,48 @@ pub fn rds_version(rds: &Value) -> Option<&str> {
     rds.get("version_info")?.as_str()
 }
 
+/// The key of a bypass route's metadata that names the apiserver it is only there for while
+/// that apiserver is up ([`bypass::Target::while_up`]).
+const WHILE_UP: &str = "whileUp";
+
+/// `rds` without the bypass routes that are only there while their apiserver is up, for the
+/// apiservers `overlay` takes out of Envoy's clusters (draining or stopping): the requests
+/// those routes took meet the filter instead, which sends them where it sent them and holds
+/// them while their apiserver is away. Its `version_info` is the rendering's, then `+` and the
+/// apiservers whose routes it left out (the routes' version [`routes_base_version`] reads back),
+/// so that a push confirms its routes under whatever overlay Envoy runs them.
+pub fn rds_with_overlay(rds: &Value, overlay: &Overlay) -> Value {
+    let pointer = format!("/metadata/filter_metadata/{ROUTE_METADATA}/{WHILE_UP}");
+    let away = overlay.away();
+    let mut rds = rds.clone();
+    let mut left_out = BTreeSet::new();
+    let routes = rds.pointer_mut("/resources/0/virtual_hosts/0/routes").and_then(Value::as_array_mut);
+    if let Some(routes) = routes {
+        routes.retain(|route| {
+            let server = route.pointer(&pointer).and_then(Value::as_str);
+            match server.filter(|s| away.contains(s)) {
+                Some(server) => {
+                    left_out.insert(server.to_owned());
+                    false
+                }
+                None => true,
+            }
+        });
+    }
+    if !left_out.is_empty() {
+        let version = rds_version(&rds).unwrap_or_default();
+        let ids: Vec<String> = left_out.into_iter().collect();
+        rds["version_info"] = json!(format!("{version}+{}", ids.join(",")));
+    }
+    rds
+}
+
+/// The version of the rendering an `rds.json`'s `version_info` (as Envoy reports it) carries,
+/// whatever overlay it was written under ([`rds_with_overlay`]).
+pub fn routes_base_version(version: &str) -> &str {
+    version.split_once('+').map_or(version, |(base, _)| base)
+}
+
 fn routes_version(config: &Value) -> String {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(config.to_string().as_bytes());
@@ -533,6 +575,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
             // For the bootstrap's Status 503 when none of them answers.
             "metadata": {"filter_metadata": {ROUTE_METADATA: {"servers": target.servers.join(",")}}}
         });
+        if let Some(server) = &target.while_up {
+            route["metadata"]["filter_metadata"][ROUTE_METADATA][WHILE_UP] = json!(server);
+        }
         match client {
             Client::Certificate => route["match"]["filter_state"] = marker.clone(),
             Client::Token | Client::Anonymous => route["match"]["tls_context"] = json!({"presented": false}),
@@ -667,6 +712,12 @@ pub struct Overlay {
 impl Overlay {
     pub fn draining(draining: BTreeSet<String>) -> Overlay {
         Overlay { draining, stopping: BTreeSet::new() }
+    }
+
+    /// The apiservers it takes out of some cluster, draining or stopping: their own routes
+    /// ([`rds_with_overlay`]) leave with them.
+    pub fn away(&self) -> BTreeSet<&str> {
+        self.draining.iter().chain(&self.stopping).map(String::as_str).collect()
     }
 
     /// Whether `id`'s endpoint is marked in a cluster whose apiservers are `members`.
@@ -940,13 +991,54 @@ pub(crate) mod tests {
         assert_eq!(v["resources"][0]["typed_config"]["config"]["allow_on_headers_stop_iteration"], true);
     }
 
-    /// Core's sample without the hold, so that set-c, c's alone, has bypass routes too (with a
-    /// hold it has none: core::bypass's tests).
+    /// Core's sample without the hold, so that set-c's routes, c's alone, are there whatever
+    /// the overlay (with a hold they are for while c is up: [`a_sole_servers_routes_leave_with_it`]).
     fn routing_table(edit: impl FnOnce(&mut Value)) -> RoutingTable {
         let mut t = skewgate_core::testing::sample();
         t["policy"] = json!({"hold": {"maxWait": "0s"}});
         edit(&mut t);
         RoutingTable::from_json(t.to_string().as_bytes()).unwrap()
+    }
+
+    /// With the hold, set-c's routes (c alone serves its APIs) carry c as the apiserver they are
+    /// for while it is up: an overlay that takes c out of Envoy's clusters, draining or
+    /// stopping, takes them out too and nothing else, and says so in the version; one that takes
+    /// out only servers of others leaves the routes as rendered.
+    #[test]
+    fn a_sole_servers_routes_leave_with_it() {
+        let t = RoutingTable::from_json(skewgate_core::testing::sample().to_string().as_bytes()).unwrap();
+        let rendered = rds(Some(&t), "65s");
+        let names = route_names(&rendered);
+        let of_c: Vec<&str> = names.iter().copied().filter(|n| n.ends_with("/set-c")).collect();
+        assert!(!of_c.is_empty(), "{names:?}");
+        let routes = rendered["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        for route in routes {
+            let while_up = &route["metadata"]["filter_metadata"][ROUTE_METADATA][WHILE_UP];
+            let name = route["name"].as_str().unwrap();
+            assert_eq!(while_up.as_str(), name.ends_with("/set-c").then_some("c"), "{name}");
+        }
+        let version = rds_version(&rendered).unwrap();
+        let ids = |ids: &[&str]| ids.iter().map(|s| s.to_string()).collect::<BTreeSet<String>>();
+        for overlay in [
+            Overlay::draining(ids(&["c"])),
+            Overlay { stopping: ids(&["c"]), ..Overlay::default() },
+            Overlay { draining: ids(&["a", "c"]), stopping: ids(&["b"]) },
+        ] {
+            let without = rds_with_overlay(&rendered, &overlay);
+            let left: Vec<&str> = names.iter().copied().filter(|n| !of_c.contains(n)).collect();
+            assert_eq!(route_names(&without), left, "{overlay:?}");
+            let overlaid = rds_version(&without).unwrap();
+            assert_eq!(overlaid, format!("{version}+c"));
+            assert_eq!(routes_base_version(overlaid), version);
+        }
+        for overlay in
+            [Overlay::default(), Overlay::draining(ids(&["a"])), Overlay::draining(ids(&["a", "b"]))]
+        {
+            assert_eq!(rds_with_overlay(&rendered, &overlay), rendered, "{overlay:?}");
+        }
+        assert_eq!(routes_base_version(version), version);
+        let no_hold = rds(Some(&routing_table(|_| {})), "65s");
+        assert_eq!(rds_with_overlay(&no_hold, &Overlay::draining(ids(&["c"]))), no_hold, "without a hold");
     }
 
     fn route_names(rds: &Value) -> Vec<&str> {

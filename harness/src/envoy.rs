@@ -356,9 +356,12 @@ impl Drop for Envoy {
 
 impl Envoy {
     /// Writes the bootstrap, `cds` and `ecds`, starts Envoy and waits until it is live.
-    /// Its `rds.json` is the sidecar's for the table of `ecds`, with `settings.route_timeout`.
+    /// Its `rds.json` is the sidecar's for the table of `ecds`, with `settings.route_timeout`,
+    /// under the overlay `cds` carries.
     pub async fn start(settings: Settings, cds: &Value, ecds: &Value) -> Result<Self> {
-        settings.files().write_first(cds, &settings.rds_for(ecds), ecds)?;
+        let rds =
+            skewgate_envoy::rds_with_overlay(&settings.rds_for(ecds), &skewgate_envoy::draining_in(cds));
+        settings.files().write_first(cds, &rds, ecds)?;
         if let Config::Native { module_ecds, .. } = &settings.config {
             let path = settings.files().module_ecds_path();
             std::fs::create_dir_all(path.parent().context("module ECDS directory")?)?;
@@ -481,27 +484,53 @@ impl Envoy {
         }
     }
 
-    pub fn write_cds(&self, cds: &Value) -> Result<()> {
-        Ok(write_atomic(&self.settings.cds_path(), cds.to_string().as_bytes())?)
+    /// Writes `cds.json`; with the shipped bootstrap, the routes of the table on disk too, under
+    /// the overlay `cds` carries, as the sidecar lays it: an apiserver's own routes
+    /// ([`skewgate_envoy::rds_with_overlay`]) leave before it leaves the clusters, and come back
+    /// after it is back. Returns whether the routes changed.
+    pub fn write_cds(&self, cds: &Value) -> Result<bool> {
+        let overlay = skewgate_envoy::draining_in(cds);
+        let before =
+            std::fs::read(self.settings.cds_path()).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let before = skewgate_envoy::draining_in(&before.unwrap_or_default());
+        let leaving = !overlay.away().is_subset(&before.away());
+        let ecds =
+            std::fs::read(self.settings.ecds_path()).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        let routes = |write: bool| match (&ecds, write) {
+            (Some(ecds), true) => self.write_routes(ecds, &overlay),
+            _ => Ok(false),
+        };
+        let mut changed = routes(leaving)?;
+        write_atomic(&self.settings.cds_path(), cds.to_string().as_bytes())?;
+        changed |= routes(!leaving)?;
+        Ok(changed)
+    }
+
+    /// With the shipped bootstrap and a table that compiles in `ecds`, writes its routes under
+    /// `overlay` if they changed (Envoy compiles every route's regex again on each rds.json it
+    /// reads, ≈ 100 ms at 10,000 GVRs); returns whether it wrote them.
+    fn write_routes(&self, ecds: &Value, overlay: &skewgate_envoy::Overlay) -> Result<bool> {
+        let table = skewgate_envoy::table_from_ecds(ecds);
+        let compiles =
+            table.is_some_and(|t| skewgate_core::table::RoutingTable::from_sealed_json(t.as_bytes()).is_ok());
+        if self.settings.config != Config::Skewgate || !compiles {
+            return Ok(false);
+        }
+        let rds = skewgate_envoy::rds_with_overlay(&self.settings.rds_for(ecds), overlay).to_string();
+        let path = self.settings.files().rds_path();
+        if std::fs::read_to_string(&path).ok().as_deref() == Some(rds.as_str()) {
+            return Ok(false);
+        }
+        write_atomic(&path, rds.as_bytes())?;
+        Ok(true)
     }
 
     /// Writes the filter's ECDS file; with the native module, the module's too (same table, first).
-    /// With the shipped bootstrap, first the routes of a table that compiles, as the sidecar's
-    /// push does.
+    /// With the shipped bootstrap, first the routes of a table that compiles, under the overlay
+    /// of the `cds.json` on disk, as the sidecar's push does.
     pub fn write_ecds(&self, ecds: &Value) -> Result<()> {
-        let table = skewgate_envoy::table_from_ecds(ecds);
-        if self.settings.config == Config::Skewgate
-            && table
-                .is_some_and(|t| skewgate_core::table::RoutingTable::from_sealed_json(t.as_bytes()).is_ok())
-        {
-            // Only routes that changed, as the sidecar's push: Envoy compiles every route's regex
-            // again on each rds.json it reads (≈ 100 ms at 10,000 GVRs).
-            let rds = self.settings.rds_for(ecds).to_string();
-            let path = self.settings.files().rds_path();
-            if std::fs::read_to_string(&path).ok().as_deref() != Some(rds.as_str()) {
-                write_atomic(&path, rds.as_bytes())?;
-            }
-        }
+        let cds = std::fs::read(self.settings.cds_path()).ok().and_then(|b| serde_json::from_slice(&b).ok());
+        self.write_routes(ecds, &skewgate_envoy::draining_in(&cds.unwrap_or_default()))?;
         if let Config::Native { .. } = self.settings.config {
             let table = skewgate_envoy::table_from_ecds(ecds);
             let module = skewgate_envoy::module_ecds(table.context("ECDS without a table")?);

@@ -20,10 +20,13 @@
 //! a restart) resumes where it stopped. Without an admin API each wait is a fixed settle delay.
 //!
 //! Which apiservers Envoy may send new requests to (eligibility) is an overlay on every
-//! `cds.json` written: their endpoints are marked `DRAINING` ([`super::with_draining`]).
-//! The overlay changes on its own ([`Pusher::set_draining`]), also while a push is under way:
-//! every `cds.json` write holds one lock and applies the overlay of that moment, so that the
-//! two never undo each other. The clusters of apiservers' addresses take their endpoints from
+//! `cds.json` written: their endpoints are marked `DRAINING` ([`super::with_draining`]). It lies
+//! over every `rds.json` too: the bypass routes of an API's only apiserver are there while it is
+//! up and leave with it ([`skewgate_envoy::rds_with_overlay`]), so that its requests meet the
+//! filter, which holds them while it is away. The overlay changes on its own
+//! ([`Pusher::set_draining`]), also while a push is under way: every `cds.json` and `rds.json`
+//! write holds one lock and applies the overlay of that moment, so that the two never undo each
+//! other; a push confirms its routes by the rendering's version, under whatever overlay. The clusters of apiservers' addresses take their endpoints from
 //! files of their own ([`skewgate_envoy::eds`]), written before `cds.json`: a change of the
 //! overlay alone rewrites only those, and Envoy rebuilds no cluster for it.
 
@@ -39,8 +42,8 @@ use tokio::time::Instant;
 use super::admin::{AdminError, EnvoyAdmin, LiveTable};
 use skewgate_envoy::eds::{self, OnDisk};
 use skewgate_envoy::{
-    Files, Overlay, Resources, cluster_names, draining_in, module_ecds, rds_version, table_from_ecds,
-    union_cds, with_draining, write_atomic,
+    Files, Overlay, Resources, cluster_names, draining_in, module_ecds, rds_version, rds_with_overlay,
+    routes_base_version, table_from_ecds, union_cds, with_draining, write_atomic,
 };
 
 /// How often the admin API is asked while waiting.
@@ -148,14 +151,22 @@ pub struct Pusher<A> {
     admin: Option<A>,
     confirm_timeout: Duration,
     settle_delay: Duration,
-    /// Apiservers marked `DRAINING` in every `cds.json` written; the lock of every CDS write.
-    draining: Arc<Mutex<Overlay>>,
+    /// The overlay of every `cds.json` and `rds.json` written, with the routes it lies over; the
+    /// lock of every write of either.
+    draining: Arc<Mutex<Laid>>,
     /// What this sidecar last wrote to each file, for [`Pusher::restore_replaced_files`]; the
     /// lock of every file write.
     written: Arc<Mutex<Written>>,
     /// The last push failed: the files may be ahead of what Envoy runs, so files that already
     /// hold a table do not say it is live.
     in_doubt: Arc<AtomicBool>,
+}
+
+/// The eligibility overlay, and the routes (as rendered) of the last `rds.json` written under it.
+#[derive(Debug, Default)]
+struct Laid {
+    overlay: Overlay,
+    routes: Option<Value>,
 }
 
 /// The files as this sidecar wrote them.
@@ -208,9 +219,26 @@ impl<A: EnvoyAdmin> Pusher<A> {
         self
     }
 
-    /// The routes' file for `resources`, when there is one to write, with its path.
+    /// The routes' file for `resources` under the overlay of this moment, when there is one to
+    /// write, with its path.
     fn rds_file(&self, resources: &Resources) -> Option<(&Path, Vec<u8>)> {
-        self.rds_path.as_deref().map(|path| (path, to_bytes(&resources.rds)))
+        let laid = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        self.rds_path
+            .as_deref()
+            .map(|path| (path, to_bytes(&rds_with_overlay(&resources.rds, &laid.overlay))))
+    }
+
+    /// Writes `routes` (as rendered) under the overlay of this moment, unless the file already
+    /// holds them (then [`Pusher::adopt`]s it); the overlay lies over them from now on.
+    fn write_routes(&self, path: &Path, routes: &Value) -> Result<(), PushError> {
+        let mut laid = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        let bytes = to_bytes(&rds_with_overlay(routes, &laid.overlay));
+        match self.ours(path)?.as_deref() == Some(&bytes[..]) {
+            true => self.adopt(path, &bytes),
+            false => self.write(path, &bytes)?,
+        }
+        laid.routes = Some(routes.clone());
+        Ok(())
     }
 
     /// The module's file for `resources`, when there is one to write, with its path.
@@ -222,42 +250,60 @@ impl<A: EnvoyAdmin> Pusher<A> {
     /// Takes over the overlay of the `cds.json` on disk without writing anything: a restarted
     /// sidecar keeps what the previous one decided until it knows better.
     pub fn adopt_draining_from_disk(&self) -> Result<Overlay, PushError> {
-        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut laid = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(cds) = self.joined(read_optional)? {
-            *draining = draining_in(&cds);
+            laid.overlay = draining_in(&cds);
         }
-        Ok(draining.clone())
+        Ok(laid.overlay.clone())
     }
 
     pub fn draining(&self) -> Overlay {
-        self.draining.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.draining.lock().unwrap_or_else(PoisonError::into_inner).overlay.clone()
     }
 
-    /// Lays exactly `draining` over the `cds.json` on disk (if there is one), now. Returns
-    /// whether the overlay changed.
+    /// Lays exactly `draining` over the `cds.json` on disk (if there is one) and the routes last
+    /// written, now. Returns whether the overlay changed.
     pub fn set_draining(&self, draining: &Overlay) -> Result<bool, PushError> {
-        let mut current = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
-        if *current == *draining {
+        let mut laid = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        if laid.overlay == *draining {
             return Ok(false);
+        }
+        let routes = match (&self.rds_path, &laid.routes) {
+            (Some(path), Some(routes)) => Some((path, to_bytes(&rds_with_overlay(routes, draining)))),
+            _ => None,
+        };
+        let routes = match routes {
+            Some((path, bytes)) if self.ours(path)?.as_deref() != Some(&bytes[..]) => Some((path, bytes)),
+            _ => None,
+        };
+        // An apiserver's routes leave before it leaves the clusters, and come back after it is
+        // back: in between, its requests meet the filter, which sends them to it (or holds
+        // them) rather than a route sending them to a cluster that has nobody for them.
+        let leaving = !draining.away().is_subset(&laid.overlay.away());
+        if leaving && let Some((path, bytes)) = &routes {
+            self.write(path, bytes)?;
         }
         // A `cds.json` that does not parse is left for the next push to replace.
         if let Some(cds) = self.joined(|path| self.ours(path))? {
             self.write_on_disk(&self.on_disk(&cds, draining))?;
         }
-        *current = draining.clone();
+        if !leaving && let Some((path, bytes)) = &routes {
+            self.write(path, bytes)?;
+        }
+        laid.overlay = draining.clone();
         Ok(true)
     }
 
     /// Writes `cds` (endpoints inline) with the overlay of this moment.
     fn write_cds(&self, cds: &Value) -> Result<(), PushError> {
-        let draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
-        self.write_on_disk(&self.on_disk(cds, &draining))
+        let laid = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        self.write_on_disk(&self.on_disk(cds, &laid.overlay))
     }
 
     /// The files for `cds` (endpoints inline) with the overlay of this moment.
     fn overlaid(&self, cds: &Value) -> OnDisk {
-        let draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
-        self.on_disk(cds, &draining)
+        let laid = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        self.on_disk(cds, &laid.overlay)
     }
 
     fn on_disk(&self, cds: &Value, draining: &Overlay) -> OnDisk {
@@ -349,7 +395,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
         let Some(admin) = &self.admin else { return Ok(true) };
         let table = admin.live_table().await?.map(|t| t.generation);
         let routes_live = match routes {
-            Some(version) => admin.live_routes().await?.as_deref() == Some(version),
+            Some(version) => admin.live_routes().await?.as_deref().map(routes_base_version) == Some(version),
             None => true,
         };
         Ok(routes_live && table.as_deref() == Some(resources.generation.as_str()))
@@ -379,7 +425,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
                 || self.runs(resources, rds.as_ref().map(|_| routes_version.as_str())).await?)
         {
             // Written by an earlier process: guarded from now on as if this one had written them.
-            self.adopt_all(resources, rds.as_ref(), module.as_ref());
+            self.adopt_all(resources, rds.as_ref(), module.as_ref())?;
             return Ok(PushOutcome::Unchanged);
         }
         for dir in self.dirs() {
@@ -397,8 +443,8 @@ impl<A: EnvoyAdmin> Pusher<A> {
             // nothing to order against. Clusters first all the same, for one starting meanwhile.
             self.write_cds(&resources.cds)?;
             steps.push(Step::WroteCds(new_names.into_iter().collect()));
-            if let Some((path, new)) = &rds {
-                self.write(path, new)?;
+            if let Some((path, _)) = &rds {
+                self.write_routes(path, &resources.rds)?;
                 steps.push(Step::WroteRds(routes_version));
             }
             if let Some((path, new)) = &module {
@@ -424,7 +470,7 @@ impl<A: EnvoyAdmin> Pusher<A> {
         let routes_pending = !rds_current
             || rds.is_some()
                 && self.admin.is_some()
-                && live_routes.as_deref() != Some(routes_version.as_str());
+                && live_routes.as_deref().map(routes_base_version) != Some(routes_version.as_str());
         if table_pending || routes_pending {
             let union = union_cds(&resources.cds, old_cds.as_ref());
             if !self.cds_current(&union)? {
@@ -455,8 +501,8 @@ impl<A: EnvoyAdmin> Pusher<A> {
 
             if routes_pending {
                 let rejections_before = self.rejections(Confirmed::Routes).await?;
-                if let Some((path, new)) = rds.as_ref().filter(|_| !rds_current) {
-                    self.write(path, new)?;
+                if let Some((path, _)) = rds.as_ref().filter(|_| !rds_current) {
+                    self.write_routes(path, &resources.rds)?;
                     steps.push(Step::WroteRds(routes_version.clone()));
                 }
                 self.confirm(Confirmed::Routes, &routes_version, rejections_before, &mut steps).await?;
@@ -482,26 +528,31 @@ impl<A: EnvoyAdmin> Pusher<A> {
         // A file this push found already right (written by an earlier process, or by
         // `sync_once` before Envoy started) is guarded from now on as if this one had written
         // it: else a file someone else wrote over it was never put back.
-        self.adopt_all(resources, rds.as_ref(), module.as_ref());
+        self.adopt_all(resources, rds.as_ref(), module.as_ref())?;
         Ok(PushOutcome::Pushed { added, removed, steps })
     }
 
-    /// [`Pusher::adopt`] for every file of `resources`.
+    /// [`Pusher::adopt`] for every file of `resources`; the routes under the overlay of this
+    /// moment, which may have moved since the push began.
     fn adopt_all(
         &self,
         resources: &Resources,
         rds: Option<&(&Path, Vec<u8>)>,
         module: Option<&(&Path, Vec<u8>)>,
-    ) {
+    ) -> Result<(), PushError> {
         let disk = self.overlaid(&resources.cds);
         for (path, file) in &disk.eds {
             self.adopt(path, &to_bytes(file));
         }
         self.adopt(&self.cds_path, &to_bytes(&disk.cds));
-        for (path, new) in rds.into_iter().chain(module) {
+        if let Some((path, _)) = rds {
+            self.write_routes(path, &resources.rds)?;
+        }
+        if let Some((path, new)) = module {
             self.adopt(path, new);
         }
         self.adopt(&self.ecds_path, &to_bytes(&resources.ecds));
+        Ok(())
     }
 
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<(), PushError> {
@@ -742,7 +793,8 @@ enum Confirmed {
 impl Confirmed {
     async fn live<A: EnvoyAdmin>(self, admin: &A) -> Result<Option<String>, AdminError> {
         match self {
-            Confirmed::Routes => admin.live_routes().await,
+            // The rendering's version: the overlay of the moment does not matter.
+            Confirmed::Routes => Ok(admin.live_routes().await?.map(|v| routes_base_version(&v).to_owned())),
             Confirmed::Table => Ok(admin.live_table().await?.map(|t| t.generation)),
         }
     }
@@ -1402,6 +1454,38 @@ mod tests {
             matches!(&steps[..], [Step::WroteCds(u), Step::Settled, Step::WroteRds(_), Step::Settled, Step::WroteEcds(_), Step::Settled, Step::WroteCds(f)] if u.len() == 8 && f.len() == 6),
             "{steps:?}"
         );
+    }
+
+    /// The bypass routes of c, the only server of resourceclaims, leave with c and come back
+    /// with it, without a push; a push while c is away writes the new routes without c's and
+    /// finds them live by the rendering's version, and one after c came back finds nothing to do.
+    #[tokio::test]
+    async fn an_apiservers_own_routes_follow_the_overlay() {
+        let (d, envoy, p) = after_first_table("routes-overlay").await;
+        let g1 = resources("g1", &["c"], &["a", "b"]);
+        let on_disk =
+            || -> Value { serde_json::from_slice(&std::fs::read(d.join("cds/rds.json")).unwrap()).unwrap() };
+        assert_eq!(on_disk(), g1.rds);
+        let c = Overlay::draining(BTreeSet::from(["c".to_string()]));
+        assert!(p.set_draining(&c).unwrap());
+        let without_c = rds_with_overlay(&g1.rds, &c);
+        assert_ne!(without_c, g1.rds, "c's routes are marked");
+        assert_eq!(on_disk(), without_c);
+        envoy.load_now();
+
+        let g2 = resources("g2", &["c"], &["a"]);
+        let steps = pushed(&p, &g2).await;
+        let version = rds_version(&g2.rds).unwrap().to_owned();
+        assert!(steps.contains(&Step::RoutesLive(version.clone())), "{steps:?}");
+        assert_eq!(on_disk(), rds_with_overlay(&g2.rds, &c));
+        assert_eq!(rds_version(&on_disk()), Some(format!("{version}+c").as_str()));
+
+        // b stopping, c back: c's routes as rendered again (b serves nothing alone).
+        let b = Overlay { stopping: BTreeSet::from(["b".to_string()]), ..Overlay::default() };
+        assert!(p.set_draining(&b).unwrap());
+        assert_eq!(on_disk(), g2.rds);
+        envoy.load_now();
+        assert!(matches!(p.push(&g2).await.unwrap(), PushOutcome::Unchanged));
     }
 
     /// `cds.json` with the endpoints of its EDS files inline again.
