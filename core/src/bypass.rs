@@ -105,7 +105,7 @@ impl Plan {
 
     /// The one target that takes requests from clients without any credential, and the health
     /// and version endpoints ([`HEALTH`]) from them: the pool's first. Each route costs every
-    /// request that meets the filter (it passes them all, twice); those clients' other requests
+    /// request that meets the filter (it passes them all first); those clients' other requests
     /// meet the filter.
     pub fn anonymous(&self) -> Option<&Target> {
         self.pool()

@@ -739,8 +739,11 @@ async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
     // Routes Envoy cannot take are counted as rejected; the ones it runs stay.
     let before = admin.rds_rejections().await?;
     let mut broken = rds.clone();
-    let matches = &mut broken["resources"][0]["virtual_hosts"][0]["routes"][0]["match"]["headers"];
-    let path = matches.as_array_mut().and_then(|h| h.iter_mut().find(|h| h["name"] == ":path"));
+    let routes = broken["resources"][0]["virtual_hosts"][0]["routes"].as_array_mut().context("routes")?;
+    let token =
+        routes.iter_mut().find(|r| r["name"] == resources::BYPASS_TOKEN_ROUTE).context("bypass-token")?;
+    let path =
+        token["match"]["headers"].as_array_mut().and_then(|h| h.iter_mut().find(|h| h["name"] == ":path"));
     path.context("the bypass route matches no :path")?["string_match"]["safe_regex"]["regex"] =
         json!("(unclosed");
     broken["version_info"] = json!("broken");

@@ -43,6 +43,8 @@ pub const BYPASS_CERTIFICATE_WATCH_ROUTE: &str = "bypass-certificate-watch";
 pub const BYPASS_ANONYMOUS_ROUTE: &str = "bypass-anonymous";
 pub const BYPASS_ANONYMOUS_WATCH_ROUTE: &str = "bypass-anonymous-watch";
 pub const BYPASS_ANONYMOUS_HEALTH_ROUTE: &str = "bypass-anonymous-health";
+/// The last route: a request on its way to the filter, which names its cluster.
+pub const UNROUTED: &str = "unrouted";
 /// The statistics of a serving set's bypass routes: `vhost.apiservers.route.` this, then the
 /// set's cluster with `_` for any dot (`rerouted_skewgate-set-cp-3`: Envoy's Prometheus output
 /// tags a route's statistics with `envoy_route` up to the first dot).
@@ -350,16 +352,26 @@ fn routes_version(config: &Value) -> String {
 }
 
 /// The one virtual host in front of the apiservers. `timeout` (an Envoy duration, e.g. `65s`)
-/// is every route's but the long-running one's. With `table`, the bypass routes of
-/// [`bypass::plan`] ahead of the others: a request they take never enters the skewgate filter.
+/// is every route's but the long-running one's.
+///
+/// Envoy picks a request's route before any filter runs (whether the filter runs at all is the
+/// route's to say), and again once the filter has named the request's cluster in its header.
+/// The routes of a request the filter has routed come first, each with that header: on its
+/// second pass such a request stops at one of them without trying the bypass routes again, and
+/// on its first pass any request leaves them at their first check. Then, with `table`, the
+/// bypass routes of [`bypass::plan`]: a request they take never enters the skewgate filter.
+/// Last, what none of them takes: it meets the filter. (Every route a request tries costs it
+/// about a thousand instructions: a discovery request that met the bypass routes twice cost
+/// 420.2k instructions, 401.6k with the filter's routes first; a uniform read, which a bypass
+/// route takes, 189.1k before, 190.3k after; callgrind, BENCHMARKS.md.)
 pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value {
-    let mut routes = table.map(|t| bypass_routes(t, timeout)).unwrap_or_default();
-    routes.extend([
+    let routed = present(CLUSTER_HEADER, true);
+    let mut routes = vec![
         // Watches, exec, attach, port-forward, logs, proxy: the filter marks them the way
         // kube-apiserver's long-running check does. They outlive any request timeout.
         json!({
             "name": LONG_RUNNING,
-            "match": {"prefix": "/", "headers": [exact(ROUTE_HEADER, LONG_RUNNING)]},
+            "match": {"prefix": "/", "headers": [routed, exact(ROUTE_HEADER, LONG_RUNNING)]},
             "route": {"cluster_header": CLUSTER_HEADER, "timeout": "0s", "idle_timeout": "3600s"}
         }),
         // Reads may also be retried when the connection drops before any answer (an apiserver
@@ -367,20 +379,28 @@ pub fn route_configuration(table: Option<&RoutingTable>, timeout: &str) -> Value
         // place otherwise turned such GETs into 503s.
         json!({
             "name": "read",
-            "match": {"prefix": "/", "headers": [exact(":method", "GET")]},
+            "match": {"prefix": "/", "headers": [routed, exact(":method", "GET")]},
             "route": read_route(json!({"cluster_header": CLUSTER_HEADER}), timeout)
         }),
         json!({
             "name": "read-head",
-            "match": {"prefix": "/", "headers": [exact(":method", "HEAD")]},
+            "match": {"prefix": "/", "headers": [routed, exact(":method", "HEAD")]},
             "route": read_route(json!({"cluster_header": CLUSTER_HEADER}), timeout)
         }),
         json!({
             "name": "default",
-            "match": {"prefix": "/"},
+            "match": {"prefix": "/", "headers": [routed]},
             "route": request_timeout(json!({"cluster_header": CLUSTER_HEADER}), timeout)
         }),
-    ]);
+    ];
+    routes.extend(table.map(|t| bypass_routes(t, timeout)).unwrap_or_default());
+    // A request no route above takes, on its first pass: the filter runs and names its cluster
+    // (or answers it). Should it name none, the same as the default route: Envoy's 503.
+    routes.push(json!({
+        "name": UNROUTED,
+        "match": {"prefix": "/"},
+        "route": request_timeout(json!({"cluster_header": CLUSTER_HEADER}), timeout)
+    }));
     json!({
         "name": ROUTE_CONFIG_NAME,
         // The bypass routes name the pool itself, a cluster that arrives by CDS (Envoy's
@@ -531,12 +551,12 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
         })
         .collect();
     let route = |name: String, target: &bypass::Target, watch: bool, client: Client, regex: &str| {
-        // Envoy picks the route again once the filter has set its cluster header: a request the
-        // filter took (whose identity it forwards itself) must not then match a bypass route,
-        // which would add that identity a second time.
+        // No request with the filter's cluster header gets here (the filter's routes, before
+        // these, take every one): a request the filter took, whose identity it forwards itself,
+        // never meets a bypass route, which would add that identity a second time.
         // Envoy checks them in this order and stops at the first miss: the regex, the one that
-        // costs, goes last (a request the filter took fails the first check when re-routed).
-        let mut headers = vec![present(CLUSTER_HEADER, false)];
+        // costs, goes last.
+        let mut headers = Vec::new();
         headers.extend_from_slice(match client {
             Client::Token => &token[..],
             Client::Certificate => &certificate[..],
@@ -603,9 +623,9 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     // `bypass-token-2`, ... for the pool's named resources, `bypass-token/skewgate-set-cp-3`,
     // ... for a serving set's rerouted GVRs, in the plan's order: any group/version's first,
     // where most requests stop, then the targets naming the most resources. One set of routes per
-    // set, not per GVR: every request the filter routes passes each route twice (before and
-    // after the filter names its cluster), and 152 routes of 38 rerouted GVRs made each such
-    // request 12 µs dearer (make bench).
+    // set, not per GVR: every request the filter routes passes each route before the filter
+    // names its cluster, and 152 routes of 38 rerouted GVRs made each such request 12 µs dearer
+    // (make bench, when it passed them twice).
     let mut all = Vec::new();
     let mut count: BTreeMap<(&str, &str), usize> = BTreeMap::new();
     for target in &plan.targets {
@@ -630,8 +650,8 @@ fn bypass_routes(table: &RoutingTable, timeout: &str) -> Vec<Value> {
     }
     // Clients without credentials (probes, load balancers' checks), after the others: the
     // pool's routes of any resource, then the health and version endpoints. Every route costs a
-    // request that meets the filter ~700 instructions (it passes them twice): the rest of an
-    // anonymous client's requests meet the filter.
+    // request that meets the filter (it passes them all first): the rest of an anonymous
+    // client's requests meet the filter.
     if let Some(pool) = plan.anonymous() {
         for (kind, watch) in [(BYPASS_ANONYMOUS_ROUTE, false), (BYPASS_ANONYMOUS_WATCH_ROUTE, true)] {
             let regexes = if watch { &pool.watch_regexes } else { &pool.path_regexes };
@@ -1076,6 +1096,18 @@ pub(crate) mod tests {
         headers
     }
 
+    /// The bypass routes of `rds`: after the filter's, before the last.
+    fn bypass_of(rds: &Value) -> &[Value] {
+        let routes = rds["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        assert_eq!(route_names(rds)[..SHIPPED.len()], SHIPPED);
+        assert_eq!(routes.last().unwrap()["name"], UNROUTED);
+        &routes[SHIPPED.len()..routes.len() - 1]
+    }
+
+    fn bypass_names(rds: &Value) -> Vec<&str> {
+        bypass_of(rds).iter().map(|r| r["name"].as_str().unwrap()).collect()
+    }
+
     /// The routes but the serving sets' (named `<kind>/<set cluster>`).
     fn without_rerouted<'a>(names: &[&'a str]) -> Vec<&'a str> {
         names.iter().copied().filter(|n| !n.contains('/')).collect()
@@ -1084,7 +1116,7 @@ pub(crate) mod tests {
     #[test]
     fn without_a_table_only_the_shipped_routes() {
         let none = rds(None, "65s");
-        assert_eq!(route_names(&none), SHIPPED);
+        assert_eq!(route_names(&none), [&SHIPPED[..], &[UNROUTED]].concat());
         let config = &none["resources"][0];
         assert_eq!(config["@type"], ROUTE_CONFIG_TYPE);
         assert_eq!(config["name"], ROUTE_CONFIG_NAME);
@@ -1113,6 +1145,14 @@ pub(crate) mod tests {
             routes[3]["route"],
             json!({"cluster_header": "x-skewgate-cluster", "timeout": "0s", "idle_timeout": "65s"})
         );
+        // The filter's routes take only what it routed; the last one anything else, on its way
+        // to the filter, and should the filter name no cluster, goes as the default one.
+        let routed = json!({"name": "x-skewgate-cluster", "present_match": true}).to_string();
+        for route in &routes[..4] {
+            assert_eq!(header_matches(route)[0], routed, "{}", route["name"]);
+        }
+        assert_eq!(routes[4]["match"], json!({"prefix": "/"}));
+        assert_eq!(routes[4]["route"], routes[3]["route"]);
         // A table whose every group/version is served by some apiservers only: no resource goes
         // to the pool, which has no bypass routes (what the table does not know goes through
         // the filter).
@@ -1127,10 +1167,8 @@ pub(crate) mod tests {
         let plan = bypass::plan(&rerouted).unwrap();
         assert!(plan.targets[1..].iter().all(|t| t.rerouted), "no named pool resources");
         assert_eq!(plan.pool().unwrap().path_regexes, Vec::<String>::new());
-        let names =
-            route_names(&rds(Some(&rerouted), "65s")).into_iter().map(str::to_owned).collect::<Vec<_>>();
-        let (bypass, shipped) = names.split_at(names.len() - SHIPPED.len());
-        assert_eq!(shipped, SHIPPED);
+        let rendered = rds(Some(&rerouted), "65s");
+        let bypass = bypass_names(&rendered);
         assert!(!bypass.is_empty());
         let (sets, health) = bypass.split_at(bypass.len() - 1);
         assert_eq!(health, [BYPASS_ANONYMOUS_HEALTH_ROUTE], "any apiserver answers the health endpoints");
@@ -1153,34 +1191,24 @@ pub(crate) mod tests {
         let named_pool: Vec<&str> = named_pool.iter().map(String::as_str).collect();
         assert_eq!(
             without_rerouted(&route_names(&v)),
-            [&bypass[..], &named_pool, &ANONYMOUS, &SHIPPED].concat()
+            [&SHIPPED[..], &bypass, &named_pool, &ANONYMOUS, &[UNROUTED]].concat()
         );
-        let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let routes = bypass_of(&v);
         let pool = plan.pool().unwrap();
         let path = json!({"name": ":path", "string_match": {"safe_regex": {"regex": pool.path_regexes[0]}}});
         let get = json!({"name": ":method", "string_match": {"exact": "GET"}});
-        let unrouted = json!({"name": "x-skewgate-cluster", "present_match": true, "invert_match": true});
         let (token, certificate) = (&routes[0], &routes[2]);
-        let read = routes.iter().find(|r| r["name"] == "read").unwrap();
+        let all = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let read = all.iter().find(|r| r["name"] == "read").unwrap();
         assert_eq!(
             header_matches(token),
-            [
-                unrouted.clone(),
-                json!({"name": "authorization", "present_match": true}),
-                get.clone(),
-                path.clone(),
-            ]
-            .map(|h| h.to_string())
+            [json!({"name": "authorization", "present_match": true}), get.clone(), path.clone(),]
+                .map(|h| h.to_string())
         );
         assert_eq!(
             header_matches(certificate),
-            [
-                unrouted,
-                json!({"name": "authorization", "present_match": true, "invert_match": true}),
-                get,
-                path
-            ]
-            .map(|h| h.to_string())
+            [json!({"name": "authorization", "present_match": true, "invert_match": true}), get, path]
+                .map(|h| h.to_string())
         );
         // Neither takes a request the other would: a certificate on the connection keeps a
         // token client's requests off the token route (kube-apiserver would read the
@@ -1320,7 +1348,7 @@ pub(crate) mod tests {
         let slices = plan.path_regexes.len();
         assert!(slices > 1, "{slices}");
         let v = rds(Some(&t), "65s");
-        let routes = v["resources"][0]["virtual_hosts"][0]["routes"].as_array().unwrap();
+        let routes = bypass_of(&v);
         let kinds = [
             (BYPASS_TOKEN_ROUTE, &plan.path_regexes),
             (BYPASS_TOKEN_WATCH_ROUTE, &plan.watch_regexes),
@@ -1365,11 +1393,8 @@ pub(crate) mod tests {
             let headers = header_matches(route);
             assert_eq!(headers[headers.len() - except.len()..], except[..], "{}", route["name"]);
         }
-        assert_eq!(without_rerouted(&route_names(&v)[..start]), KINDS);
-        assert_eq!(
-            without_rerouted(&route_names(&v)[start + expected.len()..]),
-            [&ANONYMOUS[..], &SHIPPED].concat()
-        );
+        assert_eq!(without_rerouted(&bypass_names(&v)[..start]), KINDS);
+        assert_eq!(without_rerouted(&bypass_names(&v)[start + expected.len()..]), ANONYMOUS);
     }
 
     /// A client without any credential, on a connection without a certificate, goes to the
@@ -1384,14 +1409,14 @@ pub(crate) mod tests {
         let (token, anonymous) = (named(BYPASS_TOKEN_ROUTE), named(BYPASS_ANONYMOUS_ROUTE));
         let headers = header_matches(anonymous);
         assert_eq!(
-            headers[1],
+            headers[0],
             json!({"name": "authorization", "present_match": true, "invert_match": true}).to_string()
         );
         assert_eq!(
-            headers[2],
+            headers[1],
             json!({"name": "sec-websocket-protocol", "string_match": {"contains": "base64url.bearer.authorization.k8s.io."}, "invert_match": true, "treat_missing_header_as_empty": true}).to_string()
         );
-        assert_eq!(header_matches(token)[2..], headers[3..], "the same paths");
+        assert_eq!(header_matches(token)[1..], headers[2..], "the same paths");
         assert_eq!(anonymous["match"]["tls_context"], json!({"presented": false}));
         assert_eq!(
             (&token["route"]["cluster"], &anonymous["route"]["cluster"]),
@@ -1445,15 +1470,14 @@ pub(crate) mod tests {
         let named = kinds.map(|kind| format!("{kind}-2"));
         assert_eq!(
             without_rerouted(&route_names(&no_certificates)),
-            [&kinds[..], &named.each_ref().map(String::as_str), &ANONYMOUS, &SHIPPED].concat()
+            [&SHIPPED[..], &kinds, &named.each_ref().map(String::as_str), &ANONYMOUS, &[UNROUTED]].concat()
         );
         assert!(!no_certificates.to_string().contains("bypass-certificate"));
         let no_credential_id = rds(Some(&policy(json!({"x509CredentialId": false}))), "65s");
-        let added =
-            &no_credential_id["resources"][0]["virtual_hosts"][0]["routes"][2]["request_headers_to_add"];
+        let added = &bypass_of(&no_credential_id)[2]["request_headers_to_add"];
         assert!(!added.to_string().contains("credential"), "{added}");
-        let with_it = &rds(Some(&policy(json!({}))), "65s")["resources"][0]["virtual_hosts"][0]["routes"][2];
-        assert!(with_it["request_headers_to_add"].to_string().contains("credential"));
+        let with_it = rds(Some(&policy(json!({}))), "65s");
+        assert!(bypass_of(&with_it)[2]["request_headers_to_add"].to_string().contains("credential"));
     }
 
     /// Every read route (the filter's and the bypass routes') gives each try a third of the route
