@@ -206,10 +206,19 @@ async fn main() -> Result<()> {
                 let c = match config {
                     "plain" => Config::PlainLb { pool_cluster: table.pool_cluster.clone() },
                     "skewgate" | "filter-only" | "shipped" => Config::Skewgate,
-                    "module" | "module-only" => Config::Native {
+                    "module" => Config::Native {
                         module_ecds: skewgate_harness::native::module_ecds(&sealed_json(&table)?),
-                        wasm: config == "module",
+                        wasm: true,
                     },
+                    // Alone, the module has no filter to leave the hold's requests to (those for
+                    // an API of one apiserver): its table without the hold, so that it routes
+                    // every request itself.
+                    "module-only" => {
+                        let mut alone = table.clone();
+                        alone.policy.hold.max_wait = std::time::Duration::ZERO;
+                        let module_ecds = skewgate_harness::native::module_ecds(&sealed_json(&alone)?);
+                        Config::Native { module_ecds, wasm: false }
+                    }
                     _ => Config::NativeRoutes {
                         pool_cluster: table.pool_cluster.clone(),
                         routes: bench::native_routes(&table),
