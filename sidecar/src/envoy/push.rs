@@ -26,9 +26,10 @@
 //! filter, which holds them while it is away. The overlay changes on its own
 //! ([`Pusher::set_draining`]), also while a push is under way: every `cds.json` and `rds.json`
 //! write holds one lock and applies the overlay of that moment, so that the two never undo each
-//! other; a push confirms its routes by the rendering's version, under whatever overlay. The clusters of apiservers' addresses take their endpoints from
-//! files of their own ([`skewgate_envoy::eds`]), written before `cds.json`: a change of the
-//! overlay alone rewrites only those, and Envoy rebuilds no cluster for it.
+//! other; a push confirms its routes by the rendering's version, under whatever overlay. The
+//! clusters of apiservers' addresses take their endpoints from files of their own
+//! ([`skewgate_envoy::eds`]), written before `cds.json`: a change of the overlay alone rewrites
+//! only those, and Envoy rebuilds no cluster for it.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
