@@ -214,10 +214,11 @@ async fn main() -> Result<()> {
                     // an API of one apiserver): its table without the hold, so that it routes
                     // every request itself.
                     "module-only" => {
-                        let mut alone = table.clone();
-                        alone.policy.hold.max_wait = std::time::Duration::ZERO;
-                        let module_ecds = skewgate_harness::native::module_ecds(&sealed_json(&alone)?);
-                        Config::Native { module_ecds, wasm: false }
+                        let alone = sealed_json(&without_hold(table.clone()))?;
+                        Config::Native {
+                            module_ecds: skewgate_harness::native::module_ecds(&alone),
+                            wasm: false,
+                        }
                     }
                     _ => Config::NativeRoutes {
                         pool_cluster: table.pool_cluster.clone(),
@@ -544,7 +545,8 @@ fn with_probes(table: &TableConfig, swapped: bool) -> TableConfig {
     t
 }
 
-/// `table` with the hold off ([`plain_reload`]).
+/// `table` with the hold off: what the module alone routes (it has no filter to leave the hold's
+/// requests to).
 fn without_hold(mut table: TableConfig) -> TableConfig {
     table.policy.hold.max_wait = Duration::ZERO;
     table
@@ -578,9 +580,9 @@ async fn reload(
 /// Plain Envoy's own reload of the same routes: the bootstrap the sidecar writes for, with its
 /// route file but no filter, swapping the probe tables by their `rds.json` alone, as the
 /// sidecar's push writes it (the clusters stay; the bypass routes carry the probes), timed as
-/// [`reload`] is: the floor a table reload is held against. The hold is off in those tables:
-/// with it on, the probes' sets of one apiserver have no bypass route (their requests wait in
-/// the filter while that apiserver restarts), and nothing else would route them here.
+/// [`reload`] is: the floor a table reload is held against. The probes' sets of one apiserver
+/// have their bypass routes as rendered (for while the apiserver is up: nothing takes them out
+/// here), which are all that routes them without the filter.
 async fn plain_reload(
     envoy: &Envoy,
     table: &TableConfig,
@@ -589,7 +591,7 @@ async fn plain_reload(
     wasm: &Path,
     script: &Path,
 ) -> Result<Reload> {
-    let tables = [false, true].map(|swapped| without_hold(with_probes(table, swapped)));
+    let tables = [false, true].map(|swapped| with_probes(table, swapped));
     let rds: Vec<String> = tables
         .iter()
         .map(|t| Ok(envoy.settings.rds_for(&sealed_ecds(t, wasm)?).to_string()))
