@@ -14,6 +14,10 @@
 //!   the pool, or a serving set's for the rerouted ones (reads only). Each target's regexes are
 //!   cut into slices that stay within RE2's fast matching ([`REGEX_BUDGET`]), Kubernetes' own
 //!   first;
+//! - a GET for a legacy discovery document the table composes nothing for (`/api`, `/api/v1`,
+//!   `/apis/<group>`, `/apis/<group>/<version>`: the apiservers answer alike, whatever the
+//!   request's `Accept`), in the regexes of the target of the cluster `decide` sends it to
+//!   ([`documents`]);
 //! - from a token client (an `authorization` header, no client certificate): nothing to forward;
 //! - from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
@@ -61,7 +65,8 @@ pub struct Target {
     /// filter does for a rerouted request.
     pub rerouted: bool,
     /// `:path` (path and query) of the requests the bypass takes, watches excepted: one regex per
-    /// slice of the target's group/versions that fits [`REGEX_BUDGET`], Kubernetes' own first.
+    /// slice of the target's group/versions that fits [`REGEX_BUDGET`], Kubernetes' own first,
+    /// with the legacy discovery documents that go to its cluster as they are.
     pub path_regexes: Vec<String>,
     /// `:path` of watches of those resources (kube-apiserver's long-running requests, which a
     /// route must not time out), slice by slice as `path_regexes`; none for a serving set.
@@ -140,6 +145,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
     // BENCHMARKS.md); a group/version the table does not know goes through the filter. Past
     // that, any group/version but the mixed ones, so that a large table's regexes, which Envoy
     // compiles again on each new rds.json, do not grow with its uniform group/versions.
+    let mut documents = documents(table, named);
     let (any, except) = match uniform.iter().map(|(_, gv)| gv.len() + 1).sum::<usize>() <= named {
         true => {
             let slices = slices(uniform.into_iter(), budget.saturating_sub(resource.len()));
@@ -157,7 +163,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
         anonymous_cluster: table.anonymous_cluster(Serving::All).to_owned(),
         servers: servers(table, table.pool_cluster()),
         rerouted: false,
-        path_regexes: any.iter().map(|a: &String| path_regex(a)).collect(),
+        path_regexes: path_regexes(&any, documents.remove(table.pool_cluster()), budget),
         watch_regexes: any.iter().map(|a| watch_regex(a)).collect(),
         except,
         while_up: None,
@@ -182,7 +188,7 @@ fn plan_within(table: &RoutingTable, budget: usize, named: usize) -> Option<Plan
             anonymous_cluster: table.anonymous_cluster(serving(table, cluster)).to_owned(),
             servers: servers(table, cluster),
             rerouted: *rerouted,
-            path_regexes: slices.iter().map(|s| path_regex(s)).collect(),
+            path_regexes: path_regexes(&slices, documents.remove(*cluster), budget),
             // A serving set's watches go through the filter: Envoy compiles every route's regex
             // again on each new rds.json, a set's regexes name all its GVRs, and a watch, one
             // request for minutes of events, costs next to nothing per event there.
@@ -220,11 +226,71 @@ fn serving(table: &RoutingTable, cluster: &str) -> Serving {
 /// The pool's routes take them ([`Plan::pool`]).
 pub const HEALTH: &str = "^/(?:healthz|livez|readyz|version)(?:/[-a-z0-9]+)*/?(?:\\?[^#%;]*)?$";
 
-/// The `:path` (path and query) regex of requests the bypass takes of `resources` (alternatives
-/// of [`resource_alternatives`]): a collection or one object by name, and a query without `w`
-/// (so never `watch`), `%`, `;` or `#`.
-fn path_regex(resources: &str) -> String {
-    format!("^(?:{resources})(?:/{NAME})?(?:\\?[^w#%;]*)?$")
+/// The `:path` (path and query) regexes of requests the bypass takes of a target: of each slice
+/// of its resources (alternatives of [`resource_alternatives`]) a collection or one object by
+/// name, and the legacy discovery documents among `documents` ([`documents`]); with a query
+/// without `w` (so never `watch`), `%`, `;` or `#`. The documents are sliced as the resources
+/// are, each slice beside the first slice of resources it fits with within `budget`, or alone.
+fn path_regexes(resources: &[String], documents: Option<Vec<(bool, String)>>, budget: usize) -> Vec<String> {
+    let documents = slices(documents.unwrap_or_default().into_iter(), budget);
+    let mut regexes: Vec<(Option<&str>, Option<&str>)> =
+        resources.iter().map(|r| (Some(r.as_str()), None)).collect();
+    for slice in &documents {
+        let fits = |(r, d): &&mut (Option<&str>, Option<&str>)| {
+            d.is_none() && r.map_or(0, str::len) + slice.len() <= budget
+        };
+        match regexes.iter_mut().find(fits) {
+            Some(regex) => regex.1 = Some(slice),
+            None => regexes.push((None, Some(slice))),
+        }
+    }
+    regexes
+        .into_iter()
+        .map(|(resources, documents)| {
+            let resources = resources.map(|r| format!("(?:{r})(?:/{NAME})?"));
+            let alternatives: Vec<String> =
+                resources.into_iter().chain(documents.map(str::to_owned)).collect();
+            format!("^(?:{})(?:\\?[^w#%;]*)?$", alternatives.join("|"))
+        })
+        .collect()
+}
+
+/// The legacy discovery documents that `decide` leaves to an apiserver as they are, by the
+/// cluster it sends each to: those the table composes no document for (the apiservers answer
+/// alike), so that whatever the `Accept` asks, an apiserver's answer is the answer. `/api` and
+/// `/api/<version>` go to the pool, `/apis/<group>` to the apiservers that list the group,
+/// `/apis/<group>/<version>` to those that serve it; `/apis` is the merged document, never one
+/// of them. Kubernetes' own groups' always; the others' while their paths take at most `named`
+/// bytes, as the uniform group/versions are named: past that a large table's regexes would grow
+/// with it, and those documents go through the filter.
+fn documents(table: &RoutingTable, named: usize) -> BTreeMap<&str, Vec<(bool, String)>> {
+    use crate::legacy_documents::LegacyPath;
+    let composed = |path: LegacyPath<'_>| table.legacy_discovery().get(path).is_some();
+    let mut paths: Vec<(Serving, bool, String)> = Vec::new();
+    if !composed(LegacyPath::Versions) {
+        paths.push((Serving::All, false, "/api".to_owned()));
+    }
+    let mut groups: Vec<_> = table.groups().collect();
+    groups.sort_by_key(|(g, _, _)| *g);
+    for (group, serving, mut versions) in groups {
+        versions.sort_by_key(|(v, _)| *v);
+        if !group.is_empty() && !composed(LegacyPath::Group(group)) {
+            paths.push((serving, !own(group), format!("/apis/{}", escape(group))));
+        }
+        for (version, serving) in versions {
+            if !composed(LegacyPath::GroupVersion(group, version)) {
+                // kube-apiserver's core group/versions: `decide` sends each to the pool.
+                let serving = if group.is_empty() { Serving::All } else { serving };
+                paths.push((serving, !own(group), group_version_prefix(group, version)));
+            }
+        }
+    }
+    let others: usize = paths.iter().filter(|(_, other, _)| *other).map(|(_, _, p)| p.len() + 1).sum();
+    let mut by_cluster: BTreeMap<&str, Vec<(bool, String)>> = BTreeMap::new();
+    for (serving, other, path) in paths.into_iter().filter(|(_, other, _)| !other || others <= named) {
+        by_cluster.entry(table.cluster(serving)).or_default().push((other, path));
+    }
+    by_cluster
 }
 
 /// The `:path` regex of watches the bypass takes of `resources`: a collection with exactly one
@@ -634,7 +700,12 @@ mod tests {
         let with_names = plan_within(&t, REGEX_BUDGET, usize::MAX).unwrap();
         let named_pool = &with_names.targets[0];
         assert!(named_pool.path_regexes.len() > 1 && named_pool.except.is_empty());
-        assert_eq!(named_pool.path_regexes.len(), named_pool.watch_regexes.len());
+        // With the legacy discovery documents of every group/version named too.
+        assert!(named_pool.path_regexes.len() > named_pool.watch_regexes.len());
+        // Too many CRD groups for their documents: Kubernetes' own alone, in the first regex.
+        assert!(compiled(&pool.path_regexes[..1]).iter().all(|r| r.is_match("/apis/coordination.k8s.io/v1")));
+        assert!(!any_match(&compiled(&pool.path_regexes), "/apis/u1.example.com/v1"));
+        assert!(any_match(&compiled(&named_pool.path_regexes), "/apis/u1.example.com/v1"));
         for regex in plan
             .targets
             .iter()
@@ -720,11 +791,12 @@ mod tests {
         /// headers the bypass strips too.
         #[test]
         fn bypassed_requests_go_where_decide_sends_them(
-            // Half collections of uniform and rerouted resources as they are (the routes then
-            // match often), half paths built from pieces of uniform and rerouted group/versions.
-            path in "(/healthz|/livez/poststarthook/start-informers|/readyz/etcd|/version/|/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods|/apis/resource\\.k8s\\.io/v1/resourceclaims|/apis/resource\\.k8s\\.io/v1/namespaces/default/resourceclaims|/apis/resource\\.k8s\\.io/v1alpha3/deviceclasses|/apis/resource\\.k8s\\.io/v1alpha3/devicetaintrules|/apis/x\\.io/v2/namespaces/default/widgets|/apis/lifecycle\\.k8s\\.io/v1alpha1/evictions){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/api/v2|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/resource\\.k8s\\.io/v1alpha3|/apis/resource\\.k8s\\.io/v1alpha|/apis/lifecycle\\.k8s\\.io/v1alpha1|/apis/x\\.io/v2|/apis/apps/v1|/apis|/api|)(/(namespaces|default|watch|proxy|pods|resourceclaims|deviceclasses|devicetaintrules|widgets|log|status|finalize|web-1|a\\.b|%2F|\\.\\.|v1|)){0,4}",
+            // Half collections of uniform and rerouted resources and discovery documents as they
+            // are (the routes then match often), half paths built from pieces of uniform and
+            // rerouted group/versions.
+            path in "(/healthz|/livez/poststarthook/start-informers|/readyz/etcd|/version/|/api|/api/v1|/apis/resource\\.k8s\\.io|/apis/resource\\.k8s\\.io/v1|/apis/resource\\.k8s\\.io/v1alpha3|/apis/lifecycle\\.k8s\\.io|/apis/lifecycle\\.k8s\\.io/v1alpha1|/apis/apps|/apis/apps/v1|/api/v1/namespaces/default/pods|/api/v1/configmaps|/api/v1/namespaces/a\\.b/configmaps|/api/v1/pods|/apis/resource\\.k8s\\.io/v1/resourceclaims|/apis/resource\\.k8s\\.io/v1/namespaces/default/resourceclaims|/apis/resource\\.k8s\\.io/v1alpha3/deviceclasses|/apis/resource\\.k8s\\.io/v1alpha3/devicetaintrules|/apis/x\\.io/v2/namespaces/default/widgets|/apis/lifecycle\\.k8s\\.io/v1alpha1/evictions){1}|(/api/v1/namespaces/default/pods|/api/v1/nodes|/api/v1|/api/v2|/apis/resource\\.k8s\\.io/v1beta1|/apis/resource\\.k8s\\.io/v1|/apis/resource\\.k8s\\.io/v1alpha3|/apis/resource\\.k8s\\.io/v1alpha|/apis/lifecycle\\.k8s\\.io/v1alpha1|/apis/x\\.io/v2|/apis/apps/v1|/apis|/api|)(/(namespaces|default|watch|proxy|pods|resourceclaims|deviceclasses|devicetaintrules|widgets|log|status|finalize|web-1|a\\.b|%2F|\\.\\.|v1|)){0,4}",
             query in proptest::option::of(proptest::collection::vec(
-                "(watch=(true|1|false|True|t|0|)|watch|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|sendInitialEvents=(true|false|)|resourceVersionMatch=NotOlderThan|;|[a-zW=;+]{0,6})",
+                "(watch=(true|1|false|True|t|0|)|watch|pretty(=true)?|allowWatchBookmarks=true|limit=500|resourceVersion=1|labelSelector=app%3Dweb|fieldSelector=metadata\\.name=x|sendInitialEvents=(true|false|)|resourceVersionMatch=NotOlderThan|;|[a-zW=;+]{0,6})",
                 0..4,
             ).prop_map(|params| params.join("&"))),
             // A certificate subject as Envoy renders it (RFC 2253), or a token client.
@@ -738,6 +810,20 @@ mod tests {
             anonymous in any::<bool>(),
             // The table has anonymous twins of its clusters.
             twins in any::<bool>(),
+            // What a discovery client asks for: a legacy document, an aggregated one, in any
+            // encoding, or nothing said.
+            accept in proptest::option::of(prop_oneof![
+                Just("application/json"),
+                Just("application/json, */*"),
+                Just("application/vnd.kubernetes.protobuf,application/json"),
+                Just("application/yaml"),
+                Just("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json"),
+                Just("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList;profile=nopeer"),
+                Just("*/*"),
+            ]),
+            // The table composes legacy documents for some paths (the apiservers answer them
+            // differently): those always meet the filter.
+            composed in any::<bool>(),
         ) {
             // Half the time only c has WatchList: a streaming list must then not be bypassed.
             let mut v = sample();
@@ -748,6 +834,10 @@ mod tests {
             }
             if twins {
                 v["anonymousClusterPrefix"] = json!("anon-");
+            }
+            if composed {
+                let paths = ["/api", "/api/v1", "/apis/resource.k8s.io", "/apis/resource.k8s.io/v1alpha3", "/apis/lifecycle.k8s.io/v1alpha1"];
+                v["legacyDiscovery"] = paths.iter().map(|p| json!({"path": p, "inputs": ["a", "c"], "document": "{}"})).collect();
             }
             let t = RoutingTable::from_json(v.to_string().as_bytes()).unwrap();
             let plan = plan_within(&t, budget, named).unwrap();
@@ -799,7 +889,7 @@ mod tests {
             let h = RequestHead {
                 method: "GET",
                 target: &target,
-                accept: None,
+                accept,
                 if_none_match: None,
                 client_subject: subject.as_deref(),
                 client_certificate: None,

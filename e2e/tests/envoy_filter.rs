@@ -706,9 +706,20 @@ async fn reads_by_token_clients_skip_the_filter() -> Result<()> {
 
     // A watch spelled the way only Go reads it, a %2F in a name, a subresource, a watch of a
     // rerouted GVR (sets have no watch routes): the filter decides. A plain watch of pods takes
-    // the bypass's watch route.
+    // the bypass's watch route. Legacy discovery documents the table composes nothing for go
+    // where `decide` sends them without the filter: the core group's to the pool, a
+    // group/version's to its serving set. A group's goes to those that list it, here a, b and c,
+    // whose set has no resource of its own, so no route: it meets the filter, as the merged
+    // `/apis` does.
     let through_filter = [
         (format!("{CLAIMS_V1}/claim-0"), format!("{}/{set}", resources::BYPASS_TOKEN_ROUTE)),
+        ("/api/v1".to_owned(), resources::BYPASS_TOKEN_ROUTE.to_owned()),
+        (
+            "/apis/resource.k8s.io/v1?timeout=32s".to_owned(),
+            format!("{}/{set}", resources::BYPASS_TOKEN_ROUTE),
+        ),
+        ("/apis/resource.k8s.io".to_owned(), "read".to_owned()),
+        ("/apis".to_owned(), "read".to_owned()),
         (format!("{PODS}?watch=1"), resources::BYPASS_TOKEN_WATCH_ROUTE.to_owned()),
         (format!("{CLAIMS_V1}?watch=1"), "long-running".to_owned()),
         (format!("{CLAIMS_V1}?watch=1&watch=1"), "long-running".to_owned()),

@@ -1154,8 +1154,9 @@ pub(crate) mod tests {
         assert_eq!(routes[4]["match"], json!({"prefix": "/"}));
         assert_eq!(routes[4]["route"], routes[3]["route"]);
         // A table whose every group/version is served by some apiservers only: no resource goes
-        // to the pool, which has no bypass routes (what the table does not know goes through
-        // the filter).
+        // to the pool (what the table does not know goes through the filter), and of the
+        // discovery documents only the core group's, which `decide` sends to the pool whoever
+        // serves it: the pool's routes take those alone, no watch.
         let rerouted = routing_table(|t| {
             for gv in t["groupVersions"].as_array_mut().unwrap() {
                 gv["servedBy"] = json!(["a", "b"]);
@@ -1166,12 +1167,15 @@ pub(crate) mod tests {
         });
         let plan = bypass::plan(&rerouted).unwrap();
         assert!(plan.targets[1..].iter().all(|t| t.rerouted), "no named pool resources");
-        assert_eq!(plan.pool().unwrap().path_regexes, Vec::<String>::new());
+        let pool = plan.pool().unwrap();
+        assert_eq!(pool.path_regexes, ["^(?:/api|/api/v1)(?:\\?[^w#%;]*)?$"]);
+        assert_eq!(pool.watch_regexes, Vec::<String>::new());
         let rendered = rds(Some(&rerouted), "65s");
         let bypass = bypass_names(&rendered);
-        assert!(!bypass.is_empty());
-        let (sets, health) = bypass.split_at(bypass.len() - 1);
-        assert_eq!(health, [BYPASS_ANONYMOUS_HEALTH_ROUTE], "any apiserver answers the health endpoints");
+        let pools = [BYPASS_TOKEN_ROUTE, BYPASS_CERTIFICATE_ROUTE];
+        assert_eq!(bypass[..2], pools, "the core group's documents");
+        let (sets, anonymous) = bypass[2..].split_at(bypass.len() - 4);
+        assert_eq!(anonymous, [BYPASS_ANONYMOUS_ROUTE, BYPASS_ANONYMOUS_HEALTH_ROUTE]);
         assert!(
             !sets.is_empty() && sets.iter().all(|n| n.starts_with("bypass-") && n.contains('/')),
             "the serving sets' {sets:?}"
@@ -1433,9 +1437,10 @@ pub(crate) mod tests {
         assert!(header_matches(health).last().unwrap().contains("healthz|livez|readyz|version"));
     }
 
-    /// Without a uniform group/version the pool's first target has no route, and the pool's
-    /// named resources keep their names from `-2` on: `bypass-token` only ever names the route
-    /// of the uniform group/versions, in the access log and the docs.
+    /// Without a uniform group/version the pool's first target takes discovery documents alone,
+    /// and the pool's named resources keep their names from `-2` on: `bypass-token` only ever
+    /// names the route of the uniform group/versions and the documents, in the access log and
+    /// the docs.
     #[test]
     fn the_pool_named_routes_keep_their_names_without_uniform_group_versions() {
         let t = routing_table(|t| {
@@ -1449,17 +1454,21 @@ pub(crate) mod tests {
                 }
             }
         });
-        assert_eq!(bypass::plan(&t).unwrap().pool().unwrap().path_regexes, Vec::<String>::new());
+        let plan = bypass::plan(&t).unwrap();
+        let first = plan.pool().unwrap();
+        assert_eq!(first.watch_regexes, Vec::<String>::new());
+        // Documents only: no resource (each of those is `<group/version>/(?:namespaces/...)`).
+        assert_eq!(first.path_regexes.len(), 1);
+        assert!(first.path_regexes[0].contains("|/api/v1|") && !first.path_regexes[0].contains("namespaces"));
         let names = route_names(&rds(Some(&t), "65s")).into_iter().map(str::to_owned).collect::<Vec<_>>();
         let pool: Vec<&str> = names
             .iter()
             .map(String::as_str)
             .filter(|n| n.starts_with("bypass-") && !n.contains('/') && !n.starts_with("bypass-anonymous"))
             .collect();
-        assert_eq!(
-            pool,
-            KINDS.map(|kind| format!("{kind}-2")).iter().map(String::as_str).collect::<Vec<_>>()
-        );
+        let named = KINDS.map(|kind| format!("{kind}-2"));
+        let named: Vec<&str> = named.iter().map(String::as_str).collect();
+        assert_eq!(pool, [&[BYPASS_TOKEN_ROUTE, BYPASS_CERTIFICATE_ROUTE], &named[..]].concat());
     }
 
     #[test]
