@@ -22,11 +22,11 @@
 //! - from a certificate client whose connection the filter has already mapped: its first
 //!   request went through the filter, which left the identity on the connection as filter state
 //!   ([`ConnectionIdentity`]), and the route forwards it from there byte for byte;
-//! - or, for the pool's first target alone ([`Plan::anonymous`]), from a client without any
-//!   credential (no `authorization`, no bearer WebSocket protocol, no client certificate), and
-//!   `/healthz`, `/livez`, `/readyz`, `/version` and their checks from it: to the anonymous twin,
-//!   as `decide` sends them, where each apiserver answers as it would a direct request (load
-//!   balancers' and probes' checks).
+//! - or from a client without any credential (no `authorization`, no bearer WebSocket protocol,
+//!   no client certificate), and, for the pool's first target alone ([`Plan::pool`]),
+//!   `/healthz`, `/livez`, `/readyz`, `/version` and their checks from it: to the target's
+//!   anonymous twin, as `decide` sends them, where each apiserver answers as it would a direct
+//!   request (load balancers' and probes' checks, unauthenticated discovery).
 //!
 //! The property tests below show that whatever a target's regexes take, [`crate::decision::decide`]
 //! would have sent to that target's cluster, with the same identity and no header change the
@@ -106,14 +106,6 @@ impl Plan {
     /// The target of the group/versions whose resources all go to the pool (always the first).
     pub fn pool(&self) -> Option<&Target> {
         self.targets.first().filter(|t| !t.rerouted)
-    }
-
-    /// The one target that takes requests from clients without any credential, and the health
-    /// and version endpoints ([`HEALTH`]) from them: the pool's first. Each route costs every
-    /// request that meets the filter (it passes them all first); those clients' other requests
-    /// meet the filter.
-    pub fn anonymous(&self) -> Option<&Target> {
-        self.pool()
     }
 }
 
@@ -851,13 +843,9 @@ mod tests {
                 prop_assert_eq!((&sliced.cluster, sliced.rerouted), (&one.cluster, one.rerouted));
                 let except = any_match(&compiled(&sliced.except), &target);
                 let plain = !except && any_match(&compiled(&sliced.path_regexes), &target);
-                // Requests without credentials: the pool's first target alone, which takes the
-                // health and version endpoints from them too.
-                let anonymous_here = anonymous && subject.is_none() && i == 0;
-                if anonymous && subject.is_none() && i != 0 {
-                    continue;
-                }
-                let health = anonymous_here && !except && any_match(&compiled(&[HEALTH.to_owned()]), &target);
+                // Requests without credentials: every target's, and the health and version
+                // endpoints on the pool's first.
+                let health = anonymous && subject.is_none() && i == 0 && !except && any_match(&compiled(&[HEALTH.to_owned()]), &target);
                 let watched = !except && any_match(&compiled(&sliced.watch_regexes), &target);
                 // Slicing takes what one regex over the target's group/versions would, no more.
                 prop_assert!(one.path_regexes.len() == 1 && one.except.len() <= 1);
