@@ -141,12 +141,17 @@ pub fn without_filter(bootstrap: &str, pool: &str) -> Result<String> {
     Ok(routed.replacen(ROUTE_CONFIG, &format!("{ROUTE_CONFIG}            validate_clusters: false\n"), 1))
 }
 
-/// `bootstrap` (the rendering of bootstrap.yaml) without the skewgate filter, its routes still
-/// read from `rds.json`: plain Envoy on the sidecar's files, for its own reload time.
+/// `bootstrap` (the rendering of bootstrap.yaml) without the skewgate filter and the certificate
+/// header filter before it (which only the filter reads), its routes still read from `rds.json`:
+/// plain Envoy on the sidecar's files, for its own reload time.
 pub fn without_filter_keeping_routes(bootstrap: &str) -> Result<String> {
+    let certificate = format!("          - name: {}\n", skewgate_envoy::CERTIFICATE_FILTER_NAME);
     const FILTER: &str = "          - name: skewgate\n";
     const ROUTER: &str = "          - name: envoy.filters.http.router";
-    let at = bootstrap.find(FILTER).context("bootstrap.yaml has no skewgate filter")?;
+    let at = bootstrap
+        .find(&certificate)
+        .or_else(|| bootstrap.find(FILTER))
+        .context("bootstrap.yaml has no skewgate filter")?;
     let end = at + bootstrap[at..].find(ROUTER).context("bootstrap.yaml has no router after the filter")?;
     Ok(format!("{}{}", &bootstrap[..at], &bootstrap[end..]))
 }

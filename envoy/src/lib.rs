@@ -26,9 +26,9 @@ pub use render::{RenderError, Resources, render};
 pub use resources::{
     BYPASS_ANONYMOUS_HEALTH_ROUTE, BYPASS_ANONYMOUS_ROUTE, BYPASS_ANONYMOUS_WATCH_ROUTE,
     BYPASS_CERTIFICATE_ROUTE, BYPASS_CERTIFICATE_WATCH_ROUTE, BYPASS_TOKEN_ROUTE, BYPASS_TOKEN_WATCH_ROUTE,
-    CdsError, DEFAULT_ROUTE_TIMEOUT, DYNAMIC_MODULE_FILTER_TYPE, Endpoint, FILTER_NAME, Health,
-    MODULE_FILTER_NAME, MODULE_NAME, Overlay, READINESS_PATH, REROUTED_STAT_PREFIX, ROUTE_CONFIG_NAME,
-    UpstreamTls, cds, cluster_names, draining_in, ecds, envoy_duration, module_ecds, rds, rds_version,
-    rds_with_overlay, route_configuration, routes_base_version, table_from_ecds, table_of_filter, union_cds,
-    with_draining,
+    CERTIFICATE_FILTER_NAME, CdsError, DEFAULT_ROUTE_TIMEOUT, DYNAMIC_MODULE_FILTER_TYPE, Endpoint,
+    FILTER_NAME, Health, MODULE_FILTER_NAME, MODULE_NAME, Overlay, READINESS_PATH, REROUTED_STAT_PREFIX,
+    ROUTE_CONFIG_NAME, UpstreamTls, cds, cluster_names, draining_in, ecds, envoy_duration, module_ecds, rds,
+    rds_version, rds_with_overlay, route_configuration, routes_base_version, table_from_ecds,
+    table_of_filter, union_cds, with_draining,
 };
