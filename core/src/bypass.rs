@@ -249,38 +249,35 @@ fn path_regexes(resources: &[String], documents: Option<Vec<(bool, String)>>, bu
 
 /// The legacy discovery documents that `decide` leaves to an apiserver as they are, by the
 /// cluster it sends each to: those the table composes no document for (the apiservers answer
-/// alike), so that whatever the `Accept` asks, an apiserver's answer is the answer. `/api` and
-/// `/api/<version>` go to the pool, `/apis/<group>` to the apiservers that list the group,
-/// `/apis/<group>/<version>` to those that serve it; `/apis` is the merged document, never one
-/// of them. Kubernetes' own groups' always; the others' while their paths take at most `named`
-/// bytes, as the uniform group/versions are named: past that a large table's regexes would grow
-/// with it, and those documents go through the filter.
+/// alike), so that whatever the `Accept` asks, an apiserver's answer is the answer: `/api`, and
+/// `/api/<version>`, `/apis/<group>`, `/apis/<group>/<version>` of the table's group/versions
+/// (`/apis` is the merged document, never one of them). Kubernetes' own groups' always; the
+/// others' while their paths take at most `named` bytes, as the uniform group/versions are named:
+/// past that a large table's regexes would grow with it, and those documents go through the
+/// filter.
 fn documents(table: &RoutingTable, named: usize) -> BTreeMap<&str, Vec<(bool, String)>> {
-    use crate::legacy_documents::LegacyPath;
-    let composed = |path: LegacyPath<'_>| table.legacy_discovery().get(path).is_some();
-    let mut paths: Vec<(Serving, bool, String)> = Vec::new();
-    if !composed(LegacyPath::Versions) {
-        paths.push((Serving::All, false, "/api".to_owned()));
-    }
-    let mut groups: Vec<_> = table.groups().collect();
-    groups.sort_by_key(|(g, _, _)| *g);
-    for (group, serving, mut versions) in groups {
-        versions.sort_by_key(|(v, _)| *v);
-        if !group.is_empty() && !composed(LegacyPath::Group(group)) {
-            paths.push((serving, !own(group), format!("/apis/{}", escape(group))));
-        }
-        for (version, serving) in versions {
-            if !composed(LegacyPath::GroupVersion(group, version)) {
-                // kube-apiserver's core group/versions: `decide` sends each to the pool.
-                let serving = if group.is_empty() { Serving::All } else { serving };
-                paths.push((serving, !own(group), group_version_prefix(group, version)));
-            }
-        }
-    }
-    let others: usize = paths.iter().filter(|(_, other, _)| *other).map(|(_, _, p)| p.len() + 1).sum();
+    use crate::decision::{Action, RequestHead, decide};
+    let group_versions: BTreeSet<(&str, &str)> =
+        table.gvrs().iter().map(|g| (g.group.as_str(), g.version.as_str())).collect();
+    let groups: BTreeSet<&str> = group_versions.iter().map(|(g, _)| *g).filter(|g| !g.is_empty()).collect();
+    // (another group's, path, its regex)
+    let mut paths = vec![(false, "/api".to_owned(), "/api".to_owned())];
+    paths.extend(groups.iter().map(|g| (!own(g), format!("/apis/{g}"), format!("/apis/{}", escape(g)))));
+    paths.extend(group_versions.iter().map(|&(g, v)| {
+        let path = if g.is_empty() { format!("/api/{v}") } else { format!("/apis/{g}/{v}") };
+        (!own(g), path, group_version_prefix(g, v))
+    }));
+    let others: usize = paths.iter().filter(|(other, ..)| *other).map(|(.., regex)| regex.len() + 1).sum();
     let mut by_cluster: BTreeMap<&str, Vec<(bool, String)>> = BTreeMap::new();
-    for (serving, other, path) in paths.into_iter().filter(|(_, other, _)| !other || others <= named) {
-        by_cluster.entry(table.cluster(serving)).or_default().push((other, path));
+    for (other, path, regex) in paths.into_iter().filter(|(other, ..)| !other || others <= named) {
+        // A legacy `Accept` (none said): `decide` composes exactly where the table has a
+        // document for the path.
+        let head = RequestHead { method: "GET", target: &path, token: true, ..RequestHead::default() };
+        if let Action::Route(route) = decide(table, &head).action
+            && route.compose.is_none()
+        {
+            by_cluster.entry(route.cluster).or_default().push((other, regex));
+        }
     }
     by_cluster
 }

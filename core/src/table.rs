@@ -573,15 +573,6 @@ impl RoutingTable {
         Some(self.groups.get(group)?.serving)
     }
 
-    /// Every group the table knows ("" for the core group), with who lists it and its versions
-    /// with who lists each, as [`RoutingTable::group`] and [`RoutingTable::group_version`] answer.
-    pub fn groups(&self) -> impl Iterator<Item = (&str, Serving, Vec<(&str, Serving)>)> {
-        self.groups.iter().map(|(group, entry)| {
-            let versions = entry.versions.iter().map(|(v, e)| (v.as_str(), e.serving)).collect();
-            (group.as_str(), entry.serving, versions)
-        })
-    }
-
     /// The cluster for a request without credentials: the twin of [`RoutingTable::cluster`]
     /// without the front-proxy certificate, or that cluster itself when the table has no twins.
     pub fn anonymous_cluster(&self, serving: Serving) -> &str {
